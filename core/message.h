@@ -1,0 +1,56 @@
+// Message: the unit an Agent moves between workers.
+//
+// Used by every backend (which moves Messages and nothing else) and by the
+// Worker (which gives them meaning). A Message is
+// `{type, id, payload, storages}`: `payload` is the wire codec's envelope
+// (core/wire), `storages` are the tensor storages it refers to. They travel
+// out of band: a backend sends each storage's bytes as a buffer of its own,
+// zero-copy where the fabric allows, and the receiving backend allocates a
+// storage of that size for each. The codec in the payload carries only the
+// metadata (dtype, sizes, strides, offset) and the index of the storage.
+//
+// Ownership: a Message owns its payload; its storages are shared with the
+// tensors they came from (c10::Storage is reference counted), so a sender
+// must not write to a tensor while its message is in flight.
+#ifndef TETHER_CORE_MESSAGE_H_
+#define TETHER_CORE_MESSAGE_H_
+
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tether {
+
+// What a message is. Requests and responses are matched by Message::id.
+// Values are part of the wire format: never renumber, only add.
+enum class MessageType : int32_t {
+  kUnknown = 0,
+  // A call of an operator or TorchScript function; payload is the tuple
+  // (qualified name, args tuple, kwargs dict).
+  kCall = 1,
+  // The response to kCall; payload is the result.
+  kCallRet = 2,
+  // A response that carries an error instead of a result; payload is the
+  // tuple (absl::StatusCode as int, message).
+  kException = 3,
+  // Agent-level test and health traffic (the conformance suite): any payload.
+  kPing = 4,
+  kPong = 5,
+};
+
+// Returns a short name for logs and error messages ("CALL", ...).
+const char* message_type_name(MessageType type);
+
+struct Message {
+  MessageType type = MessageType::kUnknown;
+  // Chosen by the sending agent for a request; copied into its response.
+  int64_t id = -1;
+  std::string payload;
+  std::vector<c10::Storage> storages;
+};
+
+}  // namespace tether
+
+#endif  // TETHER_CORE_MESSAGE_H_
