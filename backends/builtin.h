@@ -1,0 +1,17 @@
+// The backends that ship with tether, for a BackendRegistry.
+//
+// The one place that knows every backend (ARCHITECTURE.md section 1): `main`
+// or a test builds its registry with register_builtin_backends(registry).
+#ifndef TETHER_BACKENDS_BUILTIN_H_
+#define TETHER_BACKENDS_BUILTIN_H_
+
+#include "core/backend_registry.h"
+
+namespace tether::backends {
+
+// Adds "loopback" (in-process). Fails only if a name is already taken.
+[[nodiscard]] absl::Status register_builtin_backends(BackendRegistry& registry);
+
+}  // namespace tether::backends
+
+#endif  // TETHER_BACKENDS_BUILTIN_H_

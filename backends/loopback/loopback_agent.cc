@@ -1,0 +1,346 @@
+#include "backends/loopback/loopback_agent.h"
+
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
+#include <absl/strings/str_cat.h>
+#include <absl/synchronization/mutex.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/thread_pool.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/internal/check.h"
+#include "core/internal/timer.h"
+
+namespace tether::backends {
+namespace {
+
+class Endpoint;
+
+// The agents of one group: who is there, and the group-wide in-flight count
+// that join() waits on.
+class Hub {
+ public:
+  static std::shared_ptr<Hub> get(const std::string& key, int world_size) {
+    static absl::Mutex mu(absl::kConstInit);
+    static auto* hubs = new absl::flat_hash_map<std::string, std::weak_ptr<Hub>>;
+    absl::MutexLock lock(&mu);
+    std::shared_ptr<Hub> hub = (*hubs)[key].lock();
+    if (hub == nullptr) {
+      hub = std::make_shared<Hub>(world_size);
+      (*hubs)[key] = hub;
+    }
+    return hub;
+  }
+
+  explicit Hub(int world_size) : world_size_(world_size) {}
+
+  void add(const std::string& name, std::shared_ptr<Endpoint> endpoint) {
+    absl::MutexLock lock(&mu_);
+    endpoints_[name] = std::move(endpoint);
+  }
+
+  void remove(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    endpoints_.erase(name);
+  }
+
+  std::shared_ptr<Endpoint> find(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    auto it = endpoints_.find(name);
+    return it == endpoints_.end() ? nullptr : it->second;
+  }
+
+  void request_started() {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+
+  void request_finished() {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+  }
+
+  absl::Status join(const std::string& name, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    joined_.insert(name);
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(joined_.size()) >= world_size_ &&
+             in_flight_ == 0;
+    };
+    if (mu_.AwaitWithTimeout(absl::Condition(&drained), timeout)) {
+      return absl::OkStatus();
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "join timed out after ", absl::FormatDuration(timeout), ": ",
+        joined_.size(), " of ", world_size_, " workers joined, ", in_flight_,
+        " requests in flight"));
+  }
+
+ private:
+  const int world_size_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Endpoint>> endpoints_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> joined_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Copies every storage, as a wire would.
+Message copy_message(const Message& message) {
+  Message copy;
+  copy.type = message.type;
+  copy.id = message.id;
+  copy.payload = message.payload;
+  copy.storages.reserve(message.storages.size());
+  for (const c10::Storage& storage : message.storages) {
+    c10::Storage fresh(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                       c10::GetCPUAllocator(), /*resizable=*/false);
+    if (storage.nbytes() > 0) {
+      std::memcpy(fresh.data(), storage.data(), storage.nbytes());
+    }
+    copy.storages.push_back(std::move(fresh));
+  }
+  return copy;
+}
+
+// One agent's state that peers reach: it outlives the agent while a peer
+// still holds it, and refuses work once closed.
+class Endpoint : public std::enable_shared_from_this<Endpoint> {
+ public:
+  // `loop` and `timers` belong to the agent and are used only while the
+  // endpoint is open (the agent closes it before destroying them).
+  Endpoint(WorkerInfo self, std::shared_ptr<Hub> hub, c10::ThreadPool* loop,
+           internal::TimerQueue* timers)
+      : self_(std::move(self)),
+        hub_(std::move(hub)),
+        loop_(loop),
+        timers_(timers) {}
+
+  const WorkerInfo& self() const { return self_; }
+  Hub& hub() { return *hub_; }
+
+  void set_handler(RequestHandler handler) {
+    absl::MutexLock lock(&mu_);
+    handler_ = std::move(handler);
+  }
+
+  Future<Message> send(const WorkerInfo& to, Message request,
+                       absl::Duration timeout) {
+    std::shared_ptr<Endpoint> target = hub_->find(to.name);
+    Promise<Message> promise;
+    Future<Message> future = promise.future();
+    int64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        promise.set(absl::CancelledError(absl::StrCat(
+            "worker '", self_.name, "' has shut down; cannot send ",
+            message_type_name(request.type), " to '", to.name, "'")));
+        return future;
+      }
+      if (target == nullptr) {
+        promise.set(absl::UnavailableError(absl::StrCat(
+            "worker '", to.name, "' is not reachable from '", self_.name,
+            "' over loopback")));
+        return future;
+      }
+      id = next_id_++;
+      pending_[id] = Pending{promise, 0};
+    }
+    if (timeout != absl::InfiniteDuration()) {
+      std::weak_ptr<Endpoint> weak = weak_from_this();
+      TimerQueue::Id timer = timers_->schedule(
+          absl::Now() + timeout, [weak, id, timeout, to_name = to.name] {
+            if (auto self = weak.lock()) {
+              self->complete_pending(
+                  id, absl::DeadlineExceededError(absl::StrCat(
+                          "request to '", to_name, "' timed out after ",
+                          absl::FormatDuration(timeout))));
+            }
+          });
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it != pending_.end()) it->second.timer = timer;
+    }
+    request.id = id;
+    hub_->request_started();
+    auto copy = std::make_shared<Message>(copy_message(request));
+    std::shared_ptr<Endpoint> sender = shared_from_this();
+    bool posted = target->post([target, sender, copy]() mutable {
+      target->handle_request(std::move(sender), std::move(*copy));
+    });
+    if (!posted) {
+      deliver_response(id, absl::UnavailableError(absl::StrCat(
+                               "worker '", to.name, "' has shut down")));
+    }
+    return future;
+  }
+
+  void close() {
+    absl::flat_hash_map<int64_t, Pending> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      closed_ = true;
+      pending.swap(pending_);
+    }
+    hub_->remove(self_.name);
+    for (auto& [id, entry] : pending) {
+      timers_->cancel(entry.timer);
+      entry.promise.set(absl::CancelledError(absl::StrCat(
+          "worker '", self_.name, "' shut down with the request pending")));
+    }
+  }
+
+ private:
+  using TimerQueue = internal::TimerQueue;
+
+  struct Pending {
+    Promise<Message> promise;
+    TimerQueue::Id timer = 0;
+  };
+
+  // Runs `fn` on this endpoint's loop; false once closed.
+  bool post(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return false;
+    loop_->run(std::move(fn));
+    return true;
+  }
+
+  // On this endpoint's loop thread.
+  void handle_request(std::shared_ptr<Endpoint> sender, Message request) {
+    RequestHandler handler;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closed_) handler = handler_;
+    }
+    const int64_t id = request.id;
+    if (!handler) {
+      sender->deliver_response(
+          id, absl::UnavailableError(absl::StrCat(
+                  "worker '", self_.name, "' is not serving requests")));
+      return;
+    }
+    Future<Message> response = handler(std::move(request));
+    response.on_complete(
+        [sender, id](const absl::StatusOr<Message>& result) {
+          if (!result.ok()) {
+            sender->deliver_response(id, result.status());
+            return;
+          }
+          Message copy = copy_message(*result);
+          copy.id = id;
+          sender->deliver_response(id, std::move(copy));
+        });
+  }
+
+  void deliver_response(int64_t id, absl::StatusOr<Message> response) {
+    auto shared = std::make_shared<absl::StatusOr<Message>>(std::move(response));
+    std::shared_ptr<Endpoint> self = shared_from_this();
+    bool posted = post([self, id, shared] {
+      self->hub_->request_finished();
+      self->complete_pending(id, std::move(*shared));
+    });
+    // A closed endpoint already failed its pending requests.
+    if (!posted) hub_->request_finished();
+  }
+
+  // Completes pending request `id` with `result`, if still pending.
+  void complete_pending(int64_t id, absl::StatusOr<Message> result) {
+    Pending entry;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      entry = std::move(it->second);
+      pending_.erase(it);
+    }
+    timers_->cancel(entry.timer);
+    entry.promise.set(std::move(result));
+  }
+
+  const WorkerInfo self_;
+  const std::shared_ptr<Hub> hub_;
+  absl::Mutex mu_;
+  RequestHandler handler_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  c10::ThreadPool* const loop_;
+  TimerQueue* const timers_;
+};
+
+class LoopbackAgent final : public Agent {
+ public:
+  explicit LoopbackAgent(AgentSetup setup)
+      : workers_(std::move(setup.workers)),
+        endpoint_(std::make_shared<Endpoint>(
+            setup.self,
+            Hub::get(setup.group_key, static_cast<int>(workers_.size())),
+            &loop_, &timers_)) {}
+
+  ~LoopbackAgent() override {
+    shutdown();
+    // Tasks already queued finish (they see the endpoint closed); peers and
+    // timers may keep the endpoint itself alive a little longer, harmlessly.
+    loop_.waitWorkComplete();
+  }
+
+  absl::Status start(RequestHandler handler) override {
+    endpoint_->set_handler(std::move(handler));
+    endpoint_->hub().add(endpoint_->self().name, endpoint_);
+    return absl::OkStatus();
+  }
+
+  Future<Message> send(const WorkerInfo& to, Message request,
+                       absl::Duration timeout) override {
+    return endpoint_->send(to, std::move(request), timeout);
+  }
+
+  const WorkerInfo& self() const override { return endpoint_->self(); }
+
+  const std::vector<WorkerInfo>& worker_infos() const override {
+    return workers_;
+  }
+
+  absl::Status join(absl::Duration timeout) override {
+    return endpoint_->hub().join(endpoint_->self().name, timeout);
+  }
+
+  // After close() no handler call starts; waiting for the loop (unless this
+  // is the loop) lets a handler call in progress finish before we return.
+  void shutdown() override {
+    endpoint_->close();
+    if (!loop_.inThreadPool()) loop_.waitWorkComplete();
+  }
+
+ private:
+  // The loop and the timers are declared first so they outlive the
+  // endpoint's use of them.
+  c10::ThreadPool loop_{1};
+  internal::TimerQueue timers_;
+  const std::vector<WorkerInfo> workers_;
+  const std::shared_ptr<Endpoint> endpoint_;
+};
+
+}  // namespace
+
+Backend loopback_backend() {
+  Backend backend;
+  backend.name = "loopback";
+  backend.viable = [] { return absl::OkStatus(); };
+  backend.create =
+      [](AgentSetup setup) -> absl::StatusOr<std::unique_ptr<Agent>> {
+    return std::make_unique<LoopbackAgent>(std::move(setup));
+  };
+  return backend;
+}
+
+}  // namespace tether::backends

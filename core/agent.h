@@ -1,0 +1,103 @@
+// Agent: the seam between tether and its transports.
+//
+// An Agent moves Messages between named workers and nothing else: no RRef,
+// autograd or optimizer logic lives in a backend. The Worker (core/worker.h)
+// owns one Agent, installs a request handler with start(), and sends through
+// it. Every backend (backends/*) implements this interface and passes the
+// agent conformance suite (testing/agent_conformance.h).
+//
+// Ownership: send() takes the Message by value; the agent keeps it (and so
+// its storages) alive until the request has left or failed. Received
+// messages own their payload and freshly allocated storages.
+//
+// Thread safety: every method may be called from any thread, concurrently.
+//
+// Callbacks and threads: the Future returned by send() completes exactly once,
+// never inline inside send(), on an agent thread; its callbacks must not
+// block. The request handler is called on an agent thread for each incoming
+// request and must not block either: it returns a Future of the response,
+// and the agent sends that response back when the future completes.
+#ifndef TETHER_CORE_AGENT_H_
+#define TETHER_CORE_AGENT_H_
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/time/time.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/future.h"
+#include "core/message.h"
+
+namespace c10d {
+class Store;
+}  // namespace c10d
+
+namespace tether {
+
+// A worker's identity: its unique name and its id, which is its rank.
+struct WorkerInfo {
+  std::string name;
+  int32_t id = -1;
+
+  friend bool operator==(const WorkerInfo& a, const WorkerInfo& b) {
+    return a.name == b.name && a.id == b.id;
+  }
+};
+
+// Called for each incoming request; see the header comment for its contract.
+using RequestHandler = std::function<Future<Message>(Message request)>;
+
+class Agent {
+ public:
+  virtual ~Agent() = default;
+
+  // Starts serving requests with `handler`. Called once, before any send.
+  [[nodiscard]] virtual absl::Status start(RequestHandler handler) = 0;
+
+  // Sends `request` to `to` and completes with its response. Errors:
+  // UNAVAILABLE when the peer is lost or unknown to the transport,
+  // DEADLINE_EXCEEDED when `timeout` passes first (InfiniteDuration = none),
+  // CANCELLED when this agent shuts down with the request pending.
+  virtual Future<Message> send(const WorkerInfo& to, Message request,
+                               absl::Duration timeout) = 0;
+
+  virtual const WorkerInfo& self() const = 0;
+
+  // Every worker of the group, in rank order.
+  virtual const std::vector<WorkerInfo>& worker_infos() const = 0;
+
+  // Graceful drain: blocks until every worker of the group has called join()
+  // and no request is in flight anywhere in the group, or until `timeout`
+  // (DEADLINE_EXCEEDED). The agent keeps serving while it waits.
+  [[nodiscard]] virtual absl::Status join(absl::Duration timeout) = 0;
+
+  // Stops at once: pending sends fail with CANCELLED, later sends fail with
+  // CANCELLED, incoming requests are refused. Idempotent.
+  virtual void shutdown() = 0;
+};
+
+// What a backend factory gets to build an agent for one worker.
+struct AgentSetup {
+  WorkerInfo self;
+  std::vector<WorkerInfo> workers;  // in rank order, self included
+  // The rendezvous store, already prefixed for this group; backends publish
+  // and look up their addresses here. Outlives the agent.
+  std::shared_ptr<c10d::Store> store;
+  // A key that names the group within this process (the init method).
+  std::string group_key;
+  // Per-backend settings, "key" -> "value" (the backend documents its keys).
+  absl::flat_hash_map<std::string, std::string> settings;
+};
+
+using AgentFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Agent>>(AgentSetup setup)>;
+
+}  // namespace tether
+
+#endif  // TETHER_CORE_AGENT_H_

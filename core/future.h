@@ -1,0 +1,199 @@
+// Future<T> and Promise<T>: the one-shot asynchronous result of tether.
+//
+// Every asynchronous operation (an Agent's send, rpc_async, remote) hands back
+// a Future that completes exactly once with a value or an error Status. The
+// producer holds the Promise; both share one reference-counted state, so
+// pending work outlives the user's handle.
+//
+// Thread safety: every method may be called from any thread.
+//
+// Callbacks: `on_complete` and `then` callbacks run exactly once. If the
+// future is pending they run on the thread that completes it, after the
+// internal lock is released; a completer never holds a lock of its own while
+// completing (see ARCHITECTURE.md section 8), so a callback never runs under
+// a caller's lock. If the future is already complete, the callback runs at
+// once on the calling thread. Callbacks must not block.
+#ifndef TETHER_CORE_FUTURE_H_
+#define TETHER_CORE_FUTURE_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
+
+#include "core/internal/check.h"
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace tether {
+
+template <typename T>
+class Future;
+
+namespace internal {
+
+template <typename T>
+class FutureState {
+ public:
+  using Callback = std::function<void(const absl::StatusOr<T>&)>;
+
+  // Returns false if the state was already complete (the value is dropped).
+  bool complete(absl::StatusOr<T> result) {
+    std::vector<Callback> callbacks;
+    {
+      absl::MutexLock lock(&mu_);
+      if (result_.has_value()) return false;
+      result_.emplace(std::move(result));
+      callbacks.swap(callbacks_);
+    }
+    // result_ is immutable from here on: callbacks read it without the lock.
+    for (Callback& callback : callbacks) callback(*result_);
+    return true;
+  }
+
+  void add_callback(Callback callback) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!result_.has_value()) {
+        callbacks_.push_back(std::move(callback));
+        return;
+      }
+    }
+    callback(*result_);
+  }
+
+  bool is_ready() const {
+    absl::MutexLock lock(&mu_);
+    return result_.has_value();
+  }
+
+  // Returns true if complete by `deadline`.
+  bool wait_until(absl::Time deadline) const {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return result_.has_value();
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  }
+
+  // Only after completion.
+  const absl::StatusOr<T>& result() const { return *result_; }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::optional<absl::StatusOr<T>> result_ ABSL_GUARDED_BY(mu_);
+  std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
+};
+
+template <typename T>
+struct UnwrapStatusOr {
+  using type = T;
+};
+template <typename T>
+struct UnwrapStatusOr<absl::StatusOr<T>> {
+  using type = T;
+};
+
+}  // namespace internal
+
+template <typename T>
+class Future {
+ public:
+  using ValueType = T;
+
+  // An invalid future; only assignment and valid() may be used on it.
+  Future() = default;
+
+  // A future that is already complete.
+  static Future ready(absl::StatusOr<T> result) {
+    auto state = std::make_shared<internal::FutureState<T>>();
+    state->complete(std::move(result));
+    return Future(std::move(state));
+  }
+
+  bool valid() const { return state_ != nullptr; }
+  bool is_ready() const { return state_->is_ready(); }
+
+  // Blocks until complete or until `deadline`; DEADLINE_EXCEEDED if the
+  // deadline came first (the future stays pending).
+  [[nodiscard]] absl::Status wait(absl::Time deadline) const {
+    if (state_->wait_until(deadline)) return absl::OkStatus();
+    return absl::DeadlineExceededError("timed out waiting for a future");
+  }
+
+  // Blocks until complete (or `deadline`) and returns a copy of the result.
+  [[nodiscard]] absl::StatusOr<T> get(
+      absl::Time deadline = absl::InfiniteFuture()) const {
+    absl::Status waited = wait(deadline);
+    if (!waited.ok()) return waited;
+    return state_->result();
+  }
+
+  // The result of a complete future; a CHECK failure if still pending.
+  const absl::StatusOr<T>& result() const;
+
+  void on_complete(std::function<void(const absl::StatusOr<T>&)> callback) {
+    state_->add_callback(std::move(callback));
+  }
+
+  // Chains `fn(const StatusOr<T>&)`, which returns U or StatusOr<U>, and
+  // hands back a Future<U> of its result.
+  template <typename F,
+            typename R = std::invoke_result_t<F, const absl::StatusOr<T>&>,
+            typename U = typename internal::UnwrapStatusOr<R>::type>
+  Future<U> then(F fn) {
+    auto next = std::make_shared<internal::FutureState<U>>();
+    state_->add_callback([next, fn = std::move(fn)](
+                             const absl::StatusOr<T>& result) mutable {
+      next->complete(absl::StatusOr<U>(fn(result)));
+    });
+    return Future<U>(next);
+  }
+
+ private:
+  template <typename>
+  friend class Promise;
+  template <typename>
+  friend class Future;
+
+  explicit Future(std::shared_ptr<internal::FutureState<T>> state)
+      : state_(std::move(state)) {}
+
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+template <typename T>
+const absl::StatusOr<T>& Future<T>::result() const {
+  TETHER_CHECK(state_->is_ready(), "Future::result() on a pending future");
+  return state_->result();
+}
+
+// The producing side of a Future. Copyable: copies complete the same future.
+template <typename T>
+class Promise {
+ public:
+  Promise() : state_(std::make_shared<internal::FutureState<T>>()) {}
+
+  Future<T> future() const { return Future<T>(state_); }
+
+  // Completes the future; returns false (and drops `result`) if it was
+  // already complete, so a response racing a timeout is harmless.
+  bool set(absl::StatusOr<T> result) const {
+    return state_->complete(std::move(result));
+  }
+
+  bool is_set() const { return state_->is_ready(); }
+
+ private:
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+}  // namespace tether
+
+#endif  // TETHER_CORE_FUTURE_H_

@@ -1,0 +1,102 @@
+#include "core/future.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "testing/status_matchers.h"
+
+namespace tether {
+namespace {
+
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+TEST(Future, CompletesExactlyOnce) {
+  Promise<int> promise;
+  Future<int> future = promise.future();
+  EXPECT_FALSE(future.is_ready());
+  EXPECT_TRUE(promise.set(1));
+  EXPECT_FALSE(promise.set(2));
+  EXPECT_FALSE(promise.set(absl::InternalError("late")));
+  ASSERT_THAT(future.get(), IsOk());
+  EXPECT_EQ(*future.get(), 1);
+}
+
+TEST(Future, CallbackRunsOnceOnTheCompletingThread) {
+  Promise<int> promise;
+  std::atomic<int> runs{0};
+  std::thread::id ran_on;
+  promise.future().on_complete([&](const absl::StatusOr<int>& result) {
+    ++runs;
+    ran_on = std::this_thread::get_id();
+    EXPECT_EQ(*result, 7);
+  });
+  std::thread completer([&] { promise.set(7); });
+  std::thread::id completer_id = completer.get_id();
+  completer.join();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(ran_on, completer_id);
+}
+
+TEST(Future, CallbackOnReadyFutureRunsAtOnce) {
+  Future<int> future = Future<int>::ready(3);
+  int seen = 0;
+  future.on_complete([&](const absl::StatusOr<int>& result) { seen = *result; });
+  EXPECT_EQ(seen, 3);
+}
+
+TEST(Future, ThenChainsValuesAndErrors) {
+  Promise<int> promise;
+  Future<std::string> text = promise.future().then(
+      [](const absl::StatusOr<int>& r) -> absl::StatusOr<std::string> {
+        if (!r.ok()) return r.status();
+        return std::to_string(*r * 2);
+      });
+  promise.set(21);
+  EXPECT_EQ(*text.get(), "42");
+
+  Promise<int> failing;
+  Future<std::string> failed = failing.future().then(
+      [](const absl::StatusOr<int>& r) -> absl::StatusOr<std::string> {
+        if (!r.ok()) return r.status();
+        return std::string("unreachable");
+      });
+  failing.set(absl::UnavailableError("peer lost"));
+  EXPECT_THAT(failed.get(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST(Future, WaitHonoursItsDeadline) {
+  Promise<int> promise;
+  Future<int> future = promise.future();
+  EXPECT_THAT(future.wait(absl::Now() + absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(future.get(absl::Now() + absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  promise.set(5);
+  EXPECT_THAT(future.wait(absl::Now()), IsOk());
+}
+
+TEST(Future, ManyThreadsRaceToComplete) {
+  for (int round = 0; round < 50; ++round) {
+    Promise<int> promise;
+    std::atomic<int> callbacks{0};
+    promise.future().on_complete(
+        [&](const absl::StatusOr<int>&) { ++callbacks; });
+    std::atomic<int> winners{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        if (promise.set(t)) ++winners;
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    EXPECT_EQ(winners.load(), 1);
+    EXPECT_EQ(callbacks.load(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace tether

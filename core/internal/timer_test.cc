@@ -1,0 +1,62 @@
+#include "core/internal/timer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "core/future.h"
+
+namespace tether::internal {
+namespace {
+
+TEST(TimerQueue, RunsAtTheDeadlineInOrder) {
+  TimerQueue timers;
+  Promise<int> second;
+  std::vector<int> order;
+  absl::Mutex mu;
+  absl::Time start = absl::Now();
+  timers.schedule(start + absl::Milliseconds(60), [&] {
+    absl::MutexLock lock(&mu);
+    order.push_back(2);
+    second.set(0);
+  });
+  timers.schedule(start + absl::Milliseconds(20), [&] {
+    absl::MutexLock lock(&mu);
+    order.push_back(1);
+  });
+  ASSERT_TRUE(second.future().get(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(60));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(TimerQueue, EarlierTimerAddedWhileWaitingFiresFirst) {
+  TimerQueue timers;
+  Promise<int> fired;
+  timers.schedule(absl::Now() + absl::Seconds(30), [] {});
+  absl::Time start = absl::Now();
+  timers.schedule(absl::Now() + absl::Milliseconds(10), [&] { fired.set(1); });
+  ASSERT_TRUE(fired.future().get(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(TimerQueue, CancelledTimerDoesNotRun) {
+  TimerQueue timers;
+  std::atomic<bool> ran{false};
+  TimerQueue::Id id =
+      timers.schedule(absl::Now() + absl::Milliseconds(30), [&] { ran = true; });
+  EXPECT_TRUE(timers.cancel(id));
+  EXPECT_FALSE(timers.cancel(id));
+  Promise<int> later;
+  timers.schedule(absl::Now() + absl::Milliseconds(60), [&] { later.set(1); });
+  ASSERT_TRUE(later.future().get(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_FALSE(ran.load());
+}
+
+TEST(TimerQueue, InfiniteDeadlineSchedulesNothing) {
+  TimerQueue timers;
+  EXPECT_EQ(timers.schedule(absl::InfiniteFuture(), [] {}), 0u);
+}
+
+}  // namespace
+}  // namespace tether::internal

@@ -1,0 +1,44 @@
+// Rendezvous: how the workers of a group find each other at init_rpc.
+//
+// Used by the Worker before it builds its agent. The init method names a
+// c10d store (LibTorch's plumbing, not its RPC): workers claim their name and
+// rank there, wait for the whole group, and learn every name. Backends then
+// publish their addresses in the same store.
+//
+// Init methods: "memory://KEY" (one process; a HashStore per KEY, for
+// in-process groups such as loopback tests). Multi-process methods come with
+// the multi-process backends.
+#ifndef TETHER_CORE_RENDEZVOUS_H_
+#define TETHER_CORE_RENDEZVOUS_H_
+
+#include <absl/status/statusor.h>
+#include <absl/strings/string_view.h>
+#include <absl/time/time.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/agent.h"
+
+namespace tether {
+
+struct RendezvousResult {
+  std::shared_ptr<c10d::Store> store;
+  std::vector<WorkerInfo> workers;  // rank order
+  std::string group_key;
+};
+
+// Checks a worker name: 1 to 128 characters of [A-Za-z0-9_.-].
+[[nodiscard]] absl::Status validate_worker_name(absl::string_view name);
+
+// Joins the group. Errors: INVALID_ARGUMENT for a bad name, rank, world size
+// or init method; ALREADY_EXISTS for a name or rank taken by another worker;
+// DEADLINE_EXCEEDED naming the ranks still missing after `timeout`.
+[[nodiscard]] absl::StatusOr<RendezvousResult> rendezvous(
+    absl::string_view init_method, absl::string_view name, int rank,
+    int world_size, absl::Duration timeout);
+
+}  // namespace tether
+
+#endif  // TETHER_CORE_RENDEZVOUS_H_

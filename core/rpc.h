@@ -1,0 +1,50 @@
+// The free functions of tether's API, shaped like torch.distributed.rpc.
+//
+// init_rpc() makes the process's default Worker; the other functions act on
+// the Worker whose request the calling thread is serving (so an operator
+// that calls further reaches out from its own worker), else on the default
+// one. Without a Worker they return FAILED_PRECONDITION.
+//
+//   tether::BackendRegistry registry;
+//   tether::backends::register_builtin_backends(registry);
+//   absl::Status up = tether::init_rpc("w0", 0, 2, options, registry);
+//   absl::StatusOr<c10::IValue> sum =
+//       tether::rpc_sync("w1", "aten::add.Tensor", {a, b});
+//   absl::Status down = tether::shutdown();
+//
+// Thread safety: all functions may be called from any thread, but shutdown()
+// must not race with calls that use the Worker it releases.
+#ifndef TETHER_CORE_RPC_H_
+#define TETHER_CORE_RPC_H_
+
+#include "core/worker.h"
+
+namespace tether {
+
+// ALREADY_EXISTS if the process has a default Worker already.
+[[nodiscard]] absl::Status init_rpc(const std::string& name, int rank,
+                                    int world_size, const RpcOptions& options,
+                                    const BackendRegistry& registry);
+
+// Shuts the default Worker down (see Worker::shutdown) and releases it.
+[[nodiscard]] absl::Status shutdown(bool graceful = true);
+
+Future<c10::IValue> rpc_async(const To& to, absl::string_view fn,
+                              std::vector<c10::IValue> args,
+                              Kwargs kwargs = {},
+                              absl::Duration timeout = kDefaultTimeout);
+
+[[nodiscard]] absl::StatusOr<c10::IValue> rpc_sync(
+    const To& to, absl::string_view fn, std::vector<c10::IValue> args,
+    Kwargs kwargs = {}, absl::Duration timeout = kDefaultTimeout);
+
+[[nodiscard]] absl::StatusOr<WorkerInfo> get_worker_info(const To& to);
+[[nodiscard]] absl::StatusOr<WorkerInfo> get_current_worker_info();
+[[nodiscard]] absl::StatusOr<std::vector<WorkerInfo>> get_all_worker_infos();
+
+// The Worker the functions above act on, or null.
+Worker* current_worker();
+
+}  // namespace tether
+
+#endif  // TETHER_CORE_RPC_H_

@@ -1,0 +1,291 @@
+#include "core/worker.h"
+
+#include <absl/strings/str_cat.h>
+#include <c10/core/thread_pool.h>
+
+#include <utility>
+
+#include "core/rendezvous.h"
+#include "core/wire/codec.h"
+
+namespace tether {
+namespace {
+
+thread_local Worker* serving_worker = nullptr;
+
+// Marks the current thread as serving `worker` for its scope.
+class ServingScope {
+ public:
+  explicit ServingScope(Worker* worker) : previous_(serving_worker) {
+    serving_worker = worker;
+  }
+  ~ServingScope() { serving_worker = previous_; }
+
+ private:
+  Worker* previous_;
+};
+
+std::string describe(const WorkerInfo& info) {
+  return absl::StrCat(info.id, " (", info.name, ")");
+}
+
+// An exception message: the tuple (status code, text).
+Message exception_message(const absl::Status& status) {
+  Message message;
+  message.type = MessageType::kException;
+  c10::IValue value = c10::ivalue::Tuple::create(
+      {c10::IValue(static_cast<int64_t>(status.code())),
+       c10::IValue(std::string(status.message()))});
+  // Two scalars always encode; a failure here is our bug.
+  absl::Status encoded = wire::encode(value, message);
+  TETHER_CHECK(encoded.ok(), "encoding an exception message");
+  return message;
+}
+
+absl::Status status_from_exception(const Message& message) {
+  absl::StatusOr<c10::IValue> value = wire::decode(message);
+  if (!value.ok()) return value.status();
+  if (!value->isTuple() || value->toTupleRef().elements().size() != 2 ||
+      !value->toTupleRef().elements()[0].isInt() ||
+      !value->toTupleRef().elements()[1].isString()) {
+    return absl::InvalidArgumentError(
+        "malformed EXCEPTION message: expected (int, str)");
+  }
+  int64_t code = value->toTupleRef().elements()[0].toInt();
+  std::string text = value->toTupleRef().elements()[1].toStringRef();
+  if (code <= 0 || code > static_cast<int64_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "malformed EXCEPTION message: status code ", code, ": ", text));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), text);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
+    const std::string& name, int rank, int world_size,
+    const RpcOptions& options, const BackendRegistry& registry) {
+  if (options.num_worker_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_worker_threads must be at least 1, got ",
+        options.num_worker_threads));
+  }
+  absl::StatusOr<const Backend*> backend = registry.find(options.backend);
+  if (!backend.ok()) return backend.status();
+  if (absl::Status viable = (*backend)->viable(); !viable.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend '", options.backend, "' cannot run here: ", viable.message()));
+  }
+  absl::StatusOr<RendezvousResult> group = rendezvous(
+      options.init_method, name, rank, world_size, options.init_timeout);
+  if (!group.ok()) return group.status();
+
+  AgentSetup setup;
+  setup.self = group->workers[rank];
+  setup.workers = group->workers;
+  setup.store = group->store;
+  setup.group_key = group->group_key;
+  setup.settings = options.backend_settings;
+  absl::StatusOr<std::unique_ptr<Agent>> agent =
+      (*backend)->create(std::move(setup));
+  if (!agent.ok()) return agent.status();
+
+  std::unique_ptr<Worker> worker(new Worker(options, std::move(*agent)));
+  Worker* raw = worker.get();
+  absl::Status started = worker->agent_->start(
+      [raw](Message request) { return raw->handle_request(std::move(request)); });
+  if (!started.ok()) return started;
+  return worker;
+}
+
+Worker::Worker(RpcOptions options, std::unique_ptr<Agent> agent)
+    : options_(std::move(options)),
+      pool_(std::make_unique<c10::ThreadPool>(options_.num_worker_threads)),
+      agent_(std::move(agent)) {}
+
+Worker::~Worker() {
+  absl::Status stopped = shutdown(/*graceful=*/false);
+  (void)stopped;  // A non-graceful shutdown cannot fail.
+}
+
+Worker* Worker::serving() { return serving_worker; }
+
+absl::Status Worker::shutdown(bool graceful) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::OkStatus();
+    shut_down_ = true;
+  }
+  absl::Status joined = absl::OkStatus();
+  if (graceful) joined = agent_->join(options_.shutdown_timeout);
+  agent_->shutdown();
+  if (!pool_->inThreadPool()) pool_->waitWorkComplete();
+  return joined;
+}
+
+absl::Status Worker::register_script(const std::string& source) {
+  return callables_.add_script(source);
+}
+
+absl::StatusOr<WorkerInfo> Worker::get_worker_info(const To& to) const {
+  const std::vector<WorkerInfo>& workers = agent_->worker_infos();
+  if (const auto* name = std::get_if<std::string>(&to.target())) {
+    for (const WorkerInfo& info : workers) {
+      if (info.name == *name) return info;
+    }
+    return absl::NotFoundError(absl::StrCat("unknown worker '", *name, "'"));
+  }
+  if (const int* rank = std::get_if<int>(&to.target())) {
+    if (*rank < 0 || *rank >= static_cast<int>(workers.size())) {
+      return absl::NotFoundError(absl::StrCat(
+          "unknown worker rank ", *rank, " (world size ", workers.size(), ")"));
+    }
+    return workers[*rank];
+  }
+  const WorkerInfo& info = std::get<WorkerInfo>(to.target());
+  if (info.id < 0 || info.id >= static_cast<int>(workers.size()) ||
+      !(workers[info.id] == info)) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", describe(info)));
+  }
+  return info;
+}
+
+const WorkerInfo& Worker::get_current_worker_info() const {
+  return agent_->self();
+}
+
+const std::vector<WorkerInfo>& Worker::get_all_worker_infos() const {
+  return agent_->worker_infos();
+}
+
+absl::Duration Worker::resolve_timeout(absl::Duration timeout) const {
+  if (timeout == kDefaultTimeout) timeout = options_.default_timeout;
+  if (timeout <= absl::ZeroDuration()) return absl::InfiniteDuration();
+  return timeout;
+}
+
+Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
+                                      std::vector<c10::IValue> args,
+                                      Kwargs kwargs, absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) {
+      return Future<c10::IValue>::ready(absl::CancelledError(absl::StrCat(
+          "worker ", describe(agent_->self()),
+          " is shut down; cannot call '", fn, "'")));
+    }
+  }
+  absl::StatusOr<WorkerInfo> target = get_worker_info(to);
+  if (!target.ok()) return Future<c10::IValue>::ready(target.status());
+
+  c10::impl::GenericDict kwargs_dict(c10::StringType::get(),
+                                     c10::AnyType::get());
+  for (auto& [key, value] : kwargs) kwargs_dict.insert(key, std::move(value));
+  c10::IValue call = c10::ivalue::Tuple::create(
+      {c10::IValue(std::string(fn)),
+       c10::ivalue::Tuple::create(std::move(args)),
+       c10::IValue(std::move(kwargs_dict))});
+  Message request;
+  request.type = MessageType::kCall;
+  if (absl::Status encoded = wire::encode(call, request); !encoded.ok()) {
+    return Future<c10::IValue>::ready(absl::InvalidArgumentError(
+        absl::StrCat("cannot send arguments of '", fn, "' to worker ",
+                     describe(*target), ": ", encoded.message())));
+  }
+  std::string fn_name(fn);
+  WorkerInfo callee = *target;
+  return agent_->send(callee, std::move(request), resolve_timeout(timeout))
+      .then([fn_name, callee](const absl::StatusOr<Message>& response)
+                -> absl::StatusOr<c10::IValue> {
+        if (!response.ok()) {
+          return absl::Status(
+              response.status().code(),
+              absl::StrCat("call of '", fn_name, "' on worker ",
+                           describe(callee), " failed: ",
+                           response.status().message()));
+        }
+        if (response->type == MessageType::kException) {
+          return status_from_exception(*response);
+        }
+        if (response->type != MessageType::kCallRet) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "worker ", describe(callee), " answered '", fn_name, "' with a ",
+              message_type_name(response->type), " message"));
+        }
+        return wire::decode(*response);
+      });
+}
+
+absl::StatusOr<c10::IValue> Worker::rpc_sync(const To& to,
+                                             absl::string_view fn,
+                                             std::vector<c10::IValue> args,
+                                             Kwargs kwargs,
+                                             absl::Duration timeout) {
+  return rpc_async(to, fn, std::move(args), std::move(kwargs), timeout).get();
+}
+
+Future<Message> Worker::handle_request(Message request) {
+  Promise<Message> promise;
+  auto shared = std::make_shared<Message>(std::move(request));
+  pool_->run([this, promise, shared] {
+    ServingScope scope(this);
+    promise.set(process_request(*shared));
+  });
+  return promise.future();
+}
+
+Message Worker::process_request(const Message& request) {
+  const WorkerInfo& self = agent_->self();
+  if (request.type != MessageType::kCall) {
+    return exception_message(absl::InvalidArgumentError(
+        absl::StrCat("worker ", describe(self), " cannot handle a ",
+                     message_type_name(request.type), " request")));
+  }
+  absl::StatusOr<c10::IValue> call = wire::decode(request);
+  if (!call.ok()) {
+    return exception_message(absl::Status(
+        call.status().code(),
+        absl::StrCat("Error on worker ", describe(self),
+                     ": malformed CALL: ", call.status().message())));
+  }
+  // (name, args tuple, kwargs dict) as rpc_async builds it.
+  if (!call->isTuple() || call->toTupleRef().elements().size() != 3 ||
+      !call->toTupleRef().elements()[0].isString() ||
+      !call->toTupleRef().elements()[1].isTuple() ||
+      !call->toTupleRef().elements()[2].isGenericDict()) {
+    return exception_message(absl::InvalidArgumentError(absl::StrCat(
+        "Error on worker ", describe(self),
+        ": malformed CALL: expected (name, args, kwargs)")));
+  }
+  const auto& parts = call->toTupleRef().elements();
+  const std::string& fn = parts[0].toStringRef();
+  std::vector<c10::IValue> args = parts[1].toTupleRef().elements().vec();
+  Kwargs kwargs;
+  for (const auto& entry : parts[2].toGenericDict()) {
+    if (!entry.key().isString()) {
+      return exception_message(absl::InvalidArgumentError(absl::StrCat(
+          "Error on worker ", describe(self), " calling '", fn,
+          "': keyword argument names must be strings")));
+    }
+    kwargs.emplace(entry.key().toStringRef(), entry.value());
+  }
+  absl::StatusOr<c10::IValue> result =
+      callables_.call(fn, std::move(args), kwargs);
+  if (!result.ok()) {
+    return exception_message(absl::Status(
+        result.status().code(),
+        absl::StrCat("Error on worker ", describe(self), " calling '", fn,
+                     "': ", result.status().message())));
+  }
+  Message response;
+  response.type = MessageType::kCallRet;
+  if (absl::Status encoded = wire::encode(*result, response); !encoded.ok()) {
+    return exception_message(absl::InvalidArgumentError(absl::StrCat(
+        "Error on worker ", describe(self), " calling '", fn,
+        "': cannot send its result: ", encoded.message())));
+  }
+  return response;
+}
+
+}  // namespace tether

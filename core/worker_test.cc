@@ -1,0 +1,368 @@
+// Three workers in one process over the loopback backend: the whole call path
+// (codec, agent, dispatcher, errors, timeouts, shutdown) for real.
+#include "core/worker.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <thread>
+
+#include "backends/builtin.h"
+#include "core/rpc.h"
+#include "testing/status_matchers.h"
+
+namespace {
+
+// User operators, registered the way users register theirs.
+at::Tensor scale(const at::Tensor& x, double factor) { return x * factor; }
+
+at::Tensor fail(const at::Tensor& x) {
+  TORCH_CHECK(false, "fail was asked to fail on a tensor of ", x.numel(),
+              " elements");
+}
+
+int64_t slow(int64_t millis) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(millis));
+  return millis;
+}
+
+// Runs on the worker that serves it and calls onward to `to`.
+at::Tensor add_via(const std::string& to, const at::Tensor& a,
+                   const at::Tensor& b) {
+  absl::StatusOr<c10::IValue> sum =
+      tether::rpc_sync(to, "aten::add.Tensor", {a, b});
+  TORCH_CHECK(sum.ok(), "onward call failed: ", sum.status().ToString());
+  return sum->toTensor();
+}
+
+std::string whoami() {
+  absl::StatusOr<tether::WorkerInfo> me = tether::get_current_worker_info();
+  TORCH_CHECK(me.ok(), me.status().ToString());
+  return me->name;
+}
+
+TORCH_LIBRARY(tether_test, m) {
+  m.def("scale(Tensor x, float factor) -> Tensor", &scale);
+  m.def("fail(Tensor x) -> Tensor", &fail);
+  m.def("slow(int millis) -> int", &slow);
+  m.def("add_via(str to, Tensor a, Tensor b) -> Tensor", &add_via);
+  m.def("whoami() -> str", &whoami);
+}
+
+}  // namespace
+
+namespace tether {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+constexpr absl::Duration kBound = absl::Seconds(30);
+
+std::string unique_init_method() {
+  static std::atomic<int> counter{0};
+  return absl::StrCat("memory://worker_test_", counter++);
+}
+
+RpcOptions loopback_options(const std::string& init_method) {
+  RpcOptions options;
+  options.backend = "loopback";
+  options.init_method = init_method;
+  options.num_worker_threads = 4;
+  options.default_timeout = kBound;
+  options.init_timeout = kBound;
+  options.shutdown_timeout = kBound;
+  return options;
+}
+
+// Makes `names.size()` workers concurrently (each waits for the others).
+std::vector<absl::StatusOr<std::unique_ptr<Worker>>> make_workers(
+    const std::vector<std::string>& names, const RpcOptions& options,
+    int world_size) {
+  BackendRegistry registry;
+  EXPECT_THAT(backends::register_builtin_backends(registry), IsOk());
+  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> workers(
+      names.size(), absl::UnknownError("not made"));
+  std::vector<std::thread> threads;
+  for (size_t rank = 0; rank < names.size(); ++rank) {
+    threads.emplace_back([&, rank] {
+      workers[rank] = Worker::create(names[rank], static_cast<int>(rank),
+                                     world_size, options, registry);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return workers;
+}
+
+class ThreeWorkers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto made = make_workers({"alice", "bob", "carol"},
+                             loopback_options(unique_init_method()), 3);
+    for (auto& worker : made) {
+      ASSERT_THAT(worker, IsOk());
+      workers_.push_back(std::move(*worker));
+    }
+  }
+
+  void TearDown() override {
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> results(workers_.size());
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      threads.emplace_back([&, i] { results[i] = workers_[i]->shutdown(); });
+    }
+    for (std::thread& thread : threads) thread.join();
+    for (const absl::Status& result : results) EXPECT_THAT(result, IsOk());
+  }
+
+  Worker& alice() { return *workers_[0]; }
+  Worker& bob() { return *workers_[1]; }
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+TEST_F(ThreeWorkers, BuiltinAdd) {
+  at::Tensor a = at::arange(6, at::kFloat).reshape({2, 3});
+  at::Tensor b = at::ones({2, 3});
+  absl::StatusOr<c10::IValue> sum =
+      alice().rpc_sync("bob", "aten::add.Tensor", {a, b});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(sum->toTensor(), a + b));
+}
+
+TEST_F(ThreeWorkers, KeywordArgumentsAndDefaults) {
+  at::Tensor a = at::ones({3});
+  absl::StatusOr<c10::IValue> sum = alice().rpc_sync(
+      "carol", "aten::add.Tensor", {a, a}, {{"alpha", c10::IValue(3)}});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(sum->toTensor(), at::full({3}, 4.0)));
+}
+
+TEST_F(ThreeWorkers, TargetByNameRankOrWorkerInfo) {
+  at::Tensor a = at::ones({2});
+  for (const To& to : {To("bob"), To(1), To(WorkerInfo{"bob", 1})}) {
+    absl::StatusOr<c10::IValue> who = alice().rpc_sync(to, "tether_test::whoami", {});
+    ASSERT_THAT(who, IsOk());
+    EXPECT_EQ(who->toStringRef(), "bob");
+  }
+}
+
+TEST_F(ThreeWorkers, UserOperator) {
+  at::Tensor x = at::randn({4, 5});
+  absl::StatusOr<c10::IValue> scaled =
+      alice().rpc_sync("carol", "tether_test::scale", {x, 2.5});
+  ASSERT_THAT(scaled, IsOk());
+  EXPECT_TRUE(at::allclose(scaled->toTensor(), x * 2.5));
+}
+
+TEST_F(ThreeWorkers, TorchScriptFunction) {
+  ASSERT_THAT(bob().register_script(R"(
+def affine(x: Tensor, w: float, b: float) -> Tensor:
+    return x * w + b
+)"),
+              IsOk());
+  at::Tensor x = at::arange(4, at::kDouble);
+  absl::StatusOr<c10::IValue> y =
+      alice().rpc_sync("bob", "affine", {x, 2.0, 1.0});
+  ASSERT_THAT(y, IsOk());
+  EXPECT_TRUE(at::equal(y->toTensor(), x * 2 + 1));
+  // Only the worker that compiled it serves it.
+  EXPECT_THAT(alice().rpc_sync("carol", "affine", {x, 2.0, 1.0}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("affine")));
+}
+
+TEST_F(ThreeWorkers, ScriptThatDoesNotCompileIsRejected) {
+  EXPECT_THAT(bob().register_script("def broken(x: Tensor) -> Tensor:\n  return y\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("does not compile")));
+}
+
+TEST_F(ThreeWorkers, SelfCall) {
+  absl::StatusOr<c10::IValue> who =
+      alice().rpc_sync("alice", "tether_test::whoami", {});
+  ASSERT_THAT(who, IsOk());
+  EXPECT_EQ(who->toStringRef(), "alice");
+}
+
+TEST_F(ThreeWorkers, NestedCallFromInsideAnOperator) {
+  // alice asks bob to run add_via, which calls carol from bob's worker.
+  at::Tensor a = at::full({3}, 2.0);
+  at::Tensor b = at::full({3}, 5.0);
+  absl::StatusOr<c10::IValue> sum = alice().rpc_sync(
+      "bob", "tether_test::add_via", {std::string("carol"), a, b});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(sum->toTensor(), at::full({3}, 7.0)));
+}
+
+TEST_F(ThreeWorkers, ThousandConcurrentAsyncCalls) {
+  constexpr int kCalls = 1000;
+  std::vector<Future<c10::IValue>> futures;
+  futures.reserve(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    futures.push_back(alice().rpc_async(
+        i % 2 == 0 ? "bob" : "carol", "aten::add.Tensor",
+        {at::full({2}, static_cast<double>(i)), at::ones({2})}));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    absl::StatusOr<c10::IValue> sum = futures[i].get(absl::Now() + kBound);
+    ASSERT_THAT(sum, IsOk()) << "call " << i;
+    EXPECT_EQ(sum->toTensor()[0].item<double>(), i + 1.0);
+  }
+}
+
+TEST_F(ThreeWorkers, UnknownOperatorIsNotFoundNamingIt) {
+  EXPECT_THAT(alice().rpc_sync("bob", "aten::no_such_op", {at::ones({1})}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("aten::no_such_op"), HasSubstr("bob"))));
+}
+
+TEST_F(ThreeWorkers, WrongArgumentTypeIsInvalidArgumentNamingIt) {
+  EXPECT_THAT(
+      alice().rpc_sync("bob", "tether_test::scale",
+                       {at::ones({2}), std::string("not a number")}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("factor")));
+  EXPECT_THAT(alice().rpc_sync("bob", "tether_test::scale", {at::ones({2})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("factor")));
+}
+
+TEST_F(ThreeWorkers, ThrowingOperatorNamesWorkerAndOperator) {
+  EXPECT_THAT(
+      alice().rpc_sync("carol", "tether_test::fail", {at::ones({3})}),
+      StatusIs(absl::StatusCode::kUnknown,
+               AllOf(HasSubstr("carol"), HasSubstr("tether_test::fail"),
+                     HasSubstr("fail was asked to fail on a tensor of 3"))));
+}
+
+TEST_F(ThreeWorkers, SlowOperatorWithShortTimeoutIsDeadlineExceeded) {
+  absl::Time start = absl::Now();
+  EXPECT_THAT(alice().rpc_sync("bob", "tether_test::slow", {int64_t{1000}}, {},
+                               absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("tether_test::slow")));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+}
+
+TEST_F(ThreeWorkers, DefaultTimeoutApplies) {
+  auto made = make_workers({"quick"}, [] {
+    RpcOptions options = loopback_options(unique_init_method());
+    options.default_timeout = absl::Milliseconds(100);
+    return options;
+  }(), 1);
+  ASSERT_THAT(made[0], IsOk());
+  Worker& quick = **made[0];
+  EXPECT_THAT(quick.rpc_sync("quick", "tether_test::slow", {int64_t{800}}),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // An explicit zero means no timeout.
+  EXPECT_THAT(quick.rpc_sync("quick", "tether_test::slow", {int64_t{200}}, {},
+                             absl::ZeroDuration()),
+              IsOk());
+  EXPECT_THAT(quick.shutdown(), IsOk());
+}
+
+TEST_F(ThreeWorkers, UnknownWorkerIsNotFound) {
+  EXPECT_THAT(alice().rpc_sync("dave", "aten::add.Tensor", {}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("dave")));
+  EXPECT_THAT(alice().rpc_sync(7, "aten::add.Tensor", {}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("7")));
+}
+
+TEST_F(ThreeWorkers, WorkerInfos) {
+  EXPECT_EQ(bob().get_current_worker_info().name, "bob");
+  EXPECT_EQ(bob().get_current_worker_info().id, 1);
+  ASSERT_EQ(bob().get_all_worker_infos().size(), 3u);
+  EXPECT_EQ(bob().get_all_worker_infos()[2].name, "carol");
+  absl::StatusOr<WorkerInfo> info = bob().get_worker_info("alice");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->id, 0);
+}
+
+TEST_F(ThreeWorkers, CallsAfterShutdownAreCancelled) {
+  // Non-graceful shutdown is local and immediate.
+  ASSERT_THAT(alice().shutdown(/*graceful=*/false), IsOk());
+  EXPECT_THAT(alice().rpc_sync("bob", "tether_test::whoami", {}),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("shut down")));
+  // Peers calling the stopped worker get an error, not a hang.
+  EXPECT_FALSE(bob().rpc_sync("alice", "tether_test::whoami", {}).ok());
+  // The remaining two still shut down gracefully; alice counts as gone.
+  workers_.erase(workers_.begin());
+  for (auto& worker : workers_) {
+    ASSERT_THAT(worker->shutdown(/*graceful=*/false), IsOk());
+  }
+}
+
+TEST(WorkerInit, BadNamesRanksAndBackendsAreClearErrors) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  RpcOptions options = loopback_options(unique_init_method());
+  EXPECT_THAT(Worker::create("bad name!", 0, 1, options, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad name!")));
+  EXPECT_THAT(Worker::create("w", 2, 2, options, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2")));
+  RpcOptions unknown = options;
+  unknown.backend = "carrier_pigeon";
+  EXPECT_THAT(Worker::create("w", 0, 1, unknown, registry),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("carrier_pigeon"), HasSubstr("loopback"))));
+}
+
+TEST(WorkerInit, DuplicateNameIsRefused) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  RpcOptions options = loopback_options(unique_init_method());
+  options.init_timeout = absl::Milliseconds(300);
+  // Whichever claims the name first waits for the missing rank and times
+  // out; the other is refused at once.
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      results[rank] =
+          Worker::create("twin", rank, 2, options, registry).status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  int refused = results[0].code() == absl::StatusCode::kAlreadyExists ? 0 : 1;
+  EXPECT_THAT(results[refused], StatusIs(absl::StatusCode::kAlreadyExists,
+                                         HasSubstr("'twin'")));
+  EXPECT_THAT(results[1 - refused],
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST(WorkerInit, MissingPeerTimesOutNamingIt) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  RpcOptions options = loopback_options(unique_init_method());
+  options.init_timeout = absl::Milliseconds(200);
+  EXPECT_THAT(Worker::create("lonely", 0, 3, options, registry),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("rank(s) 1, 2")));
+}
+
+TEST(FreeFunctions, ActOnTheDefaultWorker) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  EXPECT_THAT(rpc_sync("solo", "aten::add.Tensor", {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  RpcOptions options = loopback_options(unique_init_method());
+  ASSERT_THAT(init_rpc("solo", 0, 1, options, registry), IsOk());
+  EXPECT_THAT(init_rpc("solo", 0, 1, options, registry),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  absl::StatusOr<c10::IValue> sum =
+      rpc_sync("solo", "aten::add.Tensor", {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(sum->toTensor(), at::full({2}, 2.0)));
+  absl::StatusOr<std::vector<WorkerInfo>> all = get_all_worker_infos();
+  ASSERT_THAT(all, IsOk());
+  EXPECT_EQ(all->size(), 1u);
+  EXPECT_THAT(shutdown(), IsOk());
+  EXPECT_THAT(shutdown(), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace tether

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages tether builds and tests with. Idempotent:
+# does nothing (and needs no network) when they are all present.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap
+  g++
+  libtorch-dev
+  libabsl-dev
+  libprotobuf-dev
+  protobuf-compiler
+  libgrpc++-dev
+  protobuf-compiler-grpc
+  libtensorpipe-dev
+  libfabric-dev
+  libgoogle-glog-dev
+  libgtest-dev
+  libgmock-dev
+  libbenchmark-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
