@@ -1,0 +1,1123 @@
+#include "core/wire/codec.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/ScalarType.h>
+#include <c10/core/Storage.h>
+#include <google/protobuf/arena.h>
+#include <google/protobuf/io/coded_stream.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "core/wire/wire.pb.h"
+
+namespace tether::wire {
+namespace {
+
+namespace pb = ::tether::wire;
+
+// Bumped when an older decoder would misread what a newer encoder writes.
+constexpr uint32_t kWireVersion = 1;
+
+// Where a value sits in the tree, for error messages: a chain of stack
+// frames, formatted only when something goes wrong.
+class Path {
+ public:
+  static Path root() { return Path(nullptr, Kind::kRoot, 0, {}); }
+
+  // The i-th element of a list or tuple.
+  Path index(int64_t i) const { return Path(this, Kind::kIndex, i, {}); }
+  // The key of the i-th dict entry.
+  Path key(int64_t i) const { return Path(this, Kind::kKey, i, {}); }
+  // The value of the i-th dict entry, named by its key when that is a string
+  // or an int.
+  Path value(int64_t i, const pb::Value& key) const {
+    if (key.kind_case() == pb::Value::kStringValue) {
+      return Path(this, Kind::kStringKey, i, key.string_value());
+    }
+    if (key.kind_case() == pb::Value::kIntValue) {
+      return Path(this, Kind::kIndex, key.int_value(), {});
+    }
+    return Path(this, Kind::kValue, i, {});
+  }
+  Path value(int64_t i, const c10::IValue& key) const {
+    if (key.isString()) {
+      return Path(this, Kind::kStringKey, i, key.toStringRef());
+    }
+    if (key.isInt()) return Path(this, Kind::kIndex, key.toInt(), {});
+    return Path(this, Kind::kValue, i, {});
+  }
+
+  std::string str() const {
+    std::string out = parent_ == nullptr ? "" : parent_->str();
+    switch (kind_) {
+      case Kind::kRoot:
+        absl::StrAppend(&out, "root");
+        break;
+      case Kind::kIndex:
+        absl::StrAppend(&out, "[", n_, "]");
+        break;
+      case Kind::kStringKey: {
+        constexpr size_t kMaxShown = 32;
+        std::string shown = absl::CHexEscape(key_.substr(0, kMaxShown));
+        absl::StrAppend(&out, "[\"", shown,
+                        key_.size() > kMaxShown ? "...\"]" : "\"]");
+        break;
+      }
+      case Kind::kKey:
+        absl::StrAppend(&out, "{key of entry ", n_, "}");
+        break;
+      case Kind::kValue:
+        absl::StrAppend(&out, "{value of entry ", n_, "}");
+        break;
+    }
+    return out;
+  }
+
+ private:
+  enum class Kind { kRoot, kIndex, kStringKey, kKey, kValue };
+
+  Path(const Path* parent, Kind kind, int64_t n, absl::string_view key)
+      : parent_(parent), kind_(kind), n_(n), key_(key) {}
+
+  const Path* parent_;
+  Kind kind_;
+  int64_t n_;
+  // WARNING: a view of the payload or of the IValue being encoded, which
+  // outlive every Path.
+  absl::string_view key_;
+};
+
+// "<what> at <path>: <details>".
+template <typename... Parts>
+absl::Status invalid(absl::string_view what, const Path& path,
+                     const Parts&... parts) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " at ", path.str(), ": ", parts...));
+}
+
+template <typename... Parts>
+absl::Status exhausted(absl::string_view what, const Path& path,
+                       const Parts&... parts) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, " at ", path.str(), ": ", parts...));
+}
+
+int effective_max_depth(int max_depth) {
+  return std::clamp(max_depth, 0, kMaxSupportedDepth);
+}
+
+// ---------------------------------------------------------------------------
+// dtypes
+
+bool to_wire_dtype(c10::ScalarType type, pb::DType* out) {
+  switch (type) {
+    case c10::ScalarType::Byte:
+      *out = pb::DTYPE_UINT8;
+      return true;
+    case c10::ScalarType::Char:
+      *out = pb::DTYPE_INT8;
+      return true;
+    case c10::ScalarType::Short:
+      *out = pb::DTYPE_INT16;
+      return true;
+    case c10::ScalarType::Int:
+      *out = pb::DTYPE_INT32;
+      return true;
+    case c10::ScalarType::Long:
+      *out = pb::DTYPE_INT64;
+      return true;
+    case c10::ScalarType::Half:
+      *out = pb::DTYPE_FLOAT16;
+      return true;
+    case c10::ScalarType::Float:
+      *out = pb::DTYPE_FLOAT32;
+      return true;
+    case c10::ScalarType::Double:
+      *out = pb::DTYPE_FLOAT64;
+      return true;
+    case c10::ScalarType::ComplexHalf:
+      *out = pb::DTYPE_COMPLEX32;
+      return true;
+    case c10::ScalarType::ComplexFloat:
+      *out = pb::DTYPE_COMPLEX64;
+      return true;
+    case c10::ScalarType::ComplexDouble:
+      *out = pb::DTYPE_COMPLEX128;
+      return true;
+    case c10::ScalarType::Bool:
+      *out = pb::DTYPE_BOOL;
+      return true;
+    case c10::ScalarType::BFloat16:
+      *out = pb::DTYPE_BFLOAT16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// `wire` is an int, not the enum: proto3 enums are open.
+bool from_wire_dtype(int wire, c10::ScalarType* out) {
+  switch (wire) {
+    case pb::DTYPE_UINT8:
+      *out = c10::ScalarType::Byte;
+      return true;
+    case pb::DTYPE_INT8:
+      *out = c10::ScalarType::Char;
+      return true;
+    case pb::DTYPE_INT16:
+      *out = c10::ScalarType::Short;
+      return true;
+    case pb::DTYPE_INT32:
+      *out = c10::ScalarType::Int;
+      return true;
+    case pb::DTYPE_INT64:
+      *out = c10::ScalarType::Long;
+      return true;
+    case pb::DTYPE_FLOAT16:
+      *out = c10::ScalarType::Half;
+      return true;
+    case pb::DTYPE_FLOAT32:
+      *out = c10::ScalarType::Float;
+      return true;
+    case pb::DTYPE_FLOAT64:
+      *out = c10::ScalarType::Double;
+      return true;
+    case pb::DTYPE_COMPLEX32:
+      *out = c10::ScalarType::ComplexHalf;
+      return true;
+    case pb::DTYPE_COMPLEX64:
+      *out = c10::ScalarType::ComplexFloat;
+      return true;
+    case pb::DTYPE_COMPLEX128:
+      *out = c10::ScalarType::ComplexDouble;
+      return true;
+    case pb::DTYPE_BOOL:
+      *out = c10::ScalarType::Bool;
+      return true;
+    case pb::DTYPE_BFLOAT16:
+      *out = c10::ScalarType::BFloat16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Types
+
+// Dict key types c10 can hash (c10::detail::DictKeyHash) and DictType::create
+// accepts.
+bool is_key_kind(c10::TypeKind kind) {
+  switch (kind) {
+    case c10::TypeKind::AnyType:
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::ComplexType:
+    case c10::TypeKind::StringType:
+    case c10::TypeKind::TensorType:
+    case c10::TypeKind::DeviceObjType:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_hashable_key(const c10::IValue& v) {
+  return v.isInt() || v.isString() || v.isDouble() || v.isComplexDouble() ||
+         v.isBool() || v.isTensor() || v.isDevice();
+}
+
+// Whether a and b describe the same wire type: what the TypeDesc keeps
+// (kinds and structure, not tensor shapes or NamedTuple names).
+bool same_wire_type(const c10::Type& a, const c10::Type& b) {
+  if (a.kind() != b.kind()) return false;
+  auto a_contained = a.containedTypes();
+  auto b_contained = b.containedTypes();
+  if (a_contained.size() != b_contained.size()) return false;
+  for (size_t i = 0; i < a_contained.size(); ++i) {
+    if (!same_wire_type(*a_contained[i], *b_contained[i])) return false;
+  }
+  return true;
+}
+
+c10::TypePtr list_element_type(const c10::IValue& list) {
+  return list.toList().elementType();
+}
+
+// Whether `v` may sit where a value of `type` is expected. Containers carry
+// their own types; those must be the same wire type as the expected ones
+// (c10 lists and dicts are invariant).
+bool matches(const c10::IValue& v, const c10::Type& type) {
+  switch (type.kind()) {
+    case c10::TypeKind::AnyType:
+      return true;
+    case c10::TypeKind::NoneType:
+      return v.isNone();
+    case c10::TypeKind::BoolType:
+      return v.isBool();
+    case c10::TypeKind::IntType:
+      return v.isInt();
+    case c10::TypeKind::FloatType:
+      return v.isDouble();
+    case c10::TypeKind::ComplexType:
+      return v.isComplexDouble();
+    case c10::TypeKind::StringType:
+      return v.isString();
+    case c10::TypeKind::DeviceObjType:
+      return v.isDevice();
+    case c10::TypeKind::TensorType:
+      return v.isTensor();
+    case c10::TypeKind::OptionalType:
+      return v.isNone() ||
+             matches(v, *type.expectRef<c10::OptionalType>().getElementType());
+    case c10::TypeKind::ListType:
+      return v.isList() &&
+             same_wire_type(*list_element_type(v),
+                            *type.expectRef<c10::ListType>().getElementType());
+    case c10::TypeKind::DictType: {
+      if (!v.isGenericDict()) return false;
+      const auto& dict_type = type.expectRef<c10::DictType>();
+      auto dict = v.toGenericDict();
+      return same_wire_type(*dict.keyType(), *dict_type.getKeyType()) &&
+             same_wire_type(*dict.valueType(), *dict_type.getValueType());
+    }
+    case c10::TypeKind::TupleType: {
+      if (!v.isTuple()) return false;
+      const auto& elems = v.toTupleRef().elements();
+      auto types = type.expectRef<c10::TupleType>().elements();
+      if (elems.size() != types.size()) return false;
+      for (size_t i = 0; i < elems.size(); ++i) {
+        if (!matches(elems[i], *types[i])) return false;
+      }
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Encoder
+
+class Encoder {
+ public:
+  absl::Status value(const c10::IValue& v, pb::Value* out, const Path& path,
+                     int depth);
+  // Picks each tensor's storage (whole or a compact clone) once the whole
+  // tree is known, so that views of a storage that travels whole anyway
+  // share it instead of being cloned.
+  absl::Status assign_storages();
+
+  std::vector<c10::Storage>& storages() { return storages_; }
+
+ private:
+  struct PendingTensor {
+    pb::Tensor* desc;
+    // Detached, conj and neg bits resolved.
+    at::Tensor tensor;
+    // The tensor as the caller gave it, to clone each one at most once.
+    const c10::TensorImpl* origin;
+  };
+
+  absl::Status type(const c10::Type& t, pb::TypeDesc* out, const Path& path,
+                    absl::string_view role, int depth);
+  absl::Status tensor(const at::Tensor& t, pb::Tensor* out, const Path& path);
+  absl::Status list(const c10::IValue& v, pb::List* out, const Path& path,
+                    int depth);
+  absl::Status dict(const c10::IValue& v, pb::Dict* out, const Path& path,
+                    int depth);
+
+  std::vector<PendingTensor> pending_;
+  std::vector<c10::Storage> storages_;
+};
+
+absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
+                            const Path& path, int depth) {
+  if (v.isNone()) {
+    out->mutable_none();
+  } else if (v.isBool()) {
+    out->set_bool_value(v.toBool());
+  } else if (v.isInt()) {
+    out->set_int_value(v.toInt());
+  } else if (v.isDouble()) {
+    out->set_double_value(v.toDouble());
+  } else if (v.isComplexDouble()) {
+    c10::complex<double> c = v.toComplexDouble();
+    out->mutable_complex_value()->set_real(c.real());
+    out->mutable_complex_value()->set_imag(c.imag());
+  } else if (v.isString()) {
+    out->set_string_value(v.toStringRef());
+  } else if (v.isDevice()) {
+    c10::Device device = v.toDevice();
+    if (!device.is_cpu()) {
+      return invalid("device", path, "unsupported device ", device.str(),
+                     " (only cpu devices travel)");
+    }
+    out->mutable_device()->set_kind(pb::DEVICE_KIND_CPU);
+    out->mutable_device()->set_index(device.index());
+  } else if (v.isTensor()) {
+    return tensor(v.toTensor(), out->mutable_tensor(), path);
+  } else if (v.isList() || v.isTuple() || v.isGenericDict()) {
+    if (depth + 1 > kMaxSupportedDepth) {
+      return exhausted("value", path, "nested deeper than ", kMaxSupportedDepth,
+                       " containers (a list that contains itself?)");
+    }
+    if (v.isList()) return list(v, out->mutable_list(), path, depth + 1);
+    if (v.isGenericDict()) return dict(v, out->mutable_dict(), path, depth + 1);
+    const auto& elems = v.toTupleRef().elements();
+    pb::Tuple* tuple = out->mutable_tuple();
+    for (size_t i = 0; i < elems.size(); ++i) {
+      absl::Status s =
+          value(elems[i], tuple->add_elems(), path.index(i), depth + 1);
+      if (!s.ok()) return s;
+    }
+  } else {
+    return invalid("value", path, "unsupported IValue kind ", v.tagKind());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Encoder::type(const c10::Type& t, pb::TypeDesc* out,
+                           const Path& path, absl::string_view role,
+                           int depth) {
+  if (depth > kMaxSupportedDepth) {
+    return exhausted(role, path, "type nested deeper than ",
+                     kMaxSupportedDepth);
+  }
+  using K = pb::TypeDesc;
+  switch (t.kind()) {
+    case c10::TypeKind::AnyType:
+      out->set_kind(K::KIND_ANY);
+      return absl::OkStatus();
+    case c10::TypeKind::NoneType:
+      out->set_kind(K::KIND_NONE);
+      return absl::OkStatus();
+    case c10::TypeKind::BoolType:
+      out->set_kind(K::KIND_BOOL);
+      return absl::OkStatus();
+    case c10::TypeKind::IntType:
+      out->set_kind(K::KIND_INT);
+      return absl::OkStatus();
+    case c10::TypeKind::FloatType:
+      out->set_kind(K::KIND_FLOAT);
+      return absl::OkStatus();
+    case c10::TypeKind::ComplexType:
+      out->set_kind(K::KIND_COMPLEX);
+      return absl::OkStatus();
+    case c10::TypeKind::StringType:
+      out->set_kind(K::KIND_STRING);
+      return absl::OkStatus();
+    case c10::TypeKind::DeviceObjType:
+      out->set_kind(K::KIND_DEVICE);
+      return absl::OkStatus();
+    case c10::TypeKind::TensorType:
+      out->set_kind(K::KIND_TENSOR);
+      return absl::OkStatus();
+    case c10::TypeKind::ListType:
+      out->set_kind(K::KIND_LIST);
+      break;
+    case c10::TypeKind::TupleType:
+      out->set_kind(K::KIND_TUPLE);
+      break;
+    case c10::TypeKind::DictType:
+      out->set_kind(K::KIND_DICT);
+      break;
+    case c10::TypeKind::OptionalType:
+      out->set_kind(K::KIND_OPTIONAL);
+      break;
+    default:
+      return invalid(role, path, "unsupported type ", t.repr_str());
+  }
+  for (const c10::TypePtr& contained : t.containedTypes()) {
+    absl::Status s =
+        type(*contained, out->add_contained(), path, role, depth + 1);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Encoder::list(const c10::IValue& v, pb::List* out,
+                           const Path& path, int depth) {
+  c10::impl::GenericList list = v.toList();
+  const c10::TypePtr& elem_type = list.elementType();
+  absl::Status s = type(*elem_type, out->mutable_elem_type(), path,
+                        "list element type", 1);
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < list.size(); ++i) {
+    c10::IValue elem = list.get(i);
+    if (!matches(elem, *elem_type)) {
+      return invalid("list", path, "a list of ", elem_type->repr_str(),
+                     " holds a ", elem.tagKind(), " at index ", i);
+    }
+    switch (elem_type->kind()) {
+      case c10::TypeKind::IntType:
+        out->add_ints(elem.toInt());
+        break;
+      case c10::TypeKind::FloatType:
+        out->add_doubles(elem.toDouble());
+        break;
+      case c10::TypeKind::BoolType:
+        out->add_bools(elem.toBool());
+        break;
+      default:
+        s = value(elem, out->add_elems(), path.index(i), depth);
+        if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Encoder::dict(const c10::IValue& v, pb::Dict* out,
+                           const Path& path, int depth) {
+  c10::impl::GenericDict dict = v.toGenericDict();
+  absl::Status s =
+      type(*dict.keyType(), out->mutable_key_type(), path, "dict key type", 1);
+  if (!s.ok()) return s;
+  s = type(*dict.valueType(), out->mutable_value_type(), path,
+           "dict value type", 1);
+  if (!s.ok()) return s;
+  int64_t i = 0;
+  for (const auto& entry : dict) {
+    pb::DictEntry* e = out->add_entries();
+    s = value(entry.key(), e->mutable_key(), path.key(i), depth);
+    if (!s.ok()) return s;
+    s = value(entry.value(), e->mutable_value(), path.value(i, entry.key()),
+              depth);
+    if (!s.ok()) return s;
+    ++i;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
+                             const Path& path) {
+  if (!t.defined()) return absl::OkStatus();  // An empty Tensor message.
+  if (t.is_quantized()) {
+    return invalid("tensor", path, "unsupported quantized tensor");
+  }
+  if (t.layout() != c10::kStrided || t.is_nested()) {
+    return invalid("tensor", path, "unsupported ",
+                   t.is_nested() ? "nested" : c10::str(t.layout()),
+                   " tensor (only strided tensors travel)");
+  }
+  if (!t.device().is_cpu()) {
+    return invalid("tensor", path, "unsupported tensor on device ",
+                   t.device().str(), " (only cpu tensors travel)");
+  }
+  pb::DType dtype;
+  if (!to_wire_dtype(t.scalar_type(), &dtype)) {
+    return invalid("tensor", path, "unsupported dtype ",
+                   c10::toString(t.scalar_type()));
+  }
+  at::Tensor plain = t.detach();
+  if (plain._is_zerotensor()) {
+    plain = at::zeros(plain.sizes(), plain.options());
+  }
+  if (!plain.has_storage()) {
+    return invalid("tensor", path,
+                   "unsupported tensor without storage (a wrapper tensor?)");
+  }
+  // A conj or neg view shares its base's storage but not its values.
+  plain = plain.resolve_conj().resolve_neg();
+  out->set_defined(true);
+  out->set_dtype(dtype);
+  out->set_requires_grad(t.requires_grad());
+  pending_.push_back({out, std::move(plain), t.unsafeGetTensorImpl()});
+  return absl::OkStatus();
+}
+
+// Bytes from the tensor's first element to one past its last one, in its
+// storage; 0 for a tensor with no elements.
+int64_t spanned_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    last += (t.size(d) - 1) * t.stride(d);
+  }
+  return (last + 1) * static_cast<int64_t>(t.element_size());
+}
+
+absl::Status Encoder::assign_storages() {
+  std::unordered_set<const c10::StorageImpl*> whole;
+  for (const PendingTensor& p : pending_) {
+    const c10::Storage& storage = p.tensor.storage();
+    if (p.tensor.numel() > 0 &&
+        static_cast<int64_t>(storage.nbytes()) <= spanned_bytes(p.tensor)) {
+      whole.insert(storage.unsafeGetStorageImpl());
+    }
+  }
+  std::unordered_map<const c10::StorageImpl*, int64_t> index_of;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> clones;
+  for (PendingTensor& p : pending_) {
+    at::Tensor shipped = p.tensor;
+    if (p.tensor.numel() == 0 ||
+        whole.count(p.tensor.storage().unsafeGetStorageImpl()) == 0) {
+      auto it = clones.find(p.origin);
+      if (it == clones.end()) {
+        at::Tensor compact =
+            p.tensor.numel() == 0
+                ? at::empty(p.tensor.sizes(), p.tensor.options())
+                : p.tensor.clone(at::MemoryFormat::Contiguous);
+        it = clones.emplace(p.origin, std::move(compact)).first;
+      }
+      shipped = it->second;
+    }
+    const c10::Storage& storage = shipped.storage();
+    auto [it, added] = index_of.emplace(storage.unsafeGetStorageImpl(),
+                                        static_cast<int64_t>(storages_.size()));
+    if (added) storages_.push_back(storage);
+    for (int64_t d = 0; d < shipped.dim(); ++d) {
+      p.desc->add_sizes(shipped.size(d));
+      p.desc->add_strides(shipped.stride(d));
+    }
+    p.desc->set_storage_offset(shipped.storage_offset());
+    p.desc->set_storage_index(static_cast<uint64_t>(it->second));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Decoder
+
+template <typename M>
+bool has_unknown_fields(const M& m) {
+  return !m.unknown_fields().empty();
+}
+
+// a * b and a + b for non-negative int64, false on overflow.
+bool mul_ok(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+bool add_ok(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+
+class Decoder {
+ public:
+  Decoder(const Message& in, const Limits& limits)
+      : in_(in),
+        limits_(limits),
+        max_depth_(effective_max_depth(limits.max_depth)) {}
+
+  // `depth`: containers enclosing `v`.
+  absl::StatusOr<c10::IValue> value(const pb::Value& v, const Path& path,
+                                    int depth);
+
+ private:
+  absl::Status count(const Path& path, int64_t n);
+  absl::StatusOr<c10::TypePtr> type(const pb::TypeDesc& t, const Path& path,
+                                    absl::string_view role, int depth);
+  absl::StatusOr<c10::IValue> list(const pb::List& l, const Path& path,
+                                   int depth);
+  absl::StatusOr<c10::IValue> tuple(const pb::Tuple& t, const Path& path,
+                                    int depth);
+  absl::StatusOr<c10::IValue> dict(const pb::Dict& d, const Path& path,
+                                   int depth);
+  absl::StatusOr<at::Tensor> tensor(const pb::Tensor& t, const Path& path);
+  absl::StatusOr<c10::Device> device(const pb::Device& d, const Path& path);
+
+  const Message& in_;
+  const Limits& limits_;
+  const int max_depth_;
+  int64_t values_ = 0;
+};
+
+absl::Status Decoder::count(const Path& path, int64_t n) {
+  values_ += n;  // n is a repeated field's size: no overflow.
+  if (values_ > limits_.max_values) {
+    return exhausted("value", path, "more than ", limits_.max_values,
+                     " values in the message");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v,
+                                           const Path& path, int depth) {
+  absl::Status s = count(path, 1);
+  if (!s.ok()) return s;
+  if (has_unknown_fields(v)) {
+    return invalid("value", path,
+                   "unknown fields (a kind from a newer version?)");
+  }
+  switch (v.kind_case()) {
+    case pb::Value::kNone:
+      if (has_unknown_fields(v.none())) {
+        return invalid("none", path, "unknown fields");
+      }
+      return c10::IValue();
+    case pb::Value::kBoolValue:
+      return c10::IValue(v.bool_value());
+    case pb::Value::kIntValue:
+      return c10::IValue(static_cast<int64_t>(v.int_value()));
+    case pb::Value::kDoubleValue:
+      return c10::IValue(v.double_value());
+    case pb::Value::kComplexValue:
+      if (has_unknown_fields(v.complex_value())) {
+        return invalid("complex", path, "unknown fields");
+      }
+      return c10::IValue(c10::complex<double>(v.complex_value().real(),
+                                              v.complex_value().imag()));
+    case pb::Value::kStringValue:
+      return c10::IValue(v.string_value());
+    case pb::Value::kDevice: {
+      absl::StatusOr<c10::Device> device_or = device(v.device(), path);
+      if (!device_or.ok()) return device_or.status();
+      return c10::IValue(*device_or);
+    }
+    case pb::Value::kTensor: {
+      absl::StatusOr<at::Tensor> tensor_or = tensor(v.tensor(), path);
+      if (!tensor_or.ok()) return tensor_or.status();
+      return c10::IValue(*std::move(tensor_or));
+    }
+    case pb::Value::kList:
+    case pb::Value::kTuple:
+    case pb::Value::kDict:
+      if (depth + 1 > max_depth_) {
+        return exhausted("value", path, "containers nested deeper than ",
+                         max_depth_);
+      }
+      if (v.kind_case() == pb::Value::kList) {
+        return list(v.list(), path, depth + 1);
+      }
+      if (v.kind_case() == pb::Value::kTuple) {
+        return tuple(v.tuple(), path, depth + 1);
+      }
+      return dict(v.dict(), path, depth + 1);
+    case pb::Value::KIND_NOT_SET:
+      break;
+  }
+  return invalid("value", path, "no kind set");
+}
+
+absl::StatusOr<c10::TypePtr> Decoder::type(const pb::TypeDesc& t,
+                                           const Path& path,
+                                           absl::string_view role, int depth) {
+  absl::Status s = count(path, 1);
+  if (!s.ok()) return s;
+  if (has_unknown_fields(t)) return invalid(role, path, "unknown fields");
+  using K = pb::TypeDesc;
+  const int kind = t.kind();  // Open enum: any int.
+  size_t arity = 0;           // Contained types expected; SIZE_MAX: any.
+  switch (kind) {
+    case K::KIND_ANY:
+    case K::KIND_NONE:
+    case K::KIND_BOOL:
+    case K::KIND_INT:
+    case K::KIND_FLOAT:
+    case K::KIND_COMPLEX:
+    case K::KIND_STRING:
+    case K::KIND_DEVICE:
+    case K::KIND_TENSOR:
+      arity = 0;
+      break;
+    case K::KIND_LIST:
+    case K::KIND_OPTIONAL:
+      arity = 1;
+      break;
+    case K::KIND_DICT:
+      arity = 2;
+      break;
+    case K::KIND_TUPLE:
+      arity = SIZE_MAX;
+      break;
+    default:
+      return invalid(role, path, "unknown type kind ", kind);
+  }
+  const auto& contained_desc = t.contained();
+  if (arity != SIZE_MAX &&
+      static_cast<size_t>(contained_desc.size()) != arity) {
+    return invalid(role, path, K::Kind_Name(t.kind()), " takes ", arity,
+                   " contained types, not ", contained_desc.size());
+  }
+  std::vector<c10::TypePtr> contained;
+  if (!contained_desc.empty()) {
+    if (depth + 1 > max_depth_) {
+      return exhausted(role, path, "type nested deeper than ", max_depth_);
+    }
+    contained.reserve(contained_desc.size());
+    for (const pb::TypeDesc& c : contained_desc) {
+      absl::StatusOr<c10::TypePtr> c_or = type(c, path, role, depth + 1);
+      if (!c_or.ok()) return c_or.status();
+      contained.push_back(*std::move(c_or));
+    }
+  }
+  switch (kind) {
+    case K::KIND_ANY:
+      return c10::AnyType::get();
+    case K::KIND_NONE:
+      return c10::NoneType::get();
+    case K::KIND_BOOL:
+      return c10::BoolType::get();
+    case K::KIND_INT:
+      return c10::IntType::get();
+    case K::KIND_FLOAT:
+      return c10::FloatType::get();
+    case K::KIND_COMPLEX:
+      return c10::ComplexType::get();
+    case K::KIND_STRING:
+      return c10::StringType::get();
+    case K::KIND_DEVICE:
+      return c10::DeviceObjType::get();
+    case K::KIND_TENSOR:
+      return c10::TensorType::get();
+    case K::KIND_LIST:
+      return c10::ListType::create(contained[0]);
+    case K::KIND_TUPLE:
+      return c10::TupleType::create(std::move(contained));
+    case K::KIND_DICT:
+      if (!is_key_kind(contained[0]->kind())) {
+        return invalid(role, path, "unsupported dict key type ",
+                       contained[0]->repr_str());
+      }
+      return c10::DictType::create(contained[0], contained[1]);
+    case K::KIND_OPTIONAL:
+      if (contained[0]->kind() == c10::TypeKind::NoneType) {
+        return invalid(role, path, "Optional[None] is not a type");
+      }
+      if (contained[0]->kind() == c10::TypeKind::TensorType) {
+        // The very pointer IValue::isOptionalTensorList compares with.
+        return c10::getTypePtr<c10::optional<at::Tensor>>();
+      }
+      return c10::OptionalType::create(contained[0]);
+  }
+  return invalid(role, path, "unknown type kind ", kind);  // Unreachable.
+}
+
+absl::StatusOr<c10::IValue> Decoder::list(const pb::List& l, const Path& path,
+                                          int depth) {
+  if (has_unknown_fields(l)) return invalid("list", path, "unknown fields");
+  if (!l.has_elem_type()) {
+    return invalid("list", path, "no element type");
+  }
+  absl::StatusOr<c10::TypePtr> elem_type_or =
+      type(l.elem_type(), path, "list element type", 1);
+  if (!elem_type_or.ok()) return elem_type_or.status();
+  const c10::TypePtr& elem_type = *elem_type_or;
+  const c10::TypeKind kind = elem_type->kind();
+  const bool packed_ints = kind == c10::TypeKind::IntType;
+  const bool packed_doubles = kind == c10::TypeKind::FloatType;
+  const bool packed_bools = kind == c10::TypeKind::BoolType;
+  const bool packed = packed_ints || packed_doubles || packed_bools;
+  if ((!packed_ints && l.ints_size() > 0) ||
+      (!packed_doubles && l.doubles_size() > 0) ||
+      (!packed_bools && l.bools_size() > 0) || (packed && l.elems_size() > 0)) {
+    return invalid("list", path, "elements stored in the wrong field for a "
+                   "list of ", elem_type->repr_str());
+  }
+  c10::impl::GenericList out(elem_type);
+  if (packed) {
+    int64_t n = packed_ints      ? l.ints_size()
+                : packed_doubles ? l.doubles_size()
+                                 : l.bools_size();
+    absl::Status s = count(path, n);
+    if (!s.ok()) return s;
+    out.reserve(n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (packed_ints) {
+        out.push_back(c10::IValue(static_cast<int64_t>(l.ints(i))));
+      } else if (packed_doubles) {
+        out.push_back(c10::IValue(l.doubles(i)));
+      } else {
+        out.push_back(c10::IValue(l.bools(i)));
+      }
+    }
+    return c10::IValue(std::move(out));
+  }
+  out.reserve(l.elems_size());
+  for (int i = 0; i < l.elems_size(); ++i) {
+    Path elem_path = path.index(i);
+    absl::StatusOr<c10::IValue> elem_or = value(l.elems(i), elem_path, depth);
+    if (!elem_or.ok()) return elem_or.status();
+    if (!matches(*elem_or, *elem_type)) {
+      return invalid("value", elem_path, "a ", elem_or->tagKind(),
+                     " in a list of ", elem_type->repr_str());
+    }
+    out.push_back(*std::move(elem_or));
+  }
+  return c10::IValue(std::move(out));
+}
+
+absl::StatusOr<c10::IValue> Decoder::tuple(const pb::Tuple& t,
+                                           const Path& path, int depth) {
+  if (has_unknown_fields(t)) return invalid("tuple", path, "unknown fields");
+  std::vector<c10::IValue> elems;
+  elems.reserve(t.elems_size());
+  for (int i = 0; i < t.elems_size(); ++i) {
+    absl::StatusOr<c10::IValue> elem_or =
+        value(t.elems(i), path.index(i), depth);
+    if (!elem_or.ok()) return elem_or.status();
+    elems.push_back(*std::move(elem_or));
+  }
+  return c10::IValue(c10::ivalue::Tuple::create(std::move(elems)));
+}
+
+absl::StatusOr<c10::IValue> Decoder::dict(const pb::Dict& d, const Path& path,
+                                          int depth) {
+  if (has_unknown_fields(d)) return invalid("dict", path, "unknown fields");
+  if (!d.has_key_type() || !d.has_value_type()) {
+    return invalid("dict", path, "no key or value type");
+  }
+  absl::StatusOr<c10::TypePtr> key_type_or =
+      type(d.key_type(), path, "dict key type", 1);
+  if (!key_type_or.ok()) return key_type_or.status();
+  absl::StatusOr<c10::TypePtr> value_type_or =
+      type(d.value_type(), path, "dict value type", 1);
+  if (!value_type_or.ok()) return value_type_or.status();
+  const c10::TypePtr& key_type = *key_type_or;
+  const c10::TypePtr& value_type = *value_type_or;
+  if (!is_key_kind(key_type->kind())) {
+    return invalid("dict", path, "unsupported key type ",
+                   key_type->repr_str());
+  }
+  c10::impl::GenericDict out(key_type, value_type);
+  out.reserve(d.entries_size());
+  for (int i = 0; i < d.entries_size(); ++i) {
+    const pb::DictEntry& entry = d.entries(i);
+    Path key_path = path.key(i);
+    if (has_unknown_fields(entry)) {
+      return invalid("dict entry", key_path, "unknown fields");
+    }
+    if (!entry.has_key() || !entry.has_value()) {
+      return invalid("dict entry", key_path, "no key or no value");
+    }
+    absl::StatusOr<c10::IValue> key_or = value(entry.key(), key_path, depth);
+    if (!key_or.ok()) return key_or.status();
+    if (!matches(*key_or, *key_type) || !is_hashable_key(*key_or)) {
+      return invalid("dict key", key_path, "a ", key_or->tagKind(),
+                     " in a dict keyed by ", key_type->repr_str());
+    }
+    Path value_path = path.value(i, entry.key());
+    absl::StatusOr<c10::IValue> value_or =
+        value(entry.value(), value_path, depth);
+    if (!value_or.ok()) return value_or.status();
+    if (!matches(*value_or, *value_type)) {
+      return invalid("dict value", value_path, "a ", value_or->tagKind(),
+                     " in a dict of ", value_type->repr_str(), " values");
+    }
+    if (!out.insert(*std::move(key_or), *std::move(value_or)).second) {
+      return invalid("dict key", key_path, "duplicate key");
+    }
+  }
+  return c10::IValue(std::move(out));
+}
+
+absl::StatusOr<c10::Device> Decoder::device(const pb::Device& d,
+                                            const Path& path) {
+  if (has_unknown_fields(d)) return invalid("device", path, "unknown fields");
+  if (d.kind() != pb::DEVICE_KIND_CPU) {
+    return invalid("device", path, "unsupported device kind ",
+                   static_cast<int>(d.kind()));
+  }
+  if (d.index() != -1 && d.index() != 0) {
+    return invalid("device", path, "cpu device index ", d.index(),
+                   " (must be -1 or 0)");
+  }
+  return c10::Device(c10::kCPU, static_cast<c10::DeviceIndex>(d.index()));
+}
+
+absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
+                                           const Path& path) {
+  constexpr absl::string_view kWhat = "tensor";
+  if (has_unknown_fields(t)) return invalid(kWhat, path, "unknown fields");
+  if (!t.defined()) {
+    if (t.dtype() != 0 || t.sizes_size() != 0 || t.strides_size() != 0 ||
+        t.storage_offset() != 0 || t.requires_grad() ||
+        t.storage_index() != 0) {
+      return invalid(kWhat, path, "undefined tensor with metadata");
+    }
+    return at::Tensor();
+  }
+  c10::ScalarType dtype;
+  if (!from_wire_dtype(t.dtype(), &dtype)) {
+    return invalid(kWhat, path, "unknown dtype ", static_cast<int>(t.dtype()));
+  }
+  const int64_t dims = t.sizes_size();
+  if (dims > limits_.max_tensor_dims) {
+    return exhausted(kWhat, path, dims, " dims, more than the limit of ",
+                     limits_.max_tensor_dims);
+  }
+  if (t.strides_size() != dims) {
+    return invalid(kWhat, path, dims, " sizes but ", t.strides_size(),
+                   " strides");
+  }
+  // The element count must fit in int64 (zero-size dims aside) and so must
+  // the bytes the elements span.
+  int64_t numel_nonzero = 1;
+  bool empty = false;
+  int64_t last = 0;  // Offset of the last element past the first, if any.
+  for (int64_t d = 0; d < dims; ++d) {
+    const int64_t size = t.sizes(d);
+    const int64_t stride = t.strides(d);
+    if (size < 0) {
+      return invalid(kWhat, path, "negative size ", size, " in dim ", d);
+    }
+    if (stride < 0) {
+      return invalid(kWhat, path, "negative stride ", stride, " in dim ", d);
+    }
+    if (size == 0) {
+      empty = true;
+      continue;
+    }
+    int64_t step;
+    if (!mul_ok(numel_nonzero, size, &numel_nonzero) ||
+        !mul_ok(size - 1, stride, &step) || !add_ok(last, step, &last)) {
+      return invalid(kWhat, path, "sizes and strides overflow int64");
+    }
+  }
+  const int64_t offset = t.storage_offset();
+  if (offset < 0) {
+    return invalid(kWhat, path, "negative storage offset ", offset);
+  }
+  const uint64_t index = t.storage_index();
+  if (index >= in_.storages.size()) {
+    return invalid(kWhat, path, "storage index ", index, " out of range (",
+                   in_.storages.size(), " storages)");
+  }
+  const c10::Storage& storage = in_.storages[index];
+  if (!storage) {
+    return invalid(kWhat, path, "storage ", index, " is null");
+  }
+  if (storage.device_type() != c10::kCPU) {
+    return invalid(kWhat, path, "storage ", index, " is on ",
+                   storage.device().str(), ", not cpu");
+  }
+  const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
+  int64_t end = offset;  // In elements, one past the last one.
+  if (!empty && (!add_ok(end, last, &end) || !add_ok(end, 1, &end))) {
+    return invalid(kWhat, path, "storage offset overflows int64");
+  }
+  int64_t needed;
+  if (!mul_ok(end, itemsize, &needed)) {
+    return invalid(kWhat, path, "storage span overflows int64");
+  }
+  const int64_t available = static_cast<int64_t>(storage.nbytes());
+  if (needed > available) {
+    return invalid(kWhat, path, "needs ", needed, " bytes of storage ", index,
+                   " (offset ", offset, ", ", c10::toString(dtype),
+                   "), which holds ", available);
+  }
+  if (t.requires_grad() && !c10::isFloatingType(dtype) &&
+      !c10::isComplexType(dtype)) {
+    return invalid(kWhat, path, "requires_grad on a ", c10::toString(dtype),
+                   " tensor");
+  }
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
+  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(dtype));
+  out.set_(storage, offset, sizes, strides);
+  if (t.requires_grad()) out.set_requires_grad(true);
+  return out;
+}
+
+}  // namespace
+
+absl::Status encode(const c10::IValue& value, Message& out) {
+  try {
+    google::protobuf::Arena arena;
+    auto* envelope =
+        google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
+    Encoder encoder;
+    absl::Status s =
+        encoder.value(value, envelope->mutable_root(), Path::root(), 0);
+    if (!s.ok()) return s;
+    s = encoder.assign_storages();
+    if (!s.ok()) return s;
+    envelope->set_version(kWireVersion);
+    envelope->set_storage_count(encoder.storages().size());
+    const size_t size = envelope->ByteSizeLong();
+    if (size > static_cast<size_t>(INT_MAX)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("encoded payload of ", size,
+                       " bytes is over protobuf's 2 GiB limit"));
+    }
+    std::string payload;
+    if (!envelope->SerializeToString(&payload)) {
+      return absl::InternalError("serializing the wire envelope failed");
+    }
+    out.payload = std::move(payload);
+    out.storages = std::move(encoder.storages());
+    return absl::OkStatus();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory while encoding");
+  } catch (const std::exception& e) {
+    // LibTorch refused something (a clone, a conj resolution): our bug.
+    return absl::InternalError(absl::StrCat("encoding failed: ", e.what()));
+  }
+}
+
+absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits) {
+  const int64_t payload_size = static_cast<int64_t>(in.payload.size());
+  if (payload_size > limits.max_payload_bytes || payload_size > INT_MAX) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("payload of ", payload_size, " bytes is over the limit of ",
+                     std::min<int64_t>(limits.max_payload_bytes, INT_MAX)));
+  }
+  if (static_cast<int64_t>(in.storages.size()) > limits.max_storages) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(in.storages.size(), " storages, over the limit of ",
+                     limits.max_storages));
+  }
+  try {
+    google::protobuf::Arena arena;
+    auto* envelope =
+        google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
+    google::protobuf::io::CodedInputStream stream(
+        reinterpret_cast<const uint8_t*>(in.payload.data()),
+        static_cast<int>(payload_size));
+    // Value -> Dict -> DictEntry -> Value is 3 protobuf levels per
+    // container, plus the deepest type description and a few leaves.
+    stream.SetRecursionLimit(4 * effective_max_depth(limits.max_depth) + 16);
+    if (!envelope->ParseFromCodedStream(&stream) ||
+        !stream.ConsumedEntireMessage()) {
+      return absl::InvalidArgumentError(
+          "payload is not a wire envelope (truncated, corrupt, or nested "
+          "deeper than max_depth allows)");
+    }
+    if (has_unknown_fields(*envelope)) {
+      return absl::InvalidArgumentError(
+          "envelope has unknown fields (from a newer version?)");
+    }
+    if (envelope->version() != kWireVersion) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unsupported wire version ", envelope->version(),
+                       " (this build speaks ", kWireVersion, ")"));
+    }
+    if (envelope->storage_count() != in.storages.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "envelope announces ", envelope->storage_count(),
+          " storages but the message carries ", in.storages.size()));
+    }
+    if (!envelope->has_root()) {
+      return absl::InvalidArgumentError("envelope has no root value");
+    }
+    Decoder decoder(in, limits);
+    return decoder.value(envelope->root(), Path::root(), 0);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory while decoding");
+  } catch (const std::exception& e) {
+    // The checks above should leave LibTorch nothing to refuse; if it does,
+    // the input was still bad, not our state.
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload rejected by LibTorch: ", e.what()));
+  }
+}
+
+}  // namespace tether::wire
