@@ -5,16 +5,67 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
+#include <absl/strings/numbers.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 
 namespace tether {
 namespace {
 
 constexpr char kMemoryScheme[] = "memory://";
+constexpr char kTcpScheme[] = "tcp://";
+constexpr char kFileScheme[] = "file://";
+constexpr char kEnvScheme[] = "env://";
+
+// The first of `names` that is set in the environment, or "".
+std::string first_env(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return value;
+  }
+  return "";
+}
+
+template <typename T>
+std::shared_ptr<c10d::Store> share(c10::intrusive_ptr<T> store) {
+  // c10d stores are intrusive_ptr; the shared_ptr holds one reference.
+  T* raw = store.get();
+  return std::shared_ptr<c10d::Store>(raw, [store](c10d::Store*) {});
+}
+
+// "host:port" -> a TCPStore; rank 0 serves it.
+absl::StatusOr<std::shared_ptr<c10d::Store>> open_tcp_store(
+    absl::string_view host_port, int rank, absl::Duration timeout) {
+  size_t colon = host_port.rfind(':');
+  int port = 0;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port <= 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad TCP rendezvous address '", host_port, "'; expected HOST:PORT"));
+  }
+  std::string host(host_port.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = rank == 0;
+  options.waitWorkers = false;  // the rendezvous below waits, with names
+  options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+  try {
+    return share(c10::make_intrusive<c10d::TCPStore>(host, options));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot ", rank == 0 ? "serve" : "reach", " the rendezvous store at ",
+        host, ":", port, ": ", e.what()));
+  }
+}
 
 std::vector<uint8_t> to_bytes(absl::string_view s) {
   return std::vector<uint8_t>(s.begin(), s.end());
@@ -25,7 +76,8 @@ std::string from_bytes(const std::vector<uint8_t>& bytes) {
 }
 
 absl::StatusOr<std::shared_ptr<c10d::Store>> open_store(
-    absl::string_view init_method) {
+    absl::string_view init_method, int rank, int world_size,
+    absl::Duration timeout) {
   if (absl::StartsWith(init_method, kMemoryScheme)) {
     absl::string_view key = init_method.substr(sizeof(kMemoryScheme) - 1);
     if (key.empty()) {
@@ -38,12 +90,38 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_store(
     absl::MutexLock lock(&mu);
     auto& store = (*stores)[std::string(key)];
     if (!store) store = c10::make_intrusive<c10d::HashStore>();
-    // c10d stores are intrusive_ptr; hold a reference inside the shared_ptr.
-    c10::intrusive_ptr<c10d::HashStore> ref = store;
-    return std::shared_ptr<c10d::Store>(ref.get(), [ref](c10d::Store*) {});
+    return share(store);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unsupported init method '", init_method, "'; expected memory://KEY"));
+  if (absl::StartsWith(init_method, kTcpScheme)) {
+    return open_tcp_store(init_method.substr(sizeof(kTcpScheme) - 1), rank,
+                          timeout);
+  }
+  if (absl::StartsWith(init_method, kEnvScheme)) {
+    std::string addr = first_env({"MASTER_ADDR"});
+    std::string port = first_env({"MASTER_PORT"});
+    if (addr.empty() || port.empty()) {
+      return absl::InvalidArgumentError(
+          "init method 'env://' needs MASTER_ADDR and MASTER_PORT set");
+    }
+    return open_tcp_store(absl::StrCat(addr, ":", port), rank, timeout);
+  }
+  if (absl::StartsWith(init_method, kFileScheme)) {
+    std::string path(init_method.substr(sizeof(kFileScheme) - 1));
+    if (path.empty()) {
+      return absl::InvalidArgumentError(
+          "init method 'file://' needs a path, e.g. 'file:///tmp/rdzv'");
+    }
+    try {
+      return share(c10::make_intrusive<c10d::FileStore>(path, world_size));
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot open the rendezvous file '", path, "': ", e.what()));
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported init method '", init_method,
+                   "'; expected env://, tcp://HOST:PORT, file://PATH or "
+                   "memory://KEY"));
 }
 
 }  // namespace
@@ -65,10 +143,45 @@ absl::Status validate_worker_name(absl::string_view name) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> env_rank() {
+  std::string value =
+      first_env({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"});
+  int rank = -1;
+  if (value.empty() || !absl::SimpleAtoi(value, &rank)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no rank given and none in RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK",
+        value.empty() ? "" : absl::StrCat(" (got '", value, "')")));
+  }
+  return rank;
+}
+
+absl::StatusOr<int> env_world_size() {
+  std::string value =
+      first_env({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"});
+  int world_size = -1;
+  if (value.empty() || !absl::SimpleAtoi(value, &world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no world size given and none in WORLD_SIZE, SLURM_NTASKS or "
+        "OMPI_COMM_WORLD_SIZE",
+        value.empty() ? "" : absl::StrCat(" (got '", value, "')")));
+  }
+  return world_size;
+}
+
 absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
                                             absl::string_view name, int rank,
                                             int world_size,
                                             absl::Duration timeout) {
+  if (rank < 0) {
+    absl::StatusOr<int> from_env = env_rank();
+    if (!from_env.ok()) return from_env.status();
+    rank = *from_env;
+  }
+  if (world_size < 0) {
+    absl::StatusOr<int> from_env = env_world_size();
+    if (!from_env.ok()) return from_env.status();
+    world_size = *from_env;
+  }
   if (absl::Status valid = validate_worker_name(name); !valid.ok()) {
     return valid;
   }
@@ -80,7 +193,8 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, " is out of range [0, ", world_size, ")"));
   }
-  absl::StatusOr<std::shared_ptr<c10d::Store>> store = open_store(init_method);
+  absl::StatusOr<std::shared_ptr<c10d::Store>> store =
+      open_store(init_method, rank, world_size, timeout);
   if (!store.ok()) return store.status();
 
   RendezvousResult result;
@@ -123,6 +237,7 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     for (int r = 0; r < world_size; ++r) {
       result.workers.push_back(WorkerInfo{from_bytes(s.get(keys[r])), r});
     }
+    result.self = result.workers[rank];
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("rendezvous store at '", init_method, "': ", e.what()));

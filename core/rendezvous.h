@@ -5,9 +5,16 @@
 // rank there, wait for the whole group, and learn every name. Backends then
 // publish their addresses in the same store.
 //
-// Init methods: "memory://KEY" (one process; a HashStore per KEY, for
-// in-process groups such as loopback tests). Multi-process methods come with
-// the multi-process backends.
+// Init methods:
+//   "env://"          MASTER_ADDR and MASTER_PORT name a TCPStore (rank 0
+//                     serves it); the launchers' variables give the rank and
+//                     world size when the caller passes -1 (RANK/WORLD_SIZE,
+//                     Slurm's SLURM_PROCID/SLURM_NTASKS, Open MPI's
+//                     OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE).
+//   "tcp://HOST:PORT" a TCPStore at that address, served by rank 0.
+//   "file://PATH"     a FileStore on a shared file system.
+//   "memory://KEY"    one process: a HashStore per KEY (in-process groups,
+//                     such as loopback tests).
 #ifndef TETHER_CORE_RENDEZVOUS_H_
 #define TETHER_CORE_RENDEZVOUS_H_
 
@@ -24,6 +31,7 @@
 namespace tether {
 
 struct RendezvousResult {
+  WorkerInfo self;
   std::shared_ptr<c10d::Store> store;
   std::vector<WorkerInfo> workers;  // rank order
   std::string group_key;
@@ -32,7 +40,8 @@ struct RendezvousResult {
 // Checks a worker name: 1 to 128 characters of [A-Za-z0-9_.-].
 [[nodiscard]] absl::Status validate_worker_name(absl::string_view name);
 
-// Joins the group. Errors: INVALID_ARGUMENT for a bad name, rank, world size
+// Joins the group. A negative rank or world size is read from the
+// environment (see above). Errors: INVALID_ARGUMENT for a bad name, rank, world size
 // or init method; ALREADY_EXISTS for a name or rank taken by another worker;
 // DEADLINE_EXCEEDED naming the ranks still missing after `timeout`.
 [[nodiscard]] absl::StatusOr<RendezvousResult> rendezvous(

@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   if (!group.ok()) return group.status();
 
   AgentSetup setup;
-  setup.self = group->workers[rank];
+  setup.self = group->self;
   setup.workers = group->workers;
   setup.store = group->store;
   setup.group_key = group->group_key;

@@ -77,7 +77,8 @@ class To {
 
 class Worker {
  public:
-  // Joins the group and starts serving. Errors come from the rendezvous
+  // Joins the group and starts serving. A negative rank or world size is
+  // read from the environment (core/rendezvous.h). Errors come from the rendezvous
   // (core/rendezvous.h), the registry (NOT_FOUND for an unknown backend,
   // FAILED_PRECONDITION for one not viable here) and the backend.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Worker>> create(

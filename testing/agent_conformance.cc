@@ -76,7 +76,7 @@ class Group {
           return;
         }
         AgentSetup setup;
-        setup.self = group->workers[rank];
+        setup.self = group->self;
         setup.workers = group->workers;
         setup.store = group->store;
         setup.group_key = group->group_key;

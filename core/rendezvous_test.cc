@@ -1,0 +1,144 @@
+#include "core/rendezvous.h"
+
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
+#include "testing/ports.h"
+#include "testing/status_matchers.h"
+
+namespace tether {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+constexpr absl::Duration kBound = absl::Seconds(30);
+
+// Runs the rendezvous of `world_size` threads and returns their results.
+std::vector<absl::StatusOr<RendezvousResult>> meet(
+    const std::string& init_method, int world_size) {
+  std::vector<absl::StatusOr<RendezvousResult>> results(
+      world_size, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      results[rank] = rendezvous(init_method, absl::StrCat("w", rank), rank,
+                                 world_size, kBound);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return results;
+}
+
+void expect_group(const std::vector<absl::StatusOr<RendezvousResult>>& results) {
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    ASSERT_THAT(results[rank], IsOk());
+    EXPECT_EQ(results[rank]->self.id, static_cast<int>(rank));
+    ASSERT_EQ(results[rank]->workers.size(), results.size());
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_EQ(results[rank]->workers[r].name, absl::StrCat("w", r));
+    }
+  }
+}
+
+TEST(Rendezvous, OverTcpStore) {
+  int port = testing::pick_unused_port();
+  ASSERT_GT(port, 0);
+  expect_group(meet(absl::StrCat("tcp://127.0.0.1:", port), 4));
+}
+
+TEST(Rendezvous, OverFileStore) {
+  std::string path = absl::StrCat(::testing::TempDir(), "/rdzv_", getpid());
+  ::unlink(path.c_str());
+  expect_group(meet(absl::StrCat("file://", path), 3));
+}
+
+TEST(Rendezvous, EnvReadsMasterAndRankVariables) {
+  int port = testing::pick_unused_port();
+  ASSERT_GT(port, 0);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", absl::StrCat(port).c_str(), 1);
+  ::setenv("WORLD_SIZE", "1", 1);
+  ::setenv("RANK", "0", 1);
+  absl::StatusOr<RendezvousResult> result =
+      rendezvous("env://", "solo", -1, -1, kBound);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->self.id, 0);
+  EXPECT_EQ(result->workers.size(), 1u);
+  ::unsetenv("MASTER_ADDR");
+  EXPECT_THAT(rendezvous("env://", "solo", 0, 1, kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MASTER_ADDR")));
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+}
+
+TEST(Rendezvous, SlurmAndOpenMpiVariablesGiveRankAndSize) {
+  int port = testing::pick_unused_port();
+  ASSERT_GT(port, 0);
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  absl::StatusOr<RendezvousResult> result = rendezvous(
+      absl::StrCat("tcp://127.0.0.1:", port), "slurm0", -1, -1, kBound);
+  ::unsetenv("SLURM_PROCID");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->self.name, "slurm0");
+}
+
+TEST(Rendezvous, BadInputIsInvalidArgument) {
+  EXPECT_THAT(rendezvous("carrier://x", "w", 0, 1, kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("carrier://x")));
+  EXPECT_THAT(rendezvous("tcp://nohostport", "w", 0, 1, kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("HOST:PORT")));
+  EXPECT_THAT(rendezvous("memory://k", "", 0, 1, kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(rendezvous("memory://k", "w", 0, 0, kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("world_size")));
+  EXPECT_THAT(rendezvous("memory://k", "w", -1, 2, kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK")));
+}
+
+TEST(Rendezvous, DuplicateRankIsRefused) {
+  const std::string init = "memory://dup_rank";
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = rendezvous(init, absl::StrCat("n", i), 0, 2,
+                              absl::Milliseconds(300))
+                       .status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  int refused = results[0].code() == absl::StatusCode::kAlreadyExists ? 0 : 1;
+  EXPECT_THAT(results[refused],
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("rank 0")));
+  EXPECT_THAT(results[1 - refused],
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("rank(s) 1")));
+}
+
+TEST(Rendezvous, UnreachableTcpStoreFailsInBoundedTime) {
+  int port = testing::pick_unused_port();
+  ASSERT_GT(port, 0);
+  absl::Time start = absl::Now();
+  // Rank 1 is a client; nobody serves the store.
+  EXPECT_THAT(rendezvous(absl::StrCat("tcp://127.0.0.1:", port), "w1", 1, 2,
+                         absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+}  // namespace
+}  // namespace tether
