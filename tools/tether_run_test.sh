@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the launcher for real: env variables, prefixed output, failure handling.
+set -uo pipefail
+run="$1"
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$run" --nproc 3 -- sh -c 'echo "rank=$RANK of $WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT"') ||
+  fail "three healthy workers should succeed"
+for r in 0 1 2; do
+  grep -q "^\[$r\] rank=$r of 3 at 127.0.0.1:[0-9]" <<<"$out" || fail "missing line of rank $r: $out"
+done
+
+# Rank 1 fails; rank 0 would sleep for a minute and must be stopped early.
+start=$(date +%s)
+"$run" --nproc 2 --grace_ms 1000 -- sh -c 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60' \
+  >/tmp/tether_run_test.$$ 2>&1 && fail "a failing rank must fail the launch"
+elapsed=$(( $(date +%s) - start ))
+[ "$elapsed" -lt 30 ] || fail "the other ranks were not stopped (took ${elapsed}s)"
+grep -q "rank 1 exited with 3" /tmp/tether_run_test.$$ || fail "failure not named: $(cat /tmp/tether_run_test.$$)"
+rm -f /tmp/tether_run_test.$$
+
+"$run" --nproc 0 -- true 2>/dev/null && fail "--nproc 0 must be refused"
+"$run" --nproc 2 2>/dev/null && fail "a missing program must be refused"
+echo "tether_run: all checks passed"
