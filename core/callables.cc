@@ -78,7 +78,7 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
                                             std::vector<c10::IValue> args,
                                             const Kwargs& kwargs) const {
   if (name.find("::") != absl::string_view::npos) {
-    std::optional<c10::OperatorHandle> op =
+    c10::optional<c10::OperatorHandle> op =
         c10::Dispatcher::singleton().findOp(split_operator_name(name));
     if (op.has_value() && op->hasSchema()) {
       absl::StatusOr<std::vector<c10::IValue>> stack =

@@ -86,8 +86,10 @@ std::vector<absl::StatusOr<std::unique_ptr<Worker>>> make_workers(
     int world_size) {
   BackendRegistry registry;
   EXPECT_THAT(backends::register_builtin_backends(registry), IsOk());
-  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> workers(
-      names.size(), absl::UnknownError("not made"));
+  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> workers;
+  for (size_t i = 0; i < names.size(); ++i) {
+    workers.emplace_back(absl::UnknownError("not made"));
+  }
   std::vector<std::thread> threads;
   for (size_t rank = 0; rank < names.size(); ++rank) {
     threads.emplace_back([&, rank] {
