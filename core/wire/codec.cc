@@ -9,6 +9,8 @@
 #include <c10/core/Storage.h>
 #include <google/protobuf/arena.h>
 #include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/message.h>
+#include <google/protobuf/unknown_field_set.h>
 
 #include <algorithm>
 #include <climits>
@@ -16,11 +18,13 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
@@ -30,6 +34,7 @@
 namespace tether::wire {
 namespace {
 
+// The generated messages share this namespace; pb:: marks them.
 namespace pb = ::tether::wire;
 
 // Bumped when an older decoder would misread what a newer encoder writes.
@@ -104,19 +109,39 @@ class Path {
   absl::string_view key_;
 };
 
+// Error-message parts are formatted inside the out-of-line error builders,
+// not at the call sites: temporaries there would each take a stack slot in
+// the recursive functions (every one of them, under ASan), and deep values
+// would then overflow the stack.
+struct KindOf {
+  const c10::IValue& value;
+};
+
+template <typename T,
+          typename = std::enable_if_t<!std::is_base_of_v<c10::Type, T>>>
+const T& fmt(const T& part) {
+  return part;
+}
+std::string fmt(const c10::Type& type) { return type.repr_str(); }
+std::string fmt(const KindOf& kind) { return kind.value.tagKind(); }
+std::string fmt(const c10::Device& device) { return device.str(); }
+std::string fmt(c10::Layout layout) { return c10::str(layout); }
+
 // "<what> at <path>: <details>".
 template <typename... Parts>
-absl::Status invalid(absl::string_view what, const Path& path,
-                     const Parts&... parts) {
+ABSL_ATTRIBUTE_NOINLINE absl::Status invalid(absl::string_view what,
+                                             const Path& path,
+                                             const Parts&... parts) {
   return absl::InvalidArgumentError(
-      absl::StrCat(what, " at ", path.str(), ": ", parts...));
+      absl::StrCat(what, " at ", path.str(), ": ", fmt(parts)...));
 }
 
 template <typename... Parts>
-absl::Status exhausted(absl::string_view what, const Path& path,
-                       const Parts&... parts) {
+ABSL_ATTRIBUTE_NOINLINE absl::Status exhausted(absl::string_view what,
+                                               const Path& path,
+                                               const Parts&... parts) {
   return absl::ResourceExhaustedError(
-      absl::StrCat(what, " at ", path.str(), ": ", parts...));
+      absl::StrCat(what, " at ", path.str(), ": ", fmt(parts)...));
 }
 
 int effective_max_depth(int max_depth) {
@@ -324,7 +349,7 @@ class Encoder {
   // Picks each tensor's storage (whole or a compact clone) once the whole
   // tree is known, so that views of a storage that travels whole anyway
   // share it instead of being cloned.
-  absl::Status assign_storages();
+  void assign_storages();
 
   std::vector<c10::Storage>& storages() { return storages_; }
 
@@ -337,15 +362,21 @@ class Encoder {
     const c10::TensorImpl* origin;
   };
 
-  absl::Status type(const c10::Type& t, pb::TypeDesc* out, const Path& path,
-                    absl::string_view role, int depth);
-  absl::Status tensor(const at::Tensor& t, pb::Tensor* out, const Path& path);
-  absl::Status list(const c10::IValue& v, pb::List* out, const Path& path,
-                    int depth);
-  absl::Status dict(const c10::IValue& v, pb::Dict* out, const Path& path,
-                    int depth);
+  // Out of line, like the other non-recursive steps below: their locals
+  // would otherwise enlarge every frame of the recursion.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status type(const c10::Type& t,
+                                            pb::TypeDesc* out, const Path& path,
+                                            absl::string_view role, int depth);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status tensor(const at::Tensor& t,
+                                              pb::Tensor* out,
+                                              const Path& path);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status list(const c10::IValue& v, pb::List* out,
+                                            const Path& path, int depth);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status dict(const c10::IValue& v, pb::Dict* out,
+                                            const Path& path, int depth);
 
   std::vector<PendingTensor> pending_;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> materialized_;
   std::vector<c10::Storage> storages_;
 };
 
@@ -368,7 +399,7 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
   } else if (v.isDevice()) {
     c10::Device device = v.toDevice();
     if (!device.is_cpu()) {
-      return invalid("device", path, "unsupported device ", device.str(),
+      return invalid("device", path, "unsupported device ", device,
                      " (only cpu devices travel)");
     }
     out->mutable_device()->set_kind(pb::DEVICE_KIND_CPU);
@@ -390,7 +421,7 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
       if (!s.ok()) return s;
     }
   } else {
-    return invalid("value", path, "unsupported IValue kind ", v.tagKind());
+    return invalid("value", path, "unsupported IValue kind ", KindOf{v});
   }
   return absl::OkStatus();
 }
@@ -444,7 +475,7 @@ absl::Status Encoder::type(const c10::Type& t, pb::TypeDesc* out,
       out->set_kind(K::KIND_OPTIONAL);
       break;
     default:
-      return invalid(role, path, "unsupported type ", t.repr_str());
+      return invalid(role, path, "unsupported type ", t);
   }
   for (const c10::TypePtr& contained : t.containedTypes()) {
     absl::Status s =
@@ -458,14 +489,14 @@ absl::Status Encoder::list(const c10::IValue& v, pb::List* out,
                            const Path& path, int depth) {
   c10::impl::GenericList list = v.toList();
   const c10::TypePtr& elem_type = list.elementType();
-  absl::Status s = type(*elem_type, out->mutable_elem_type(), path,
-                        "list element type", 1);
+  absl::Status s =
+      type(*elem_type, out->mutable_elem_type(), path, "list element type", 1);
   if (!s.ok()) return s;
   for (size_t i = 0; i < list.size(); ++i) {
     c10::IValue elem = list.get(i);
     if (!matches(elem, *elem_type)) {
-      return invalid("list", path, "a list of ", elem_type->repr_str(),
-                     " holds a ", elem.tagKind(), " at index ", i);
+      return invalid("list", path, "a list of ", *elem_type, " holds a ",
+                     KindOf{elem}, " at index ", i);
     }
     switch (elem_type->kind()) {
       case c10::TypeKind::IntType:
@@ -514,13 +545,15 @@ absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
     return invalid("tensor", path, "unsupported quantized tensor");
   }
   if (t.layout() != c10::kStrided || t.is_nested()) {
-    return invalid("tensor", path, "unsupported ",
-                   t.is_nested() ? "nested" : c10::str(t.layout()),
+    if (t.is_nested()) {
+      return invalid("tensor", path, "unsupported nested tensor");
+    }
+    return invalid("tensor", path, "unsupported ", t.layout(),
                    " tensor (only strided tensors travel)");
   }
   if (!t.device().is_cpu()) {
-    return invalid("tensor", path, "unsupported tensor on device ",
-                   t.device().str(), " (only cpu tensors travel)");
+    return invalid("tensor", path, "unsupported tensor on device ", t.device(),
+                   " (only cpu tensors travel)");
   }
   pb::DType dtype;
   if (!to_wire_dtype(t.scalar_type(), &dtype)) {
@@ -528,15 +561,24 @@ absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
                    c10::toString(t.scalar_type()));
   }
   at::Tensor plain = t.detach();
-  if (plain._is_zerotensor()) {
-    plain = at::zeros(plain.sizes(), plain.options());
+  if (plain._is_zerotensor() || plain.is_conj() || plain.is_neg()) {
+    // A conj or neg view shares its base's storage but not its values, and a
+    // zero tensor has no storage: each travels materialized, once per tensor
+    // so that repeats of it still alias each other.
+    auto it = materialized_.find(t.unsafeGetTensorImpl());
+    if (it == materialized_.end()) {
+      at::Tensor values = plain._is_zerotensor()
+                              ? at::zeros(plain.sizes(), plain.options())
+                              : plain.resolve_conj().resolve_neg();
+      it = materialized_.emplace(t.unsafeGetTensorImpl(), std::move(values))
+               .first;
+    }
+    plain = it->second;
   }
   if (!plain.has_storage()) {
     return invalid("tensor", path,
                    "unsupported tensor without storage (a wrapper tensor?)");
   }
-  // A conj or neg view shares its base's storage but not its values.
-  plain = plain.resolve_conj().resolve_neg();
   out->set_defined(true);
   out->set_dtype(dtype);
   out->set_requires_grad(t.requires_grad());
@@ -555,7 +597,7 @@ int64_t spanned_bytes(const at::Tensor& t) {
   return (last + 1) * static_cast<int64_t>(t.element_size());
 }
 
-absl::Status Encoder::assign_storages() {
+void Encoder::assign_storages() {
   std::unordered_set<const c10::StorageImpl*> whole;
   for (const PendingTensor& p : pending_) {
     const c10::Storage& storage = p.tensor.storage();
@@ -591,15 +633,13 @@ absl::Status Encoder::assign_storages() {
     p.desc->set_storage_offset(shipped.storage_offset());
     p.desc->set_storage_index(static_cast<uint64_t>(it->second));
   }
-  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
 // Decoder
 
-template <typename M>
-bool has_unknown_fields(const M& m) {
-  return !m.unknown_fields().empty();
+bool has_unknown_fields(const google::protobuf::Message& m) {
+  return !m.GetReflection()->GetUnknownFields(m).empty();
 }
 
 // a * b and a + b for non-negative int64, false on overflow.
@@ -623,16 +663,26 @@ class Decoder {
 
  private:
   absl::Status count(const Path& path, int64_t n);
-  absl::StatusOr<c10::TypePtr> type(const pb::TypeDesc& t, const Path& path,
-                                    absl::string_view role, int depth);
-  absl::StatusOr<c10::IValue> list(const pb::List& l, const Path& path,
-                                   int depth);
-  absl::StatusOr<c10::IValue> tuple(const pb::Tuple& t, const Path& path,
-                                    int depth);
-  absl::StatusOr<c10::IValue> dict(const pb::Dict& d, const Path& path,
-                                   int depth);
-  absl::StatusOr<at::Tensor> tensor(const pb::Tensor& t, const Path& path);
-  absl::StatusOr<c10::Device> device(const pb::Device& d, const Path& path);
+  // Out of line, like tensor and device: their locals would otherwise
+  // enlarge every frame of the recursion.
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::TypePtr> type(
+      const pb::TypeDesc& t, const Path& path, absl::string_view role,
+      int depth);
+  // Out of line so that a level of nesting costs one container's frame,
+  // not the sum of all three.
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::IValue> list(const pb::List& l,
+                                                           const Path& path,
+                                                           int depth);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::IValue> tuple(const pb::Tuple& t,
+                                                            const Path& path,
+                                                            int depth);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::IValue> dict(const pb::Dict& d,
+                                                           const Path& path,
+                                                           int depth);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> tensor(const pb::Tensor& t,
+                                                            const Path& path);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::Device> device(
+      const pb::Device& d, const Path& path);
 
   const Message& in_;
   const Limits& limits_;
@@ -649,8 +699,8 @@ absl::Status Decoder::count(const Path& path, int64_t n) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v,
-                                           const Path& path, int depth) {
+absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
+                                           int depth) {
   absl::Status s = count(path, 1);
   if (!s.ok()) return s;
   if (has_unknown_fields(v)) {
@@ -784,8 +834,7 @@ absl::StatusOr<c10::TypePtr> Decoder::type(const pb::TypeDesc& t,
       return c10::TupleType::create(std::move(contained));
     case K::KIND_DICT:
       if (!is_key_kind(contained[0]->kind())) {
-        return invalid(role, path, "unsupported dict key type ",
-                       contained[0]->repr_str());
+        return invalid(role, path, "unsupported dict key type ", *contained[0]);
       }
       return c10::DictType::create(contained[0], contained[1]);
     case K::KIND_OPTIONAL:
@@ -819,8 +868,10 @@ absl::StatusOr<c10::IValue> Decoder::list(const pb::List& l, const Path& path,
   if ((!packed_ints && l.ints_size() > 0) ||
       (!packed_doubles && l.doubles_size() > 0) ||
       (!packed_bools && l.bools_size() > 0) || (packed && l.elems_size() > 0)) {
-    return invalid("list", path, "elements stored in the wrong field for a "
-                   "list of ", elem_type->repr_str());
+    return invalid("list", path,
+                   "elements stored in the wrong field for a "
+                   "list of ",
+                   *elem_type);
   }
   c10::impl::GenericList out(elem_type);
   if (packed) {
@@ -847,16 +898,16 @@ absl::StatusOr<c10::IValue> Decoder::list(const pb::List& l, const Path& path,
     absl::StatusOr<c10::IValue> elem_or = value(l.elems(i), elem_path, depth);
     if (!elem_or.ok()) return elem_or.status();
     if (!matches(*elem_or, *elem_type)) {
-      return invalid("value", elem_path, "a ", elem_or->tagKind(),
-                     " in a list of ", elem_type->repr_str());
+      return invalid("value", elem_path, "a ", KindOf{*elem_or},
+                     " in a list of ", *elem_type);
     }
     out.push_back(*std::move(elem_or));
   }
   return c10::IValue(std::move(out));
 }
 
-absl::StatusOr<c10::IValue> Decoder::tuple(const pb::Tuple& t,
-                                           const Path& path, int depth) {
+absl::StatusOr<c10::IValue> Decoder::tuple(const pb::Tuple& t, const Path& path,
+                                           int depth) {
   if (has_unknown_fields(t)) return invalid("tuple", path, "unknown fields");
   std::vector<c10::IValue> elems;
   elems.reserve(t.elems_size());
@@ -884,8 +935,7 @@ absl::StatusOr<c10::IValue> Decoder::dict(const pb::Dict& d, const Path& path,
   const c10::TypePtr& key_type = *key_type_or;
   const c10::TypePtr& value_type = *value_type_or;
   if (!is_key_kind(key_type->kind())) {
-    return invalid("dict", path, "unsupported key type ",
-                   key_type->repr_str());
+    return invalid("dict", path, "unsupported key type ", *key_type);
   }
   c10::impl::GenericDict out(key_type, value_type);
   out.reserve(d.entries_size());
@@ -901,16 +951,16 @@ absl::StatusOr<c10::IValue> Decoder::dict(const pb::Dict& d, const Path& path,
     absl::StatusOr<c10::IValue> key_or = value(entry.key(), key_path, depth);
     if (!key_or.ok()) return key_or.status();
     if (!matches(*key_or, *key_type) || !is_hashable_key(*key_or)) {
-      return invalid("dict key", key_path, "a ", key_or->tagKind(),
-                     " in a dict keyed by ", key_type->repr_str());
+      return invalid("dict key", key_path, "a ", KindOf{*key_or},
+                     " in a dict keyed by ", *key_type);
     }
     Path value_path = path.value(i, entry.key());
     absl::StatusOr<c10::IValue> value_or =
         value(entry.value(), value_path, depth);
     if (!value_or.ok()) return value_or.status();
     if (!matches(*value_or, *value_type)) {
-      return invalid("dict value", value_path, "a ", value_or->tagKind(),
-                     " in a dict of ", value_type->repr_str(), " values");
+      return invalid("dict value", value_path, "a ", KindOf{*value_or},
+                     " in a dict of ", *value_type, " values");
     }
     if (!out.insert(*std::move(key_or), *std::move(value_or)).second) {
       return invalid("dict key", key_path, "duplicate key");
@@ -996,8 +1046,8 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
     return invalid(kWhat, path, "storage ", index, " is null");
   }
   if (storage.device_type() != c10::kCPU) {
-    return invalid(kWhat, path, "storage ", index, " is on ",
-                   storage.device().str(), ", not cpu");
+    return invalid(kWhat, path, "storage ", index, " is on ", storage.device(),
+                   ", not cpu");
   }
   const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
   int64_t end = offset;  // In elements, one past the last one.
@@ -1038,8 +1088,7 @@ absl::Status encode(const c10::IValue& value, Message& out) {
     absl::Status s =
         encoder.value(value, envelope->mutable_root(), Path::root(), 0);
     if (!s.ok()) return s;
-    s = encoder.assign_storages();
-    if (!s.ok()) return s;
+    encoder.assign_storages();
     envelope->set_version(kWireVersion);
     envelope->set_storage_count(encoder.storages().size());
     const size_t size = envelope->ByteSizeLong();
@@ -1066,9 +1115,9 @@ absl::Status encode(const c10::IValue& value, Message& out) {
 absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits) {
   const int64_t payload_size = static_cast<int64_t>(in.payload.size());
   if (payload_size > limits.max_payload_bytes || payload_size > INT_MAX) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("payload of ", payload_size, " bytes is over the limit of ",
-                     std::min<int64_t>(limits.max_payload_bytes, INT_MAX)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "payload of ", payload_size, " bytes is over the limit of ",
+        std::min<int64_t>(limits.max_payload_bytes, INT_MAX)));
   }
   if (static_cast<int64_t>(in.storages.size()) > limits.max_storages) {
     return absl::ResourceExhaustedError(

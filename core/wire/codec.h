@@ -45,7 +45,8 @@ struct Limits {
   // Nesting of lists, tuples, dicts and optionals, in values and in types.
   // Values above kMaxSupportedDepth are treated as kMaxSupportedDepth.
   int max_depth = 64;
-  // Total IValue nodes, containers and packed list elements included.
+  // Total IValue nodes (containers and packed list elements included) plus
+  // type descriptions.
   int64_t max_values = int64_t{1} << 22;
   // Out-of-band storages in the message.
   int64_t max_storages = int64_t{1} << 16;
@@ -55,12 +56,12 @@ struct Limits {
 
 // The deepest nesting either direction handles; encode refuses deeper values
 // (RESOURCE_EXHAUSTED) so that a cyclic list cannot overflow the stack.
-inline constexpr int kMaxSupportedDepth = 1024;
+inline constexpr int kMaxSupportedDepth = 256;
 
 // Encodes `value` into out.payload and out.storages, replacing what they held
 // (out.type and out.id are left alone; `out` is untouched on error).
 // INVALID_ARGUMENT names the unsupported kind and where it sits, e.g.
-// "unsupported IValue kind Object at root[1][0]".
+// "value at root[1][0]: unsupported IValue kind Object".
 [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out);
 
 // Decodes what encode produced. Never crashes on any input: malformed,

@@ -1,0 +1,881 @@
+#include "core/wire/codec.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/class_type.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/quantize_per_tensor.h>
+#include <ATen/ops/zeros.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/message.h"
+#include "core/wire/wire.pb.h"
+#include "testing/status_matchers.h"
+
+namespace tether::wire {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+// --- helpers ---------------------------------------------------------------
+
+Message encoded(const c10::IValue& value) {
+  Message message;
+  absl::Status status = encode(value, message);
+  EXPECT_THAT(status, IsOk());
+  return message;
+}
+
+c10::IValue round_trip(const c10::IValue& value) {
+  Message message = encoded(value);
+  absl::StatusOr<c10::IValue> decoded = decode(message);
+  EXPECT_THAT(decoded, IsOk());
+  return decoded.ok() ? *decoded : c10::IValue("decode failed");
+}
+
+Envelope envelope_of(const Message& message) {
+  Envelope envelope;
+  EXPECT_TRUE(envelope.ParseFromString(message.payload));
+  return envelope;
+}
+
+void set_envelope(Message& message, const Envelope& envelope) {
+  message.payload = envelope.SerializeAsString();
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) {
+    return false;
+  }
+  if (a.numel() == 0) return true;
+  at::Tensor ca = a.detach().contiguous();
+  at::Tensor cb = b.detach().contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(),
+                     ca.numel() * ca.element_size()) == 0;
+}
+
+// Structural equality: kinds, container types, order, tensor values.
+::testing::AssertionResult same(const c10::IValue& a, const c10::IValue& b,
+                                const std::string& where = "root") {
+  auto fail = [&](const std::string& why) {
+    return ::testing::AssertionFailure()
+           << where << ": " << why << " (" << a.tagKind() << " vs "
+           << b.tagKind() << ")";
+  };
+  if (a.tagKind() != b.tagKind()) return fail("kinds differ");
+  if (a.isNone()) return ::testing::AssertionSuccess();
+  if (a.isBool()) {
+    return a.toBool() == b.toBool() ? ::testing::AssertionSuccess()
+                                    : fail("bools differ");
+  }
+  if (a.isInt()) {
+    return a.toInt() == b.toInt() ? ::testing::AssertionSuccess()
+                                  : fail("ints differ");
+  }
+  if (a.isDouble()) {
+    double x = a.toDouble();
+    double y = b.toDouble();
+    return (x == y || (std::isnan(x) && std::isnan(y)))
+               ? ::testing::AssertionSuccess()
+               : fail("doubles differ");
+  }
+  if (a.isComplexDouble()) {
+    return a.toComplexDouble() == b.toComplexDouble()
+               ? ::testing::AssertionSuccess()
+               : fail("complexes differ");
+  }
+  if (a.isString()) {
+    return a.toStringRef() == b.toStringRef() ? ::testing::AssertionSuccess()
+                                              : fail("strings differ");
+  }
+  if (a.isDevice()) {
+    return a.toDevice() == b.toDevice() ? ::testing::AssertionSuccess()
+                                        : fail("devices differ");
+  }
+  if (a.isTensor()) {
+    const at::Tensor& x = a.toTensor();
+    const at::Tensor& y = b.toTensor();
+    if (x.defined() != y.defined()) return fail("definedness differs");
+    if (!x.defined()) return ::testing::AssertionSuccess();
+    if (x.requires_grad() != y.requires_grad()) {
+      return fail("requires_grad differs");
+    }
+    return bitwise_equal(x, y) ? ::testing::AssertionSuccess()
+                               : fail("tensors differ");
+  }
+  if (a.isList()) {
+    auto x = a.toList();
+    auto y = b.toList();
+    if (*x.elementType() != *y.elementType()) {
+      return fail("list types differ: " + x.elementType()->repr_str() + " vs " +
+                  y.elementType()->repr_str());
+    }
+    if (x.size() != y.size()) return fail("list sizes differ");
+    for (size_t i = 0; i < x.size(); ++i) {
+      auto r = same(x.get(i), y.get(i), where + "[" + std::to_string(i) + "]");
+      if (!r) return r;
+    }
+    return ::testing::AssertionSuccess();
+  }
+  if (a.isTuple()) {
+    const auto& x = a.toTupleRef().elements();
+    const auto& y = b.toTupleRef().elements();
+    if (x.size() != y.size()) return fail("tuple sizes differ");
+    for (size_t i = 0; i < x.size(); ++i) {
+      auto r = same(x[i], y[i], where + "[" + std::to_string(i) + "]");
+      if (!r) return r;
+    }
+    return ::testing::AssertionSuccess();
+  }
+  if (a.isGenericDict()) {
+    auto x = a.toGenericDict();
+    auto y = b.toGenericDict();
+    if (*x.keyType() != *y.keyType() || *x.valueType() != *y.valueType()) {
+      return fail("dict types differ");
+    }
+    if (x.size() != y.size()) return fail("dict sizes differ");
+    auto xi = x.begin();
+    auto yi = y.begin();
+    for (int i = 0; xi != x.end(); ++xi, ++yi, ++i) {
+      auto r =
+          same(xi->key(), yi->key(), where + "{key " + std::to_string(i) + "}");
+      if (!r) return r;
+      r = same(xi->value(), yi->value(),
+               where + "{value " + std::to_string(i) + "}");
+      if (!r) return r;
+    }
+    return ::testing::AssertionSuccess();
+  }
+  return fail("unexpected kind");
+}
+
+c10::IValue tuple_of(std::vector<c10::IValue> elems) {
+  return c10::ivalue::Tuple::create(std::move(elems));
+}
+
+at::Tensor float_range(int64_t n) {
+  return at::arange(n, at::TensorOptions().dtype(at::kFloat));
+}
+
+// A value with a bit of everything, for the fuzz-style tests.
+c10::IValue rich_value() {
+  c10::Dict<std::string, at::Tensor> dict;
+  dict.insert("weight", float_range(6).reshape({2, 3}));
+  dict.insert("bias", at::zeros({3}, at::kDouble));
+  c10::List<int64_t> ints({1, 2, 3});
+  c10::List<c10::optional<at::Tensor>> maybe;
+  maybe.push_back(c10::nullopt);
+  maybe.push_back(at::ones({2}, at::kLong));
+  return tuple_of({c10::IValue("aten::add"), tuple_of({ints, 2.5, true}), dict,
+                   maybe, c10::complex<double>(1, -2)});
+}
+
+// --- round trips -------------------------------------------------------------
+
+TEST(CodecRoundTrip, Scalars) {
+  std::vector<c10::IValue> values = {
+      c10::IValue(),
+      true,
+      false,
+      int64_t{0},
+      std::numeric_limits<int64_t>::min(),
+      std::numeric_limits<int64_t>::max(),
+      0.0,
+      -1.5e300,
+      std::numeric_limits<double>::infinity(),
+      std::numeric_limits<double>::quiet_NaN(),
+      c10::complex<double>(3.5, -0.25),
+      std::string(""),
+      std::string("hello"),
+      std::string("\0bin\xff\xfe ary", 11),
+      c10::Device(c10::kCPU),
+      c10::Device(c10::kCPU, 0),
+  };
+  for (const c10::IValue& v : values) {
+    EXPECT_TRUE(same(v, round_trip(v))) << v;
+  }
+}
+
+TEST(CodecRoundTrip, Tensor) {
+  at::Tensor t = float_range(12).reshape({3, 4});
+  c10::IValue back = round_trip(t);
+  ASSERT_TRUE(back.isTensor());
+  EXPECT_TRUE(at::equal(back.toTensor(), t));
+  EXPECT_EQ(back.toTensor().strides(), t.strides());
+}
+
+TEST(CodecRoundTrip, UndefinedTensor) {
+  c10::IValue back = round_trip(at::Tensor());
+  ASSERT_TRUE(back.isTensor());
+  EXPECT_FALSE(back.toTensor().defined());
+}
+
+TEST(CodecRoundTrip, NestedContainers) {
+  c10::impl::GenericList any_list(c10::AnyType::get());
+  any_list.push_back(int64_t{1});
+  any_list.push_back("two");
+  any_list.push_back(tuple_of({3.0, c10::IValue()}));
+  c10::impl::GenericDict kwargs(c10::StringType::get(), c10::AnyType::get());
+  kwargs.insert("alpha", 2.0);
+  kwargs.insert("list", any_list);
+  c10::IValue v =
+      tuple_of({c10::IValue("name"),
+                tuple_of({tuple_of({tuple_of({int64_t{7}})}), tuple_of({})}),
+                kwargs, rich_value()});
+  EXPECT_TRUE(same(v, round_trip(v)));
+}
+
+TEST(CodecRoundTrip, EmptyContainers) {
+  std::vector<c10::IValue> values = {
+      c10::List<int64_t>(),
+      c10::List<at::Tensor>(),
+      c10::impl::GenericList(c10::AnyType::get()),
+      tuple_of({}),
+      c10::impl::GenericDict(c10::StringType::get(), c10::TensorType::get()),
+      c10::impl::GenericDict(c10::IntType::get(), c10::ListType::ofInts()),
+  };
+  for (const c10::IValue& v : values) {
+    EXPECT_TRUE(same(v, round_trip(v))) << v;
+  }
+}
+
+TEST(CodecRoundTrip, TypedListsKeepTheirElementType) {
+  c10::IValue ints = round_trip(c10::List<int64_t>({1, -2, 3}));
+  EXPECT_TRUE(ints.isIntList());
+  EXPECT_EQ(ints.toIntVector(), (std::vector<int64_t>{1, -2, 3}));
+
+  c10::IValue doubles = round_trip(c10::List<double>({1.5, -2.0}));
+  EXPECT_TRUE(doubles.isDoubleList());
+  EXPECT_EQ(doubles.toDoubleVector(), (std::vector<double>{1.5, -2.0}));
+
+  c10::IValue bools = round_trip(c10::List<bool>({true, false, true}));
+  EXPECT_TRUE(bools.isBoolList());
+  EXPECT_EQ(bools.toBoolList().get(2), true);
+
+  c10::IValue strings = round_trip(c10::List<std::string>({"a", "bc"}));
+  ASSERT_TRUE(strings.isList());
+  EXPECT_EQ(*strings.toList().elementType(), *c10::StringType::get());
+  EXPECT_EQ(strings.toList().get(1).toStringRef(), "bc");
+
+  c10::IValue tensors = round_trip(
+      c10::List<at::Tensor>({float_range(3), at::Tensor(), float_range(2)}));
+  EXPECT_TRUE(tensors.isTensorList());
+  EXPECT_FALSE(tensors.toTensorVector()[1].defined());
+
+  c10::List<c10::optional<at::Tensor>> maybe;
+  maybe.push_back(float_range(2));
+  maybe.push_back(c10::nullopt);
+  c10::IValue maybe_back = round_trip(maybe);
+  EXPECT_TRUE(maybe_back.isOptionalTensorList());
+  EXPECT_TRUE(same(maybe, maybe_back));
+
+  c10::IValue complexes =
+      round_trip(c10::List<c10::complex<double>>({{1, 2}, {3, 4}}));
+  EXPECT_TRUE(complexes.isComplexDoubleList());
+
+  c10::List<c10::List<int64_t>> nested;
+  nested.push_back(c10::List<int64_t>({1}));
+  nested.push_back(c10::List<int64_t>());
+  c10::IValue nested_back = round_trip(nested);
+  EXPECT_EQ(nested_back.toList().elementType()->repr_str(), "List[int]");
+  EXPECT_TRUE(nested_back.toList().get(0).isIntList());
+
+  c10::impl::GenericList pairs(
+      c10::TupleType::create({c10::IntType::get(), c10::StringType::get()}));
+  pairs.push_back(tuple_of({int64_t{1}, c10::IValue("x")}));
+  c10::IValue pairs_back = round_trip(pairs);
+  EXPECT_EQ(pairs_back.toList().elementType()->repr_str(), "Tuple[int, str]");
+  EXPECT_TRUE(same(pairs, pairs_back));
+}
+
+TEST(CodecRoundTrip, DictsKeepTypesAndInsertionOrder) {
+  c10::Dict<std::string, at::Tensor> by_name;
+  by_name.insert("zeta", float_range(2));
+  by_name.insert("alpha", float_range(3));
+  by_name.insert("mid", at::Tensor());
+  c10::IValue back = round_trip(by_name);
+  ASSERT_TRUE(back.isGenericDict());
+  auto dict = back.toGenericDict();
+  EXPECT_EQ(*dict.keyType(), *c10::StringType::get());
+  EXPECT_EQ(*dict.valueType(), *c10::TensorType::get());
+  std::vector<std::string> keys;
+  for (const auto& entry : dict) keys.push_back(entry.key().toStringRef());
+  EXPECT_EQ(keys, (std::vector<std::string>{"zeta", "alpha", "mid"}));
+  EXPECT_TRUE(same(by_name, back));
+
+  c10::Dict<int64_t, c10::optional<double>> by_int;
+  by_int.insert(5, 1.0);
+  by_int.insert(-1, c10::nullopt);
+  c10::IValue int_back = round_trip(by_int);
+  EXPECT_EQ(int_back.toGenericDict().valueType()->repr_str(),
+            "Optional[float]");
+  EXPECT_TRUE(same(by_int, int_back));
+}
+
+// --- tensors -----------------------------------------------------------------
+
+TEST(CodecTensor, EveryDtypeRoundTrips) {
+  const std::vector<c10::ScalarType> dtypes = {
+      at::kByte,        at::kChar,         at::kShort,         at::kInt,
+      at::kLong,        at::kHalf,         at::kFloat,         at::kDouble,
+      at::kComplexHalf, at::kComplexFloat, at::kComplexDouble, at::kBool,
+      at::kBFloat16,
+  };
+  for (c10::ScalarType dtype : dtypes) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor source = at::arange(24, at::kDouble).reshape({2, 3, 4}).div(4);
+    at::Tensor t = dtype == at::kComplexHalf
+                       ? source.to(at::kComplexFloat).to(dtype)
+                       : source.to(dtype);
+    const bool grad = c10::isFloatingType(dtype) || c10::isComplexType(dtype);
+    if (grad) t.set_requires_grad(true);
+    c10::IValue back = round_trip(t);
+    ASSERT_TRUE(back.isTensor());
+    const at::Tensor& d = back.toTensor();
+    EXPECT_EQ(d.scalar_type(), dtype);
+    EXPECT_EQ(d.sizes(), t.sizes());
+    EXPECT_EQ(d.requires_grad(), grad);
+    EXPECT_TRUE(d.is_leaf());
+    EXPECT_TRUE(bitwise_equal(d, t));
+    if (dtype != at::kComplexHalf) {  // at::equal has no ComplexHalf kernel.
+      EXPECT_TRUE(at::equal(d.detach(), t.detach()));
+    }
+  }
+}
+
+TEST(CodecTensor, NanValuesSurviveBitForBit) {
+  at::Tensor t = float_range(4);
+  t[1] = std::numeric_limits<float>::quiet_NaN();
+  c10::IValue back = round_trip(t);
+  EXPECT_TRUE(bitwise_equal(back.toTensor(), t));
+}
+
+TEST(CodecTensor, NonLeafArrivesAsLeafRequiringGrad) {
+  at::Tensor a = float_range(3).set_requires_grad(true);
+  at::Tensor b = a.mul(2);
+  ASSERT_FALSE(b.is_leaf());
+  at::Tensor d = round_trip(b).toTensor();
+  EXPECT_TRUE(d.requires_grad());
+  EXPECT_TRUE(d.is_leaf());
+  EXPECT_TRUE(at::equal(d.detach(), b.detach()));
+}
+
+TEST(CodecTensor, TransposeShipsStorageWithItsStrides) {
+  at::Tensor base = float_range(12).reshape({3, 4});
+  at::Tensor t = base.t();
+  Message message = encoded(t);
+  ASSERT_EQ(message.storages.size(), 1u);
+  // Zero copy: the very storage.
+  EXPECT_TRUE(message.storages[0].is_alias_of(base.storage()));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_EQ(d.strides(), t.strides());
+  EXPECT_TRUE(at::equal(d, t));
+}
+
+TEST(CodecTensor, StepSliceSpanningTheStorageKeepsStrides) {
+  at::Tensor t = float_range(20).reshape({4, 5}).slice(1, 0, 5, 2);
+  Message message = encoded(t);
+  ASSERT_EQ(message.storages.size(), 1u);
+  EXPECT_EQ(message.storages[0].nbytes(), 20 * sizeof(float));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_EQ(d.strides(), t.strides());
+  EXPECT_TRUE(at::equal(d, t));
+}
+
+TEST(CodecTensor, StepSliceOfPartOfTheStorageIsCompacted) {
+  at::Tensor t = float_range(20).slice(0, 1, 20, 3);  // 1, 4, ..., 19
+  Message message = encoded(t);
+  ASSERT_EQ(message.storages.size(), 1u);
+  EXPECT_EQ(message.storages[0].nbytes(), t.numel() * sizeof(float));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_TRUE(d.is_contiguous());
+  EXPECT_TRUE(at::equal(d, t));
+}
+
+TEST(CodecTensor, ExpandKeepsZeroStrides) {
+  at::Tensor t = float_range(3).expand({4, 3});
+  Message message = encoded(t);
+  ASSERT_EQ(message.storages.size(), 1u);
+  EXPECT_EQ(message.storages[0].nbytes(), 3 * sizeof(float));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_EQ(d.strides(), (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(at::equal(d, t));
+}
+
+TEST(CodecTensor, SmallViewOfLargeStorageIsNotShippedWhole) {
+  at::Tensor big = float_range(1 << 20);
+  at::Tensor view = big.slice(0, 100, 110);
+  Message message = encoded(view);
+  ASSERT_EQ(message.storages.size(), 1u);
+  EXPECT_EQ(message.storages[0].nbytes(), 10 * sizeof(float));
+  EXPECT_FALSE(message.storages[0].is_alias_of(big.storage()));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_TRUE(at::equal(d, view));
+  EXPECT_EQ(d.storage_offset(), 0);
+}
+
+TEST(CodecTensor, SharedStorageShipsOnceAndAliasesAfterDecode) {
+  at::Tensor a = float_range(24).reshape({4, 6});
+  at::Tensor b = a.t();
+  at::Tensor c = a.view({24});
+  Message message = encoded(tuple_of({a, b, c}));
+  ASSERT_EQ(message.storages.size(), 1u);
+  c10::IValue back = *decode(message);
+  const auto& elems = back.toTupleRef().elements();
+  at::Tensor da = elems[0].toTensor();
+  at::Tensor db = elems[1].toTensor();
+  at::Tensor dc = elems[2].toTensor();
+  EXPECT_TRUE(da.is_alias_of(db));
+  EXPECT_TRUE(da.is_alias_of(dc));
+  da[1][0] = 42.0;
+  EXPECT_EQ(db[0][1].item<float>(), 42.0f);
+  EXPECT_EQ(dc[6].item<float>(), 42.0f);
+}
+
+TEST(CodecTensor, ViewOfAStorageShippedWholeReferencesItInsteadOfCloning) {
+  at::Tensor a = float_range(10);
+  at::Tensor part = a.slice(0, 2, 5);
+  Message message = encoded(tuple_of({part, a}));
+  ASSERT_EQ(message.storages.size(), 1u);
+  c10::IValue back = *decode(message);
+  const auto& elems = back.toTupleRef().elements();
+  EXPECT_TRUE(elems[0].toTensor().is_alias_of(elems[1].toTensor()));
+  EXPECT_EQ(elems[0].toTensor().storage_offset(), 2);
+  EXPECT_TRUE(at::equal(elems[0].toTensor(), part));
+}
+
+TEST(CodecTensor, SameCompactedViewTwiceIsClonedOnce) {
+  at::Tensor view = float_range(100).slice(0, 0, 10);
+  Message message = encoded(tuple_of({view, view}));
+  ASSERT_EQ(message.storages.size(), 1u);
+  c10::IValue back = *decode(message);
+  const auto& elems = back.toTupleRef().elements();
+  EXPECT_TRUE(elems[0].toTensor().is_alias_of(elems[1].toTensor()));
+}
+
+TEST(CodecTensor, ZeroSizeTensors) {
+  at::Tensor empty = at::zeros({0, 3});
+  at::Tensor empty_view = float_range(50).slice(0, 10, 10);
+  Message message = encoded(tuple_of({empty, empty_view}));
+  for (const c10::Storage& s : message.storages) EXPECT_EQ(s.nbytes(), 0u);
+  c10::IValue back = *decode(message);
+  const auto& elems = back.toTupleRef().elements();
+  EXPECT_EQ(elems[0].toTensor().sizes(), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(elems[1].toTensor().sizes(), (std::vector<int64_t>{0}));
+}
+
+TEST(CodecTensor, ZeroDimScalars) {
+  at::Tensor scalar = at::ones({}, at::kDouble).mul(3);
+  at::Tensor element = float_range(100).select(0, 42);  // 0-dim view
+  Message message = encoded(tuple_of({scalar, element}));
+  ASSERT_EQ(message.storages.size(), 2u);
+  EXPECT_EQ(message.storages[1].nbytes(), sizeof(float));
+  c10::IValue back = *decode(message);
+  const auto& elems = back.toTupleRef().elements();
+  EXPECT_EQ(elems[0].toTensor().dim(), 0);
+  EXPECT_EQ(elems[0].toTensor().item<double>(), 3.0);
+  EXPECT_EQ(elems[1].toTensor().dim(), 0);
+  EXPECT_EQ(elems[1].toTensor().item<float>(), 42.0f);
+}
+
+TEST(CodecTensor, ConjugateViewArrivesResolved) {
+  at::Tensor z = at::arange(4, at::kDouble)
+                     .to(at::kComplexDouble)
+                     .mul(c10::complex<double>(1, 1));
+  at::Tensor conj = z.conj();
+  ASSERT_TRUE(conj.is_conj());
+  at::Tensor d = round_trip(conj).toTensor();
+  EXPECT_FALSE(d.is_conj());
+  EXPECT_TRUE(at::equal(d, conj.resolve_conj()));
+}
+
+TEST(CodecTensor, RepeatedConjugateViewIsMaterializedOnce) {
+  at::Tensor conj = at::arange(4, at::kFloat).to(at::kComplexFloat).conj();
+  Message message = encoded(tuple_of({conj, conj}));
+  EXPECT_EQ(message.storages.size(), 1u);
+}
+
+TEST(CodecTensor, DecodedTensorsShareTheMessageStorages) {
+  Message message = encoded(float_range(8));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_TRUE(d.storage().is_alias_of(message.storages[0]));
+}
+
+// --- unsupported kinds on encode --------------------------------------------
+
+void expect_unsupported(const c10::IValue& v, const std::string& name) {
+  Message message;
+  message.payload = "untouched";
+  EXPECT_THAT(encode(v, message),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(name)));
+  EXPECT_EQ(message.payload, "untouched");
+}
+
+TEST(CodecEncode, RejectsUnsupportedKinds) {
+  expect_unsupported(c10::IValue(c10::make_intrusive<c10::ivalue::Future>(
+                         c10::IntType::get())),
+                     "Future");
+  expect_unsupported(c10::IValue(float_range(2).storage()), "Storage");
+  auto cls = c10::ClassType::create("__torch__.Foo", {});
+  expect_unsupported(c10::IValue(c10::ivalue::Object::create(
+                         c10::StrongTypePtr(nullptr, cls), 0)),
+                     "Object");
+  expect_unsupported(
+      tuple_of(
+          {int64_t{1}, c10::IValue(c10::make_intrusive<c10::ivalue::Future>(
+                           c10::IntType::get()))}),
+      "root[1]: unsupported IValue kind Future");
+  expect_unsupported(
+      at::quantize_per_tensor(float_range(4), 0.1, 0, at::kQUInt8),
+      "quantized");
+  expect_unsupported(float_range(4).to_sparse(), "Sparse");
+  expect_unsupported(at::empty({2}, at::TensorOptions().device(at::kMeta)),
+                     "meta");
+  expect_unsupported(c10::Device(c10::kCUDA, 0), "cuda");
+  expect_unsupported(c10::impl::GenericList(c10::NumberType::get()),
+                     "unsupported type");
+}
+
+TEST(CodecEncode, RejectsSelfContainingList) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(list);
+  Message message;
+  EXPECT_THAT(encode(list, message),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  list.clear();  // Break the cycle.
+}
+
+// --- rejections on decode ----------------------------------------------------
+
+TEST(CodecDecode, EveryTruncationFails) {
+  Message message = encoded(rich_value());
+  ASSERT_THAT(decode(message), IsOk());
+  const std::string full = message.payload;
+  for (size_t n = 0; n < full.size(); ++n) {
+    message.payload = full.substr(0, n);
+    EXPECT_FALSE(decode(message).ok()) << "prefix of " << n << " bytes";
+  }
+}
+
+// If garbage decodes at all, what it decodes to must encode and decode again.
+void check_garbage(const Message& message) {
+  absl::StatusOr<c10::IValue> decoded = decode(message);
+  if (!decoded.ok()) {
+    EXPECT_THAT(decoded.status().code(),
+                ::testing::AnyOf(absl::StatusCode::kInvalidArgument,
+                                 absl::StatusCode::kResourceExhausted));
+    return;
+  }
+  Message again;
+  ASSERT_THAT(encode(*decoded, again), IsOk());
+  EXPECT_THAT(decode(again), IsOk());
+}
+
+TEST(CodecDecode, RandomGarbageNeverCrashes) {
+  std::mt19937 rng(12345);
+  for (int i = 0; i < 4000; ++i) {
+    Message message;
+    message.payload.resize(rng() % 128);
+    for (char& c : message.payload) c = static_cast<char>(rng());
+    for (uint32_t s = rng() % 3; s > 0; --s) {
+      message.storages.push_back(
+          at::empty({static_cast<int64_t>(rng() % 64)}, at::kByte).storage());
+    }
+    check_garbage(message);
+  }
+}
+
+TEST(CodecDecode, MutatedPayloadsNeverCrash) {
+  const Message valid = encoded(rich_value());
+  std::mt19937 rng(777);
+  for (int i = 0; i < 4000; ++i) {
+    Message message = valid;
+    for (uint32_t flips = 1 + rng() % 4; flips > 0; --flips) {
+      message.payload[rng() % message.payload.size()] =
+          static_cast<char>(rng());
+    }
+    check_garbage(message);
+  }
+}
+
+c10::IValue nested_int_lists(int depth) {
+  c10::impl::GenericList list(c10::IntType::get());
+  list.push_back(int64_t{1});
+  c10::IValue value = list;
+  for (int i = 1; i < depth; ++i) {
+    c10::impl::GenericList outer(
+        c10::ListType::create(value.toList().elementType()));
+    outer.push_back(value);
+    value = outer;
+  }
+  return value;
+}
+
+TEST(CodecDecode, DepthOverLimitIsResourceExhausted) {
+  const int max = Limits().max_depth;
+  EXPECT_THAT(decode(encoded(nested_int_lists(max))), IsOk());
+  EXPECT_THAT(decode(encoded(nested_int_lists(max + 1))),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("deeper than 64")));
+
+  c10::IValue tuples = int64_t{1};
+  for (int i = 0; i < 6; ++i) tuples = tuple_of({tuples});
+  Limits limits;
+  limits.max_depth = 5;
+  EXPECT_THAT(decode(encoded(tuples), limits),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  limits.max_depth = 6;
+  EXPECT_THAT(decode(encoded(tuples), limits), IsOk());
+}
+
+TEST(CodecDecode, TypeDepthOverLimitIsResourceExhausted) {
+  Message message = encoded(c10::List<int64_t>());
+  Envelope envelope = envelope_of(message);
+  TypeDesc* type = envelope.mutable_root()->mutable_list()->mutable_elem_type();
+  for (int i = 0; i < 100; ++i) {
+    type->set_kind(TypeDesc::KIND_LIST);
+    type = type->add_contained();
+  }
+  type->set_kind(TypeDesc::KIND_INT);
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+TEST(CodecDecode, ExtremeNestingIsRejectedWithoutOverflowingTheStack) {
+  Envelope envelope;
+  envelope.set_version(1);
+  Value* value = envelope.mutable_root();
+  for (int i = 0; i < 5000; ++i) value = value->mutable_tuple()->add_elems();
+  value->mutable_none();
+  Message message;
+  set_envelope(message, envelope);
+  EXPECT_FALSE(decode(message).ok());
+}
+
+TEST(CodecDecode, OtherLimitsAreResourceExhausted) {
+  Message ints = encoded(c10::List<int64_t>(std::vector<int64_t>(100, 1)));
+  Limits limits;
+  limits.max_values = 50;
+  EXPECT_THAT(decode(ints, limits),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+
+  limits = Limits();
+  limits.max_payload_bytes = 10;
+  EXPECT_THAT(decode(ints, limits),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+
+  Message two = encoded(tuple_of({float_range(1), float_range(2)}));
+  limits = Limits();
+  limits.max_storages = 1;
+  EXPECT_THAT(decode(two, limits),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+
+  Message dims = encoded(at::zeros({1, 1, 1, 1, 1}));
+  limits = Limits();
+  limits.max_tensor_dims = 4;
+  EXPECT_THAT(
+      decode(dims, limits),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("5 dims")));
+}
+
+// A message holding tuple(1, tensor); `edit` changes the tensor's metadata.
+template <typename Edit>
+absl::StatusOr<c10::IValue> decode_edited_tensor(Edit edit) {
+  Message message = encoded(tuple_of({int64_t{1}, float_range(6)}));
+  Envelope envelope = envelope_of(message);
+  edit(*envelope.mutable_root()
+            ->mutable_tuple()
+            ->mutable_elems(1)
+            ->mutable_tensor());
+  set_envelope(message, envelope);
+  return decode(message);
+}
+
+TEST(CodecDecode, RejectsBadTensorMetadata) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_THAT(decode_edited_tensor([](Tensor&) {}), IsOk());
+  EXPECT_THAT(
+      decode_edited_tensor([](Tensor& t) { t.set_storage_index(3); }),
+      StatusIs(kInvalid,
+               HasSubstr("tensor at root[1]: storage index 3 out of range "
+                         "(1 storages)")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.set_sizes(0, 7); }),
+              StatusIs(kInvalid, HasSubstr("needs 28 bytes")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.set_storage_offset(1); }),
+              StatusIs(kInvalid, HasSubstr("which holds 24")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.set_strides(0, 2); }),
+              StatusIs(kInvalid, HasSubstr("needs")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.set_sizes(0, -1); }),
+              StatusIs(kInvalid, HasSubstr("negative size")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.set_strides(0, -1); }),
+              StatusIs(kInvalid, HasSubstr("negative stride")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.set_storage_offset(-1); }),
+              StatusIs(kInvalid, HasSubstr("negative storage offset")));
+  EXPECT_THAT(decode_edited_tensor(
+                  [](Tensor& t) { t.set_dtype(static_cast<DType>(99)); }),
+              StatusIs(kInvalid, HasSubstr("unknown dtype 99")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.add_sizes(1); }),
+              StatusIs(kInvalid, HasSubstr("2 sizes but 1 strides")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) {
+                t.set_dtype(DTYPE_INT64);
+                t.set_sizes(0, 3);
+                t.set_requires_grad(true);
+              }),
+              StatusIs(kInvalid, HasSubstr("requires_grad")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) { t.set_defined(false); }),
+              StatusIs(kInvalid, HasSubstr("undefined tensor with metadata")));
+  // A huge element count with zero strides spans one element but overflows.
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) {
+                t.set_sizes(0, int64_t{1} << 40);
+                t.set_strides(0, 0);
+                t.add_sizes(int64_t{1} << 40);
+                t.add_strides(0);
+              }),
+              StatusIs(kInvalid, HasSubstr("overflow")));
+  EXPECT_THAT(decode_edited_tensor([](Tensor& t) {
+                t.set_storage_offset(std::numeric_limits<int64_t>::max());
+              }),
+              StatusIs(kInvalid, HasSubstr("overflow")));
+}
+
+TEST(CodecDecode, RejectsNullStorage) {
+  Message message = encoded(float_range(2));
+  message.storages[0] = c10::Storage();
+  EXPECT_THAT(decode(message), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("is null")));
+}
+
+TEST(CodecDecode, RejectsBadTypesAndContainers) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  Message list_message = encoded(c10::List<std::string>({"a"}));
+  auto edit_list = [&](auto edit) {
+    Message message = list_message;
+    Envelope envelope = envelope_of(message);
+    edit(*envelope.mutable_root()->mutable_list());
+    set_envelope(message, envelope);
+    return decode(message);
+  };
+  EXPECT_THAT(edit_list([](List&) {}), IsOk());
+  EXPECT_THAT(
+      edit_list([](List& l) {
+        l.mutable_elem_type()->set_kind(static_cast<TypeDesc::Kind>(99));
+      }),
+      StatusIs(kInvalid, HasSubstr("unknown type kind 99")));
+  EXPECT_THAT(edit_list([](List& l) { l.clear_elem_type(); }),
+              StatusIs(kInvalid, HasSubstr("no element type")));
+  EXPECT_THAT(edit_list([](List& l) { l.add_elems()->set_int_value(3); }),
+              StatusIs(kInvalid, HasSubstr("root[1]: a Int in a list of str")));
+  EXPECT_THAT(edit_list([](List& l) { l.add_ints(3); }),
+              StatusIs(kInvalid, HasSubstr("wrong field")));
+  EXPECT_THAT(
+      edit_list([](List& l) {
+        l.mutable_elem_type()->add_contained()->set_kind(TypeDesc::KIND_INT);
+      }),
+      StatusIs(kInvalid, HasSubstr("contained types")));
+  EXPECT_THAT(edit_list([](List& l) {
+                TypeDesc* t = l.mutable_elem_type();
+                t->set_kind(TypeDesc::KIND_OPTIONAL);
+                t->add_contained()->set_kind(TypeDesc::KIND_NONE);
+              }),
+              StatusIs(kInvalid, HasSubstr("Optional[None]")));
+  EXPECT_THAT(edit_list([](List& l) { l.add_elems(); }),
+              StatusIs(kInvalid, HasSubstr("root[1]: no kind set")));
+
+  c10::Dict<int64_t, double> dict;
+  dict.insert(1, 1.0);
+  dict.insert(2, 2.0);
+  Message dict_message = encoded(dict);
+  auto edit_dict = [&](auto edit) {
+    Message message = dict_message;
+    Envelope envelope = envelope_of(message);
+    edit(*envelope.mutable_root()->mutable_dict());
+    set_envelope(message, envelope);
+    return decode(message);
+  };
+  EXPECT_THAT(edit_dict([](Dict&) {}), IsOk());
+  EXPECT_THAT(edit_dict([](Dict& d) {
+                d.mutable_entries(1)->mutable_key()->set_int_value(1);
+              }),
+              StatusIs(kInvalid, HasSubstr("duplicate key")));
+  EXPECT_THAT(edit_dict([](Dict& d) {
+                d.mutable_entries(1)->mutable_value()->set_bool_value(true);
+              }),
+              StatusIs(kInvalid, HasSubstr("root[2]: a Bool")));
+  EXPECT_THAT(edit_dict([](Dict& d) {
+                TypeDesc* key = d.mutable_key_type();
+                key->set_kind(TypeDesc::KIND_LIST);
+                key->add_contained()->set_kind(TypeDesc::KIND_INT);
+              }),
+              StatusIs(kInvalid, HasSubstr("unsupported key type List[int]")));
+  EXPECT_THAT(edit_dict([](Dict& d) {
+                d.mutable_key_type()->set_kind(TypeDesc::KIND_ANY);
+                TypeDesc* value_type = d.mutable_entries(0)
+                                           ->mutable_key()
+                                           ->mutable_list()
+                                           ->mutable_elem_type();
+                value_type->set_kind(TypeDesc::KIND_INT);
+              }),
+              StatusIs(kInvalid, HasSubstr("a GenericList in a dict keyed")));
+  EXPECT_THAT(edit_dict([](Dict& d) { d.mutable_entries(0)->clear_value(); }),
+              StatusIs(kInvalid, HasSubstr("no key or no value")));
+}
+
+TEST(CodecDecode, RejectsBadEnvelopes) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  Message message = encoded(float_range(2));
+  Envelope good = envelope_of(message);
+
+  Envelope envelope = good;
+  envelope.set_version(2);
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message),
+              StatusIs(kInvalid, HasSubstr("unsupported wire version 2")));
+
+  envelope = good;
+  envelope.set_storage_count(2);
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message), StatusIs(kInvalid, HasSubstr("announces 2")));
+
+  envelope = good;
+  envelope.clear_root();
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message), StatusIs(kInvalid, HasSubstr("no root")));
+
+  envelope = good;
+  envelope.mutable_root()
+      ->mutable_tensor()
+      ->GetReflection()
+      ->MutableUnknownFields(envelope.mutable_root()->mutable_tensor())
+      ->AddVarint(99, 1);
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message),
+              StatusIs(kInvalid, HasSubstr("tensor at root: unknown fields")));
+
+  envelope = good;
+  envelope.mutable_root()->mutable_device()->set_kind(DEVICE_KIND_CPU);
+  envelope.mutable_root()->mutable_device()->set_index(3);
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message), StatusIs(kInvalid, HasSubstr("index 3")));
+
+  message.payload.clear();
+  EXPECT_THAT(decode(message), StatusIs(kInvalid));
+}
+
+}  // namespace
+}  // namespace tether::wire
