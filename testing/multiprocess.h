@@ -20,12 +20,16 @@
 #include <absl/time/time.h>
 
 #include <functional>
+#include <vector>
 
 namespace tether::testing {
 
+// `may_die` lists ranks whose death (a fault test kills them) is not a
+// failure and does not stop the others.
 void run_in_processes(int world_size,
                       const std::function<void(int rank, int world_size)>& body,
-                      absl::Duration deadline = absl::Seconds(120));
+                      absl::Duration deadline = absl::Seconds(120),
+                      const std::vector<int>& may_die = {});
 
 // True inside a worker process started by run_in_processes.
 bool in_worker_process();

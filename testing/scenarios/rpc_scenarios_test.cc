@@ -1,0 +1,226 @@
+// RPC scenarios across real worker processes, on the backend named by the
+// TETHER_TEST_BACKEND environment variable (set per cc_test in BUILD), so
+// every backend runs the same scenarios instead of a copy of them.
+//
+// Each test body runs in 4 processes (testing/multiprocess.h) that meet
+// through env:// and shut down gracefully at the end.
+#include <ATen/ATen.h>
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/library.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "backends/builtin.h"
+#include "core/rpc.h"
+#include "testing/multiprocess.h"
+#include "testing/status_matchers.h"
+
+namespace {
+
+at::Tensor scale(const at::Tensor& x, double factor) { return x * factor; }
+
+at::Tensor fail(const at::Tensor&) { TORCH_CHECK(false, "scenario failure"); }
+
+int64_t slow(int64_t millis) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(millis));
+  return millis;
+}
+
+at::Tensor add_via(const std::string& to, const at::Tensor& a,
+                   const at::Tensor& b) {
+  absl::StatusOr<c10::IValue> sum =
+      tether::rpc_sync(to, "aten::add.Tensor", {a, b});
+  TORCH_CHECK(sum.ok(), "onward call failed: ", sum.status().ToString());
+  return sum->toTensor();
+}
+
+at::Tensor identity(const at::Tensor& x) { return x; }
+
+// Fires the next hop asynchronously and returns at once: the chain outlives
+// the call that started it, and graceful shutdown must still drain it.
+int64_t chain(int64_t hops) {
+  if (hops <= 0) return 0;
+  tether::Worker* worker = tether::current_worker();
+  TORCH_CHECK(worker != nullptr, "chain: no worker");
+  const int world = static_cast<int>(worker->get_all_worker_infos().size());
+  const int next = (worker->get_current_worker_info().id + 1) % world;
+  tether::Future<c10::IValue> onward =
+      worker->rpc_async(next, "tether_scenario::chain", {hops - 1});
+  (void)onward;  // not awaited on purpose
+  return hops;
+}
+
+TORCH_LIBRARY(tether_scenario, m) {
+  m.def("scale(Tensor x, float factor) -> Tensor", &scale);
+  m.def("fail(Tensor x) -> Tensor", &fail);
+  m.def("slow(int millis) -> int", &slow);
+  m.def("add_via(str to, Tensor a, Tensor b) -> Tensor", &add_via);
+  m.def("identity(Tensor x) -> Tensor", &identity);
+  m.def("chain(int hops) -> int", &chain);
+}
+
+}  // namespace
+
+namespace tether {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+constexpr int kWorld = 4;
+
+std::string backend_under_test() {
+  const char* backend = std::getenv("TETHER_TEST_BACKEND");
+  return backend != nullptr ? backend : "tensorpipe";
+}
+
+// init_rpc over env:// as a launched worker would, named "w<rank>".
+void init(int rank, int world_size) {
+  static BackendRegistry* registry = [] {
+    auto* r = new BackendRegistry;
+    EXPECT_THAT(backends::register_builtin_backends(*r), IsOk());
+    return r;
+  }();
+  RpcOptions options;
+  options.backend = backend_under_test();
+  options.init_method = "env://";
+  options.num_worker_threads = 8;
+  options.default_timeout = absl::Seconds(60);
+  ASSERT_THAT(init_rpc(absl::StrCat("w", rank), rank, world_size, options,
+                       *registry),
+              IsOk());
+}
+
+std::string name_of(int rank) { return absl::StrCat("w", rank); }
+
+TEST(Scenarios, CallsOfEveryKind) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    const std::string next = name_of((rank + 1) % world);
+    const std::string after = name_of((rank + 2) % world);
+    at::Tensor a = at::arange(6, at::kFloat).reshape({2, 3}) + rank;
+    at::Tensor b = at::ones({2, 3});
+    absl::StatusOr<c10::IValue> sum = rpc_sync(next, "aten::add.Tensor", {a, b});
+    ASSERT_THAT(sum, IsOk());
+    EXPECT_TRUE(at::equal(sum->toTensor(), a + b));
+    absl::StatusOr<c10::IValue> scaled =
+        rpc_sync(next, "tether_scenario::scale", {a, 3.0});
+    ASSERT_THAT(scaled, IsOk());
+    EXPECT_TRUE(at::allclose(scaled->toTensor(), a * 3));
+    EXPECT_THAT(rpc_sync(name_of(rank), "aten::mul.Tensor", {a, b}), IsOk());
+    absl::StatusOr<c10::IValue> nested = rpc_sync(
+        next, "tether_scenario::add_via", {after, a, b});
+    ASSERT_THAT(nested, IsOk());
+    EXPECT_TRUE(at::equal(nested->toTensor(), a + b));
+    ASSERT_THAT(current_worker()->register_script(
+                    "def twice(x: Tensor) -> Tensor:\n    return x * 2\n"),
+                IsOk());
+    // Everyone registers before anyone calls: a call is a barrier of sorts,
+    // so retry-free ordering comes from calling our own script first.
+    absl::StatusOr<c10::IValue> twice = rpc_sync(name_of(rank), "twice", {a});
+    ASSERT_THAT(twice, IsOk());
+    EXPECT_TRUE(at::equal(twice->toTensor(), a * 2));
+    EXPECT_THAT(rpc_sync(next, "aten::no_such_op", {a}),
+                StatusIs(absl::StatusCode::kNotFound,
+                         AllOf(HasSubstr("aten::no_such_op"), HasSubstr(next))));
+    EXPECT_THAT(rpc_sync(next, "tether_scenario::scale",
+                         {a, std::string("x")}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("factor")));
+    EXPECT_THAT(rpc_sync(next, "tether_scenario::fail", {a}),
+                StatusIs(absl::StatusCode::kUnknown,
+                         AllOf(HasSubstr(next), HasSubstr("tether_scenario::fail"),
+                               HasSubstr("scenario failure"))));
+    EXPECT_THAT(rpc_sync(next, "tether_scenario::slow", {int64_t{2000}}, {},
+                         absl::Milliseconds(200)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_THAT(rpc_sync("nobody", "aten::add.Tensor", {a, b}),
+                StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+TEST(Scenarios, RingOfThousandAsyncCalls) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    const std::string next = name_of((rank + 1) % world);
+    std::vector<Future<c10::IValue>> futures;
+    for (int i = 0; i < 1000; ++i) {
+      futures.push_back(rpc_async(next, "aten::add.Tensor",
+                                  {at::full({2}, double(i)), at::ones({2})}));
+    }
+    for (int i = 0; i < 1000; ++i) {
+      absl::StatusOr<c10::IValue> r = futures[i].get();
+      ASSERT_THAT(r, IsOk()) << "call " << i;
+      EXPECT_EQ(r->toTensor()[1].item<double>(), i + 1.0);
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+TEST(Scenarios, TensorsOfManySizes) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    const std::string next = name_of((rank + 1) % world);
+    for (int i = 0; i < 20; ++i) {
+      at::Tensor x = at::randn({100, 100});
+      absl::StatusOr<c10::IValue> y =
+          rpc_sync(next, "tether_scenario::identity", {x});
+      ASSERT_THAT(y, IsOk());
+      EXPECT_TRUE(at::equal(y->toTensor(), x));
+    }
+    if (rank == 0) {
+      at::Tensor big = at::arange(int64_t{64} << 20, at::kInt);  // 256 MiB
+      absl::StatusOr<c10::IValue> back =
+          rpc_sync(next, "tether_scenario::identity", {big});
+      ASSERT_THAT(back, IsOk());
+      EXPECT_TRUE(at::equal(back->toTensor(), big));
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  }, absl::Seconds(240));
+}
+
+TEST(Scenarios, GracefulShutdownDrainsADetachedChain) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    if (rank == 0) {
+      // Returns after the first hop; 19 more run while everyone shuts down.
+      absl::StatusOr<c10::IValue> first =
+          rpc_sync(name_of(1), "tether_scenario::chain", {int64_t{20}});
+      ASSERT_THAT(first, IsOk());
+      EXPECT_EQ(first->toInt(), 20);
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+TEST(Scenarios, KilledWorkerFailsCallsInBoundedTime) {
+  ::tether::testing::run_in_processes(2, [](int rank, int world) {
+    init(rank, world);
+    if (rank == 1) {
+      // Dies mid-call, holding a call from rank 0.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        ::kill(::getpid(), SIGKILL);
+      }).detach();
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return;
+    }
+    absl::Time start = absl::Now();
+    absl::StatusOr<c10::IValue> r = rpc_sync(name_of(1), "tether_scenario::slow",
+                                             {int64_t{30000}});
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kUnavailable));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+    EXPECT_THAT(shutdown(/*graceful=*/false), IsOk());
+  }, absl::Seconds(120), /*may_die=*/{1});
+}
+
+}  // namespace
+}  // namespace tether
