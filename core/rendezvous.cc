@@ -5,11 +5,13 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
+#include <absl/time/clock.h>
 #include <absl/strings/numbers.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -222,17 +224,24 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     for (int r = 0; r < world_size; ++r) {
       keys.push_back(absl::StrCat("tether/rank/", r));
     }
-    try {
-      s.wait(keys, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
-    } catch (const std::exception&) {
-      std::vector<std::string> missing;
-      for (int r = 0; r < world_size; ++r) {
-        if (!s.check({keys[r]})) missing.push_back(absl::StrCat(r));
+    // Polls with check() rather than one blocking wait(): a TCPStore wait
+    // across several keys proved unreliable under load, and polling also
+    // tells exactly who is missing when the deadline passes.
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration backoff = absl::Milliseconds(1);
+    while (!s.check(keys)) {
+      if (absl::Now() >= deadline) {
+        std::vector<std::string> missing;
+        for (int r = 0; r < world_size; ++r) {
+          if (!s.check({keys[r]})) missing.push_back(absl::StrCat(r));
+        }
+        return absl::DeadlineExceededError(absl::StrCat(
+            "rendezvous at '", init_method, "' timed out after ",
+            absl::FormatDuration(timeout), " waiting for rank(s) ",
+            absl::StrJoin(missing, ", ")));
       }
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rendezvous at '", init_method, "' timed out after ",
-          absl::FormatDuration(timeout), " waiting for rank(s) ",
-          absl::StrJoin(missing, ", ")));
+      absl::SleepFor(std::min(backoff, deadline - absl::Now()));
+      backoff = std::min(backoff * 2, absl::Milliseconds(50));
     }
     for (int r = 0; r < world_size; ++r) {
       result.workers.push_back(WorkerInfo{from_bytes(s.get(keys[r])), r});
