@@ -1,11 +1,17 @@
 #include "backends/builtin.h"
 
 #include "backends/loopback/loopback_agent.h"
+#include "backends/tensorpipe/tensorpipe_agent.h"
 
 namespace tether::backends {
 
 absl::Status register_builtin_backends(BackendRegistry& registry) {
-  return registry.add(loopback_backend());
+  for (Backend backend : {loopback_backend(), tensorpipe_backend()}) {
+    if (absl::Status added = registry.add(std::move(backend)); !added.ok()) {
+      return added;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tether::backends

@@ -9,7 +9,8 @@
 
 namespace tether::backends {
 
-// Adds "loopback" (in-process). Fails only if a name is already taken.
+// Adds "loopback" (in-process) and "tensorpipe" (the default; TCP and shared
+// memory between processes). Fails only if a name is already taken.
 [[nodiscard]] absl::Status register_builtin_backends(BackendRegistry& registry);
 
 }  // namespace tether::backends

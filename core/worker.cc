@@ -91,6 +91,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   if (!agent.ok()) return agent.status();
 
   std::unique_ptr<Worker> worker(new Worker(options, std::move(*agent)));
+  for (const std::string& source : options.scripts) {
+    if (absl::Status added = worker->register_script(source); !added.ok()) {
+      return added;
+    }
+  }
   Worker* raw = worker.get();
   absl::Status started = worker->agent_->start(
       [raw](Message request) { return raw->handle_request(std::move(request)); });

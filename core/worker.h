@@ -56,6 +56,9 @@ struct RpcOptions {
   absl::Duration shutdown_timeout = absl::Seconds(60);
   // Per-backend settings, "key" -> "value"; each backend documents its keys.
   absl::flat_hash_map<std::string, std::string> backend_settings;
+  // TorchScript sources compiled at init, before this worker serves: peers
+  // may call their functions as soon as their own init_rpc returns.
+  std::vector<std::string> scripts;
 };
 
 // Who to call: a worker's name, its rank, or its WorkerInfo.

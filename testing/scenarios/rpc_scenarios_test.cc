@@ -93,6 +93,7 @@ void init(int rank, int world_size) {
   options.init_method = "env://";
   options.num_worker_threads = 8;
   options.default_timeout = absl::Seconds(60);
+  options.scripts = {"def twice(x: Tensor) -> Tensor:\n    return x * 2\n"};
   ASSERT_THAT(init_rpc(absl::StrCat("w", rank), rank, world_size, options,
                        *registry),
               IsOk());
@@ -119,12 +120,8 @@ TEST(Scenarios, CallsOfEveryKind) {
         next, "tether_scenario::add_via", {after, a, b});
     ASSERT_THAT(nested, IsOk());
     EXPECT_TRUE(at::equal(nested->toTensor(), a + b));
-    ASSERT_THAT(current_worker()->register_script(
-                    "def twice(x: Tensor) -> Tensor:\n    return x * 2\n"),
-                IsOk());
-    // Everyone registers before anyone calls: a call is a barrier of sorts,
-    // so retry-free ordering comes from calling our own script first.
-    absl::StatusOr<c10::IValue> twice = rpc_sync(name_of(rank), "twice", {a});
+    // Compiled at init (RpcOptions::scripts), so callable at once.
+    absl::StatusOr<c10::IValue> twice = rpc_sync(next, "twice", {a});
     ASSERT_THAT(twice, IsOk());
     EXPECT_TRUE(at::equal(twice->toTensor(), a * 2));
     EXPECT_THAT(rpc_sync(next, "aten::no_such_op", {a}),

@@ -1,0 +1,229 @@
+#include "backends/tensorpipe/internal/framing.h"
+
+#include <absl/strings/str_cat.h>
+#include <c10/core/CPUAllocator.h>
+#include <tensorpipe/common/cpu_buffer.h>
+#include <tensorpipe/common/device.h>
+
+#include <cstring>
+#include <exception>
+#include <utility>
+
+namespace tether::backends::internal {
+namespace {
+
+constexpr char kMagic[4] = {'T', 'P', 'F', '1'};
+constexpr size_t kFixedSize = 4 + 1 + 3 + 4 + 4 + 8 + 8 + 4;
+
+template <typename T>
+void put(std::string& out, T value) {
+  using U = std::make_unsigned_t<T>;
+  U bits = static_cast<U>(value);
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  }
+}
+
+template <typename T>
+T get(absl::string_view in, size_t offset) {
+  using U = std::make_unsigned_t<T>;
+  U bits = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    bits |= static_cast<U>(static_cast<uint8_t>(in[offset + i])) << (8 * i);
+  }
+  return static_cast<T>(bits);
+}
+
+absl::Status malformed(absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed tensorpipe frame: ", what));
+}
+
+bool is_cpu(const ::tensorpipe::Device& device) {
+  return device.type == ::tensorpipe::kCpuDeviceType;
+}
+
+}  // namespace
+
+std::string encode_header(const FrameHeader& header) {
+  std::string out;
+  out.reserve(kFixedSize + 8 * header.storage_sizes.size());
+  out.append(kMagic, sizeof(kMagic));
+  put<uint8_t>(out, static_cast<uint8_t>(header.kind));
+  out.append(3, '\0');
+  put<int32_t>(out, static_cast<int32_t>(header.type));
+  put<int32_t>(out, header.code);
+  put<int64_t>(out, header.id);
+  put<uint64_t>(out, header.payload_size);
+  put<uint32_t>(out, static_cast<uint32_t>(header.storage_sizes.size()));
+  for (uint64_t size : header.storage_sizes) put<uint64_t>(out, size);
+  return out;
+}
+
+absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
+  if (metadata.size() < kFixedSize) {
+    return malformed(absl::StrCat("header of ", metadata.size(), " bytes"));
+  }
+  if (std::memcmp(metadata.data(), kMagic, sizeof(kMagic)) != 0) {
+    return malformed("bad magic");
+  }
+  FrameHeader header;
+  const uint8_t kind = get<uint8_t>(metadata, 4);
+  if (kind < static_cast<uint8_t>(FrameKind::kRequest) ||
+      kind > static_cast<uint8_t>(FrameKind::kError)) {
+    return malformed(absl::StrCat("unknown kind ", kind));
+  }
+  header.kind = static_cast<FrameKind>(kind);
+  header.type = static_cast<MessageType>(get<int32_t>(metadata, 8));
+  header.code = get<int32_t>(metadata, 12);
+  header.id = get<int64_t>(metadata, 16);
+  header.payload_size = get<uint64_t>(metadata, 24);
+  const uint32_t count = get<uint32_t>(metadata, 32);
+  if (count > kMaxStorages) {
+    return malformed(absl::StrCat(count, " storages"));
+  }
+  if (metadata.size() != kFixedSize + 8 * static_cast<size_t>(count)) {
+    return malformed(absl::StrCat("header of ", metadata.size(), " bytes for ",
+                                  count, " storages"));
+  }
+  const bool is_error = header.kind == FrameKind::kError;
+  if (is_error != (header.code != 0)) {
+    return malformed(absl::StrCat("status code ", header.code, " in a ",
+                                  is_error ? "error" : "non-error", " frame"));
+  }
+  if (is_error && count != 0) return malformed("storages in an error frame");
+  header.storage_sizes.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    header.storage_sizes.push_back(get<uint64_t>(metadata, kFixedSize + 8 * i));
+  }
+  return header;
+}
+
+::tensorpipe::Message OutgoingFrame::to_tensorpipe() const {
+  ::tensorpipe::Message message;
+  message.metadata = encode_header(header);
+  if (!payload.empty()) {
+    ::tensorpipe::Message::Payload entry;
+    // tensorpipe only reads from it.
+    entry.data = const_cast<char*>(payload.data());
+    entry.length = payload.size();
+    message.payloads.push_back(std::move(entry));
+  }
+  for (const c10::Storage& storage : storages) {
+    if (storage.nbytes() == 0) continue;
+    ::tensorpipe::Message::Tensor tensor;
+    tensor.buffer = ::tensorpipe::CpuBuffer{storage.data()};
+    tensor.length = storage.nbytes();
+    message.tensors.push_back(std::move(tensor));
+  }
+  return message;
+}
+
+std::shared_ptr<OutgoingFrame> make_request_frame(Message request) {
+  auto frame = std::make_shared<OutgoingFrame>();
+  frame->header.kind = FrameKind::kRequest;
+  frame->header.type = request.type;
+  frame->header.id = request.id;
+  frame->header.payload_size = request.payload.size();
+  for (const c10::Storage& storage : request.storages) {
+    frame->header.storage_sizes.push_back(storage.nbytes());
+  }
+  frame->payload = std::move(request.payload);
+  frame->storages = std::move(request.storages);
+  return frame;
+}
+
+std::shared_ptr<OutgoingFrame> make_response_frame(
+    int64_t id, const absl::StatusOr<Message>& result) {
+  auto frame = std::make_shared<OutgoingFrame>();
+  frame->header.id = id;
+  if (!result.ok()) {
+    frame->header.kind = FrameKind::kError;
+    frame->header.type = MessageType::kException;
+    frame->header.code = static_cast<int32_t>(result.status().code());
+    frame->payload = std::string(result.status().message());
+  } else {
+    frame->header.kind = FrameKind::kResponse;
+    frame->header.type = result->type;
+    frame->payload = result->payload;
+    frame->storages = result->storages;
+    for (const c10::Storage& storage : frame->storages) {
+      frame->header.storage_sizes.push_back(storage.nbytes());
+    }
+  }
+  frame->header.payload_size = frame->payload.size();
+  return frame;
+}
+
+absl::StatusOr<Message> IncomingFrame::take_result() {
+  if (header.kind == FrameKind::kError) {
+    auto code = static_cast<absl::StatusCode>(header.code);
+    if (header.code <= 0 || header.code > 16) code = absl::StatusCode::kUnknown;
+    return absl::Status(code, payload);
+  }
+  Message message;
+  message.type = header.type;
+  message.id = header.id;
+  message.payload = std::move(payload);
+  message.storages = std::move(storages);
+  return message;
+}
+
+absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
+    const ::tensorpipe::Descriptor& descriptor) {
+  absl::StatusOr<FrameHeader> header = decode_header(descriptor.metadata);
+  if (!header.ok()) return header.status();
+  const size_t payloads = header->payload_size > 0 ? 1 : 0;
+  if (descriptor.payloads.size() != payloads ||
+      (payloads == 1 &&
+       descriptor.payloads[0].length != header->payload_size)) {
+    return malformed("payload does not match the header");
+  }
+  size_t tensor = 0;
+  for (uint64_t size : header->storage_sizes) {
+    if (size == 0) continue;
+    if (tensor >= descriptor.tensors.size() ||
+        descriptor.tensors[tensor].length != size) {
+      return malformed("tensors do not match the header's storage sizes");
+    }
+    const ::tensorpipe::Descriptor::Tensor& t = descriptor.tensors[tensor];
+    if (!is_cpu(t.sourceDevice) ||
+        (t.targetDevice.has_value() && !is_cpu(*t.targetDevice))) {
+      return malformed("a tensor is not in CPU memory");
+    }
+    ++tensor;
+  }
+  if (tensor != descriptor.tensors.size()) {
+    return malformed("more tensors than the header announces");
+  }
+
+  auto frame = std::make_unique<IncomingFrame>();
+  try {
+    frame->payload.resize(header->payload_size);
+    frame->storages.reserve(header->storage_sizes.size());
+    for (uint64_t size : header->storage_sizes) {
+      frame->storages.emplace_back(c10::Storage::use_byte_size_t(),
+                                   static_cast<size_t>(size),
+                                   c10::GetCPUAllocator(),
+                                   /*resizable=*/false);
+    }
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate an incoming message of ",
+                     header->payload_size, " payload bytes and ",
+                     header->storage_sizes.size(), " storages: ", e.what()));
+  }
+  frame->header = *std::move(header);
+  if (!frame->payload.empty()) {
+    frame->allocation.payloads.push_back({frame->payload.data()});
+  }
+  for (const c10::Storage& storage : frame->storages) {
+    if (storage.nbytes() == 0) continue;
+    ::tensorpipe::Allocation::Tensor entry;
+    entry.buffer = ::tensorpipe::CpuBuffer{storage.data()};
+    frame->allocation.tensors.push_back(std::move(entry));
+  }
+  return frame;
+}
+
+}  // namespace tether::backends::internal

@@ -1,0 +1,99 @@
+// Framing of tether Messages over tensorpipe Messages (internal to the
+// tensorpipe backend).
+//
+// One tether request or response is one tensorpipe::Message:
+//   - `metadata` is a small fixed header (below), little-endian;
+//   - the Message's payload bytes, if any, are tensorpipe payload 0 (sent
+//     from the Message's own string, no copy);
+//   - each non-empty storage is a tensorpipe tensor (a CPU buffer pointing at
+//     the storage's bytes); empty storages travel only as a size of 0 in the
+//     header, so zero-length buffers never reach a channel.
+//
+// Header: "TPF1" | kind u8 | 3 zero bytes | MessageType i32 | status code i32
+//         | id i64 | payload size u64 | storage count u32 | count x u64 sizes
+//
+// An error response (the handler's future failed) has kind kError, the
+// absl::StatusCode, and the status message as its payload.
+//
+// Ownership: an OutgoingFrame owns everything its tensorpipe::Message points
+// into; keep it alive until the write callback. An IncomingFrame owns the
+// buffers its Allocation points into; keep it alive until the read callback.
+#ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_FRAMING_H_
+#define TETHER_BACKENDS_TENSORPIPE_INTERNAL_FRAMING_H_
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/string_view.h>
+#include <c10/core/Storage.h>
+#include <tensorpipe/core/message.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/message.h"
+
+namespace tether::backends::internal {
+
+enum class FrameKind : uint8_t {
+  kRequest = 1,
+  kResponse = 2,
+  kError = 3,
+};
+
+struct FrameHeader {
+  FrameKind kind = FrameKind::kRequest;
+  MessageType type = MessageType::kUnknown;
+  int64_t id = -1;
+  // Only for kError; 0 otherwise.
+  int32_t code = 0;
+  uint64_t payload_size = 0;
+  std::vector<uint64_t> storage_sizes;
+};
+
+// Bounds on what a peer may announce; more is a protocol error.
+constexpr uint32_t kMaxStorages = 1 << 20;
+
+std::string encode_header(const FrameHeader& header);
+
+// INVALID_ARGUMENT when `metadata` is not a well-formed header.
+[[nodiscard]] absl::StatusOr<FrameHeader> decode_header(
+    absl::string_view metadata);
+
+struct OutgoingFrame {
+  FrameHeader header;
+  std::string payload;
+  std::vector<c10::Storage> storages;
+
+  // A message pointing into this frame's payload and storages.
+  ::tensorpipe::Message to_tensorpipe() const;
+};
+
+std::shared_ptr<OutgoingFrame> make_request_frame(Message request);
+// `id` is the request's; an error result becomes a kError frame.
+std::shared_ptr<OutgoingFrame> make_response_frame(
+    int64_t id, const absl::StatusOr<Message>& result);
+
+struct IncomingFrame {
+  FrameHeader header;
+  std::string payload;
+  std::vector<c10::Storage> storages;
+  // Points into `payload` and `storages`; pass it to Pipe::read().
+  ::tensorpipe::Allocation allocation;
+
+  // After the read: the request or response it carries, or the error
+  // status of a kError frame.
+  absl::StatusOr<Message> take_result();
+};
+
+// Checks `descriptor` against its header (counts, sizes, CPU only) and
+// allocates the payload and one storage per announced size. Errors:
+// INVALID_ARGUMENT for a malformed or inconsistent frame,
+// RESOURCE_EXHAUSTED when the memory cannot be allocated.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
+    const ::tensorpipe::Descriptor& descriptor);
+
+}  // namespace tether::backends::internal
+
+#endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_FRAMING_H_

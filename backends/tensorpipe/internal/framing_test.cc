@@ -1,0 +1,219 @@
+#include "backends/tensorpipe/internal/framing.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <tensorpipe/common/cpu_buffer.h>
+
+#include <cstring>
+
+#include "testing/status_matchers.h"
+
+namespace tether::backends::internal {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+c10::Storage storage_of(size_t nbytes, uint8_t fill) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::GetCPUAllocator(), /*resizable=*/false);
+  if (nbytes > 0) std::memset(storage.data(), fill, nbytes);
+  return storage;
+}
+
+// What the receiving pipe would report for `message`.
+::tensorpipe::Descriptor descriptor_of(const ::tensorpipe::Message& message) {
+  ::tensorpipe::Descriptor descriptor;
+  descriptor.metadata = message.metadata;
+  for (const auto& payload : message.payloads) {
+    descriptor.payloads.push_back({payload.length, payload.metadata});
+  }
+  for (const auto& tensor : message.tensors) {
+    ::tensorpipe::Descriptor::Tensor entry;
+    entry.length = tensor.length;
+    entry.sourceDevice = tensor.buffer.device();
+    descriptor.tensors.push_back(entry);
+  }
+  return descriptor;
+}
+
+// Copies what a pipe would carry from `message` into `frame`'s allocation.
+void deliver(const ::tensorpipe::Message& message, IncomingFrame& frame) {
+  ASSERT_EQ(message.payloads.size(), frame.allocation.payloads.size());
+  for (size_t i = 0; i < message.payloads.size(); ++i) {
+    std::memcpy(frame.allocation.payloads[i].data, message.payloads[i].data,
+                message.payloads[i].length);
+  }
+  ASSERT_EQ(message.tensors.size(), frame.allocation.tensors.size());
+  for (size_t i = 0; i < message.tensors.size(); ++i) {
+    std::memcpy(frame.allocation.tensors[i]
+                    .buffer.unwrap<::tensorpipe::CpuBuffer>()
+                    .ptr,
+                message.tensors[i].buffer.unwrap<::tensorpipe::CpuBuffer>().ptr,
+                message.tensors[i].length);
+  }
+}
+
+TEST(Framing, HeaderRoundTrips) {
+  FrameHeader header;
+  header.kind = FrameKind::kResponse;
+  header.type = MessageType::kCallRet;
+  header.id = -42;
+  header.payload_size = 7;
+  header.storage_sizes = {0, 1, uint64_t{1} << 40};
+  absl::StatusOr<FrameHeader> decoded = decode_header(encode_header(header));
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->kind, FrameKind::kResponse);
+  EXPECT_EQ(decoded->type, MessageType::kCallRet);
+  EXPECT_EQ(decoded->id, -42);
+  EXPECT_EQ(decoded->code, 0);
+  EXPECT_EQ(decoded->payload_size, 7u);
+  EXPECT_THAT(decoded->storage_sizes, ElementsAre(0, 1, uint64_t{1} << 40));
+}
+
+TEST(Framing, RejectsMalformedHeaders) {
+  FrameHeader header;
+  header.storage_sizes = {3};
+  const std::string good = encode_header(header);
+  ASSERT_THAT(decode_header(good), IsOk());
+
+  EXPECT_THAT(decode_header(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(decode_header(good.substr(0, good.size() - 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(decode_header(good + "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  std::string bad_magic = good;
+  bad_magic[0] = 'X';
+  EXPECT_THAT(decode_header(bad_magic),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
+  std::string bad_kind = good;
+  bad_kind[4] = 9;
+  EXPECT_THAT(decode_header(bad_kind),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kind")));
+  std::string huge_count = good;
+  huge_count[35] = 0x7f;
+  EXPECT_THAT(decode_header(huge_count),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+
+  FrameHeader error;
+  error.kind = FrameKind::kError;  // but code 0
+  EXPECT_THAT(decode_header(encode_header(error)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  FrameHeader coded;
+  coded.code = 5;  // a request with a status code
+  EXPECT_THAT(decode_header(encode_header(coded)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(Framing, RequestTravelsWithPayloadAndStorages) {
+  Message request;
+  request.type = MessageType::kPing;
+  request.id = 9;
+  request.payload = "hello";
+  request.storages = {storage_of(10, 1), storage_of(0, 0), storage_of(3, 2)};
+  std::shared_ptr<OutgoingFrame> out = make_request_frame(request);
+  ::tensorpipe::Message message = out->to_tensorpipe();
+  ASSERT_EQ(message.payloads.size(), 1u);
+  // The empty storage stays off the wire.
+  ASSERT_EQ(message.tensors.size(), 2u);
+  EXPECT_EQ(message.tensors[0].length, 10u);
+  EXPECT_EQ(message.tensors[1].length, 3u);
+  // Zero-copy: the tensorpipe message points at the caller's bytes.
+  EXPECT_EQ(message.tensors[0].buffer.unwrap<::tensorpipe::CpuBuffer>().ptr,
+            request.storages[0].data());
+
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+      allocate_frame(descriptor_of(message));
+  ASSERT_THAT(in, IsOk());
+  deliver(message, **in);
+  absl::StatusOr<Message> received = (*in)->take_result();
+  ASSERT_THAT(received, IsOk());
+  EXPECT_EQ(received->type, MessageType::kPing);
+  EXPECT_EQ(received->id, 9);
+  EXPECT_EQ(received->payload, "hello");
+  ASSERT_EQ(received->storages.size(), 3u);
+  EXPECT_EQ(received->storages[0].nbytes(), 10u);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[9], 1);
+  EXPECT_EQ(received->storages[1].nbytes(), 0u);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[2].data())[2], 2);
+  EXPECT_NE(received->storages[0].data(), request.storages[0].data());
+}
+
+TEST(Framing, EmptyMessageHasNoBuffers) {
+  Message request;
+  request.type = MessageType::kPing;
+  request.storages = {storage_of(0, 0)};
+  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  EXPECT_TRUE(message.payloads.empty());
+  EXPECT_TRUE(message.tensors.empty());
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+      allocate_frame(descriptor_of(message));
+  ASSERT_THAT(in, IsOk());
+  absl::StatusOr<Message> received = (*in)->take_result();
+  ASSERT_THAT(received, IsOk());
+  EXPECT_EQ(received->payload, "");
+  ASSERT_EQ(received->storages.size(), 1u);
+  EXPECT_EQ(received->storages[0].nbytes(), 0u);
+}
+
+TEST(Framing, ErrorResponseCarriesCodeAndText) {
+  std::shared_ptr<OutgoingFrame> out = make_response_frame(
+      7, absl::StatusOr<Message>(absl::NotFoundError("no such op")));
+  ::tensorpipe::Message message = out->to_tensorpipe();
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+      allocate_frame(descriptor_of(message));
+  ASSERT_THAT(in, IsOk());
+  EXPECT_EQ((*in)->header.kind, FrameKind::kError);
+  EXPECT_EQ((*in)->header.id, 7);
+  deliver(message, **in);
+  EXPECT_THAT((*in)->take_result(), StatusIs(absl::StatusCode::kNotFound,
+                                             ::testing::Eq("no such op")));
+}
+
+TEST(Framing, RejectsDescriptorsThatDisagreeWithTheHeader) {
+  Message request;
+  request.payload = "abc";
+  request.storages = {storage_of(4, 0)};
+  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  const ::tensorpipe::Descriptor good = descriptor_of(message);
+  ASSERT_THAT(allocate_frame(good), IsOk());
+
+  ::tensorpipe::Descriptor no_payload = good;
+  no_payload.payloads.clear();
+  EXPECT_THAT(allocate_frame(no_payload),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tensorpipe::Descriptor extra_tensor = good;
+  extra_tensor.tensors.push_back(good.tensors[0]);
+  EXPECT_THAT(allocate_frame(extra_tensor),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tensorpipe::Descriptor wrong_length = good;
+  wrong_length.tensors[0].length = 5;
+  EXPECT_THAT(allocate_frame(wrong_length),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tensorpipe::Descriptor on_gpu = good;
+  on_gpu.tensors[0].sourceDevice = ::tensorpipe::Device("cuda", 0);
+  EXPECT_THAT(allocate_frame(on_gpu),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CPU")));
+  ::tensorpipe::Descriptor garbage = good;
+  garbage.metadata = "not a header";
+  EXPECT_THAT(allocate_frame(garbage),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(Framing, UnknownStatusCodeBecomesUnknown) {
+  FrameHeader header;
+  header.kind = FrameKind::kError;
+  header.code = 99;
+  ::tensorpipe::Descriptor descriptor;
+  descriptor.metadata = encode_header(header);
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+      allocate_frame(descriptor);
+  ASSERT_THAT(in, IsOk());
+  EXPECT_THAT((*in)->take_result(), StatusIs(absl::StatusCode::kUnknown));
+}
+
+}  // namespace
+}  // namespace tether::backends::internal

@@ -1,0 +1,50 @@
+// SerialExecutor: one thread that runs posted tasks in order (internal to the
+// tensorpipe backend).
+//
+// The tensorpipe agent calls into tensorpipe from this thread rather than
+// from its callers' threads: tensorpipe may borrow the calling thread to run
+// its event loop, and so its callbacks (our handler, the completion of other
+// futures) would run on a user's thread, inside send().
+//
+// Thread safety: post() from any thread. stop() once, from a thread other
+// than the executor's own; the destructor stops.
+#ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_SERIAL_EXECUTOR_H_
+#define TETHER_BACKENDS_TENSORPIPE_INTERNAL_SERIAL_EXECUTOR_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/synchronization/mutex.h>
+
+#include <deque>
+#include <functional>
+#include <thread>
+
+namespace tether::backends::internal {
+
+class SerialExecutor {
+ public:
+  SerialExecutor();
+  ~SerialExecutor();
+  SerialExecutor(const SerialExecutor&) = delete;
+  SerialExecutor& operator=(const SerialExecutor&) = delete;
+
+  // Queues `task`; false (and `task` dropped) once stop() has begun.
+  bool post(std::function<void()> task);
+
+  // Refuses new tasks, runs the queued ones, joins the thread. Idempotent.
+  void stop();
+
+  // True on the executor's own thread.
+  bool in_thread() const;
+
+ private:
+  void run();
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace tether::backends::internal
+
+#endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_SERIAL_EXECUTOR_H_

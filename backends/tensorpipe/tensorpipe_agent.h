@@ -1,0 +1,49 @@
+// The tensorpipe backend: agents that talk through libtensorpipe, the
+// default multi-process transport of tether (ARCHITECTURE.md section 2).
+//
+// Each agent owns one tensorpipe::Context with the transports uv (TCP) and
+// shm (shared memory) and the channels basic, cma (cross-memory attach) and
+// mpt (several TCP lanes), registered with priorities so that TensorPipe
+// negotiates the best pair per peer: shm + cma between processes of one
+// host, uv + mpt or basic across hosts. A transport or channel that is not
+// viable on this machine is skipped.
+//
+// At creation the agent listens, publishes its listener's addresses in the
+// group's store under "tether/tensorpipe/<rank>" and waits until every rank
+// has published. Pipes open lazily on the first send to a peer; a peer's
+// requests arrive on the pipes it opened to us, and each response goes back
+// on the pipe its request came on. A broken pipe fails the requests pending
+// on it with UNAVAILABLE and is dropped, so the next send reconnects. When
+// tensorpipe fails the listener (it does so when an incoming connection dies
+// before its first packet, e.g. a peer crashing while it connects), the
+// agent listens again on the addresses it published.
+//
+// Settings (AgentSetup::settings; an unknown "tensorpipe.*" key or a bad
+// value is INVALID_ARGUMENT):
+//   tensorpipe.transports     comma list of "uv", "shm"     (default "uv,shm")
+//   tensorpipe.channels       comma list of "basic", "cma", "mpt", "xth"
+//                             (default "basic,cma,mpt"; xth only helps
+//                             agents of one process)
+//   tensorpipe.mpt_lanes      TCP lanes of the mpt channel, 1..64 (default 2)
+//   tensorpipe.address        IP address or network interface to listen on
+//                             (default "127.0.0.1")
+//   tensorpipe.init_timeout_ms  how long creation waits for every rank's
+//                             address (default 60000)
+//
+// Threads: tensorpipe's own threads run the request handler and complete
+// send() futures; the agent adds one thread that makes the calls into
+// tensorpipe for its callers (so tensorpipe never borrows a user's thread)
+// and one timer thread. join() is the store barrier of core/join.
+#ifndef TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
+#define TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
+
+#include "core/backend_registry.h"
+
+namespace tether::backends {
+
+// The backend named "tensorpipe", for a BackendRegistry.
+Backend tensorpipe_backend();
+
+}  // namespace tether::backends
+
+#endif  // TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_

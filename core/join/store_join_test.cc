@@ -1,0 +1,227 @@
+#include "core/join/store_join.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/synchronization/mutex.h>
+#include <absl/synchronization/notification.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <vector>
+
+#include "testing/status_matchers.h"
+
+namespace tether::join {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+constexpr absl::Duration kBound = absl::Seconds(30);
+
+std::shared_ptr<c10d::Store> make_store() {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  return std::shared_ptr<c10d::Store>(store.get(), [store](c10d::Store*) {});
+}
+
+// An agent's traffic, set by the test.
+class FakeAgent {
+ public:
+  void set_outgoing(int64_t n) {
+    absl::MutexLock lock(&mu_);
+    outgoing_ = n;
+  }
+  void set_incoming(int64_t n) {
+    absl::MutexLock lock(&mu_);
+    incoming_ = n;
+  }
+  // Notified once the barrier first asks this agent to drain.
+  absl::Notification& asked_to_drain() { return asked_; }
+
+  DrainHooks hooks() {
+    DrainHooks hooks;
+    hooks.wait_outgoing_drained = [this](absl::Time deadline) {
+      if (!asked_.HasBeenNotified()) asked_.Notify();
+      absl::MutexLock lock(&mu_);
+      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return outgoing_ == 0;
+      };
+      return mu_.AwaitWithDeadline(absl::Condition(&drained), deadline);
+    };
+    hooks.active_count = [this] {
+      absl::MutexLock lock(&mu_);
+      return outgoing_ + incoming_;
+    };
+    return hooks;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t outgoing_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Notification asked_;
+};
+
+// `size` workers sharing one store, each joining on its own thread.
+class Group {
+ public:
+  explicit Group(int size, std::shared_ptr<c10d::Store> store = make_store())
+      : store_(std::move(store)), agents_(size), results_(size) {
+    for (int rank = 0; rank < size; ++rank) {
+      joins_.push_back(std::make_unique<StoreJoin>(store_, "test", rank, size));
+    }
+  }
+
+  ~Group() { wait(); }
+
+  c10d::Store& store() { return *store_; }
+  FakeAgent& agent(int rank) { return agents_[rank]; }
+
+  // Starts join() on every rank in `ranks`.
+  void join(const std::vector<int>& ranks, absl::Duration timeout = kBound) {
+    for (int rank : ranks) {
+      threads_.emplace_back([this, rank, timeout] {
+        results_[rank] = joins_[rank]->join(agents_[rank].hooks(), timeout);
+        ++finished_;
+      });
+    }
+  }
+
+  void join_all(absl::Duration timeout = kBound) {
+    std::vector<int> ranks;
+    for (int rank = 0; rank < static_cast<int>(agents_.size()); ++rank) {
+      ranks.push_back(rank);
+    }
+    join(ranks, timeout);
+  }
+
+  // Waits for every started join() to return.
+  void wait() {
+    for (std::thread& thread : threads_) thread.join();
+    threads_.clear();
+  }
+
+  int finished() const { return finished_.load(); }
+  const absl::Status& result(int rank) const { return results_[rank]; }
+
+  // True once some worker arrived at `round` (the barrier got that far).
+  bool reached_round(int round) {
+    try {
+      store_->wait(
+          {absl::StrCat("tether/join/test/", round, "/arrived")},
+          std::chrono::milliseconds(absl::ToInt64Milliseconds(kBound)));
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
+ private:
+  std::shared_ptr<c10d::Store> store_;
+  std::vector<FakeAgent> agents_;
+  std::vector<std::unique_ptr<StoreJoin>> joins_;
+  std::vector<absl::Status> results_;
+  std::vector<std::thread> threads_;
+  std::atomic<int> finished_{0};
+};
+
+TEST(StoreJoin, IdleWorkersLeaveInTheFirstRound) {
+  Group group(4);
+  group.join_all();
+  group.wait();
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(group.result(rank), IsOk()) << "rank " << rank;
+  }
+  EXPECT_EQ(group.store().add("tether/join/test/0/arrived", 0), 4);
+  EXPECT_FALSE(group.store().check({"tether/join/test/1/arrived"}));
+}
+
+TEST(StoreJoin, SingleWorkerJoinsAlone) {
+  Group group(1);
+  group.join_all();
+  group.wait();
+  EXPECT_THAT(group.result(0), IsOk());
+}
+
+TEST(StoreJoin, WaitsForEveryWorkersOutgoingRequests) {
+  Group group(3);
+  group.agent(0).set_outgoing(1);
+  group.join_all();
+  group.agent(0).asked_to_drain().WaitForNotificationWithTimeout(kBound);
+  // Ranks 1 and 2 are held at the barrier by rank 0's pending request.
+  EXPECT_EQ(group.finished(), 0);
+  group.agent(0).set_outgoing(0);
+  group.wait();
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(group.result(rank), IsOk()) << "rank " << rank;
+  }
+}
+
+TEST(StoreJoin, KeepsGoingWhileAnyWorkerHandlesARequest) {
+  Group group(3);
+  group.agent(2).set_incoming(1);
+  group.join_all();
+  // The sum stays 1, so the group goes round after round.
+  ASSERT_TRUE(group.reached_round(2));
+  EXPECT_EQ(group.finished(), 0);
+  group.agent(2).set_incoming(0);
+  group.wait();
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(group.result(rank), IsOk()) << "rank " << rank;
+  }
+  // Finished rounds are cleaned up behind the group.
+  EXPECT_FALSE(group.store().check({"tether/join/test/0/arrived"}));
+}
+
+TEST(StoreJoin, TimesOutNamingHowManyWorkersArrived) {
+  Group group(3);
+  group.join({0, 1}, absl::Milliseconds(200));
+  group.wait();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(group.result(rank),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("2 of 3 workers arrived")));
+  }
+}
+
+TEST(StoreJoin, TimesOutWhenOutgoingRequestsNeverFinish) {
+  Group group(2);
+  group.agent(1).set_outgoing(3);
+  group.join_all(absl::Milliseconds(200));
+  group.wait();
+  EXPECT_THAT(group.result(1), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                        HasSubstr("requests pending")));
+  EXPECT_THAT(group.result(0), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                        HasSubstr("1 of 2 workers arrived")));
+}
+
+TEST(StoreJoin, RepeatedJoinsStayInStep) {
+  Group group(3);
+  for (int i = 0; i < 3; ++i) {
+    group.join_all();
+    group.wait();
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_THAT(group.result(rank), IsOk())
+          << "join " << i << " rank " << rank;
+    }
+  }
+  EXPECT_TRUE(group.store().check({"tether/join/test/2/arrived"}));
+}
+
+TEST(StoreJoin, ScopesDoNotMix) {
+  std::shared_ptr<c10d::Store> store = make_store();
+  StoreJoin a(store, "a", 0, 1);
+  StoreJoin b(store, "b", 0, 2);  // would wait for a second worker
+  FakeAgent agent;
+  EXPECT_THAT(a.join(agent.hooks(), kBound), IsOk());
+  EXPECT_THAT(b.join(agent.hooks(), absl::Milliseconds(50)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+}  // namespace
+}  // namespace tether::join
