@@ -6,6 +6,7 @@
 // through env:// and shut down gracefully at the end.
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
+#include <absl/synchronization/notification.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -41,6 +42,17 @@ at::Tensor add_via(const std::string& to, const at::Tensor& a,
 
 at::Tensor identity(const at::Tensor& x) { return x; }
 
+// Lets a worker wait, with a deadline, until a peer says it may stop.
+absl::Notification& released() {
+  static auto* notification = new absl::Notification;
+  return *notification;
+}
+
+int64_t release() {
+  released().Notify();
+  return 0;
+}
+
 // Fires the next hop asynchronously and returns at once: the chain outlives
 // the call that started it, and graceful shutdown must still drain it.
 int64_t chain(int64_t hops) {
@@ -62,6 +74,7 @@ TORCH_LIBRARY(tether_scenario, m) {
   m.def("add_via(str to, Tensor a, Tensor b) -> Tensor", &add_via);
   m.def("identity(Tensor x) -> Tensor", &identity);
   m.def("chain(int hops) -> int", &chain);
+  m.def("release() -> int", &release);
 }
 
 }  // namespace
@@ -198,8 +211,37 @@ TEST(Scenarios, GracefulShutdownDrainsADetachedChain) {
   });
 }
 
+TEST(Scenarios, UnevenWorkloadIsDrainedBeforeShutdown) {
+  ::tether::testing::run_in_processes(3, [](int rank, int world) {
+    init(rank, world);
+    if (rank == 0) {
+      // Load worker 1 first, then worker 2 with slow calls still running
+      // when everyone reaches shutdown: worker 2 must not stop early.
+      std::vector<Future<c10::IValue>> calls;
+      for (int i = 0; i < 50; ++i) {
+        calls.push_back(rpc_async(name_of(1), "aten::add.Tensor",
+                                  {at::ones({8}), at::ones({8})}));
+      }
+      for (auto& call : calls) ASSERT_THAT(call.get(), IsOk());
+      calls.clear();
+      for (int i = 0; i < 4; ++i) {
+        calls.push_back(
+            rpc_async(name_of(2), "tether_scenario::slow", {int64_t{500}}));
+      }
+      EXPECT_THAT(shutdown(), IsOk());
+      for (auto& call : calls) {
+        absl::StatusOr<c10::IValue> r = call.get();
+        ASSERT_THAT(r, IsOk());
+        EXPECT_EQ(r->toInt(), 500);
+      }
+      return;
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
 TEST(Scenarios, KilledWorkerFailsCallsInBoundedTime) {
-  ::tether::testing::run_in_processes(2, [](int rank, int world) {
+  ::tether::testing::run_in_processes(3, [](int rank, int world) {
     init(rank, world);
     if (rank == 1) {
       // Dies mid-call, holding a call from rank 0.
@@ -210,11 +252,34 @@ TEST(Scenarios, KilledWorkerFailsCallsInBoundedTime) {
       std::this_thread::sleep_for(std::chrono::seconds(60));
       return;
     }
-    absl::Time start = absl::Now();
-    absl::StatusOr<c10::IValue> r = rpc_sync(name_of(1), "tether_scenario::slow",
-                                             {int64_t{30000}});
-    EXPECT_THAT(r, StatusIs(absl::StatusCode::kUnavailable));
-    EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+    if (rank == 0) {
+      absl::Time start = absl::Now();
+      absl::StatusOr<c10::IValue> r = rpc_sync(
+          name_of(1), "tether_scenario::slow", {int64_t{30000}});
+      absl::Duration took = absl::Now() - start;
+      EXPECT_THAT(r, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
+      // The call began ~300 ms before the kill; the loss shows at once.
+      EXPECT_LT(took, absl::Seconds(5));
+      std::printf("call to the killed worker failed after %s\n",
+                  absl::FormatDuration(took).c_str());
+      // Later calls to it fail fast too; the survivors keep working.
+      EXPECT_THAT(rpc_sync(name_of(1), "aten::add.Tensor",
+                           {at::ones({2}), at::ones({2})}),
+                  StatusIs(absl::StatusCode::kUnavailable));
+      absl::StatusOr<c10::IValue> alive = rpc_sync(
+          name_of(2), "aten::add.Tensor", {at::ones({2}), at::ones({2})});
+      ASSERT_THAT(alive, IsOk());
+      // Tell rank 2 it may stop: it serves until this call. It may stop
+      // before its answer leaves, so a lost connection is fine here.
+      absl::StatusOr<c10::IValue> told =
+          rpc_sync(name_of(2), "tether_scenario::release", {});
+      EXPECT_TRUE(told.ok() ||
+                  told.status().code() == absl::StatusCode::kUnavailable)
+          << told.status();
+    } else {
+      EXPECT_TRUE(released().WaitForNotificationWithTimeout(absl::Seconds(60)));
+    }
+    // The group lost a member: the survivors stop without the barrier.
     EXPECT_THAT(shutdown(/*graceful=*/false), IsOk());
   }, absl::Seconds(120), /*may_die=*/{1});
 }
