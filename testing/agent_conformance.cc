@@ -1,18 +1,14 @@
 #include "testing/agent_conformance.h"
 
 #include <absl/strings/str_cat.h>
-#include <absl/synchronization/mutex.h>
-#include <absl/synchronization/notification.h>
-#include <c10/core/CPUAllocator.h>
 #include <gmock/gmock.h>
 
 #include <atomic>
-#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
 
-#include "core/rendezvous.h"
+#include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
 namespace tether::testing {
@@ -20,106 +16,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr absl::Duration kBound = absl::Seconds(30);
-
-c10::Storage make_storage(size_t nbytes, uint8_t seed) {
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
-                       c10::GetCPUAllocator(), /*resizable=*/false);
-  auto* data = static_cast<uint8_t*>(storage.data());
-  for (size_t i = 0; i < nbytes; ++i) data[i] = static_cast<uint8_t>(seed + i * 31);
-  return storage;
-}
-
-bool storage_matches(const c10::Storage& storage, size_t nbytes,
-                     uint8_t seed) {
-  if (storage.nbytes() != nbytes) return false;
-  const auto* data = static_cast<const uint8_t*>(storage.data());
-  for (size_t i = 0; i < nbytes; ++i) {
-    if (data[i] != static_cast<uint8_t>(seed + i * 31)) return false;
-  }
-  return true;
-}
-
-// An echo: PING -> PONG with the same payload (suffixed) and storages.
-Future<Message> echo(Message request) {
-  Message response;
-  response.type = MessageType::kPong;
-  response.payload = request.payload + "/pong";
-  response.storages = std::move(request.storages);
-  return Future<Message>::ready(std::move(response));
-}
-
-Message ping(std::string payload) {
-  Message message;
-  message.type = MessageType::kPing;
-  message.payload = std::move(payload);
-  return message;
-}
-
-// `size` agents of the backend under test, meeting in one process.
-class Group {
- public:
-  Group(const Backend& backend, int size) {
-    static std::atomic<int> counter{0};
-    const std::string init_method =
-        absl::StrCat("memory://conformance_", counter++, "_", getpid());
-    agents_.resize(size);
-    std::vector<absl::Status> errors(size);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < size; ++rank) {
-      threads.emplace_back([&, rank] {
-        absl::StatusOr<RendezvousResult> group =
-            rendezvous(init_method, absl::StrCat("agent", rank), rank, size,
-                       kBound);
-        if (!group.ok()) {
-          errors[rank] = group.status();
-          return;
-        }
-        AgentSetup setup;
-        setup.self = group->self;
-        setup.workers = group->workers;
-        setup.store = group->store;
-        setup.group_key = group->group_key;
-        absl::StatusOr<std::unique_ptr<Agent>> agent =
-            backend.create(std::move(setup));
-        if (!agent.ok()) {
-          errors[rank] = agent.status();
-          return;
-        }
-        agents_[rank] = std::move(*agent);
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
-    for (const absl::Status& error : errors) {
-      EXPECT_THAT(error, IsOk());
-    }
-  }
-
-  ~Group() {
-    for (auto& agent : agents_) {
-      if (agent) agent->shutdown();
-    }
-  }
-
-  bool ok() const {
-    for (const auto& agent : agents_) {
-      if (!agent) return false;
-    }
-    return true;
-  }
-
-  Agent& operator[](int rank) { return *agents_[rank]; }
-
-  void start_all(const RequestHandler& handler) {
-    for (auto& agent : agents_) ASSERT_THAT(agent->start(handler), IsOk());
-  }
-
- private:
-  std::vector<std::unique_ptr<Agent>> agents_;
-};
-
 TEST_P(AgentConformance, RequestAndResponseCarryPayloadAndStorages) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   Message request = ping("hello");
@@ -138,7 +36,7 @@ TEST_P(AgentConformance, RequestAndResponseCarryPayloadAndStorages) {
 }
 
 TEST_P(AgentConformance, SendToSelf) {
-  Group group(GetParam().backend(), 1);
+  AgentGroup group(GetParam().backend(), 1);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   absl::StatusOr<Message> response =
@@ -148,7 +46,7 @@ TEST_P(AgentConformance, SendToSelf) {
 }
 
 TEST_P(AgentConformance, WorkerInfosInRankOrder) {
-  Group group(GetParam().backend(), 3);
+  AgentGroup group(GetParam().backend(), 3);
   ASSERT_TRUE(group.ok());
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(group[rank].self().id, rank);
@@ -158,7 +56,7 @@ TEST_P(AgentConformance, WorkerInfosInRankOrder) {
 }
 
 TEST_P(AgentConformance, ManyRequestsInFlightBothWays) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   constexpr int kCalls = 1000;
@@ -181,7 +79,7 @@ TEST_P(AgentConformance, ManyRequestsInFlightBothWays) {
 }
 
 TEST_P(AgentConformance, LargeStorageRoundTrip) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   constexpr size_t kBytes = 64 << 20;
@@ -195,7 +93,7 @@ TEST_P(AgentConformance, LargeStorageRoundTrip) {
 }
 
 TEST_P(AgentConformance, HandlerErrorReachesSenderWithCodeAndText) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all([](Message) {
     return Future<Message>::ready(
@@ -208,7 +106,7 @@ TEST_P(AgentConformance, HandlerErrorReachesSenderWithCodeAndText) {
 }
 
 TEST_P(AgentConformance, UnknownPeerIsUnavailable) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   absl::StatusOr<Message> response =
@@ -216,45 +114,8 @@ TEST_P(AgentConformance, UnknownPeerIsUnavailable) {
   EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
 }
 
-// A handler whose responses the test releases when it chooses.
-class HeldResponses {
- public:
-  Future<Message> hold(Message request) {
-    Promise<Message> promise;
-    absl::MutexLock lock(&mu_);
-    held_.push_back({promise, std::move(request)});
-    return promise.future();
-  }
-
-  void wait_for(size_t count) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return held_.size() >= count;
-    };
-    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&enough), kBound));
-  }
-
-  void release_all() {
-    std::vector<std::pair<Promise<Message>, Message>> held;
-    {
-      absl::MutexLock lock(&mu_);
-      held.swap(held_);
-    }
-    for (auto& [promise, request] : held) {
-      Message response;
-      response.type = MessageType::kPong;
-      response.payload = request.payload + "/late";
-      promise.set(std::move(response));
-    }
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::pair<Promise<Message>, Message>> held_ ABSL_GUARDED_BY(mu_);
-};
-
 TEST_P(AgentConformance, TimeoutFailsWithDeadlineExceeded) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   auto held = std::make_shared<HeldResponses>();
   group.start_all([held](Message request) { return held->hold(std::move(request)); });
@@ -278,7 +139,7 @@ TEST_P(AgentConformance, TimeoutFailsWithDeadlineExceeded) {
 }
 
 TEST_P(AgentConformance, ShutdownCancelsPendingAndLaterSends) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   auto held = std::make_shared<HeldResponses>();
   group.start_all([held](Message request) { return held->hold(std::move(request)); });
@@ -301,7 +162,7 @@ TEST_P(AgentConformance, ShutdownCancelsPendingAndLaterSends) {
 }
 
 TEST_P(AgentConformance, JoinWaitsForRequestsInFlight) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   auto held = std::make_shared<HeldResponses>();
   group.start_all([held](Message request) { return held->hold(std::move(request)); });
@@ -327,7 +188,7 @@ TEST_P(AgentConformance, JoinWaitsForRequestsInFlight) {
 }
 
 TEST_P(AgentConformance, JoinTimesOutWhenAPeerNeverJoins) {
-  Group group(GetParam().backend(), 2);
+  AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   EXPECT_THAT(group[0].join(absl::Milliseconds(200)),

@@ -202,6 +202,8 @@ int main(int argc, char** argv) {
   const std::vector<Variant> variants = {
       {"tensorpipe uv (TCP)", "tensorpipe",
        {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "basic"}}},
+      {"tensorpipe uv + cma", "tensorpipe",
+       {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "cma"}}},
       {"tensorpipe shm", "tensorpipe",
        {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "basic"}}},
       {"tensorpipe negotiated", "tensorpipe", {}},

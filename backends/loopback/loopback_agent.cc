@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/internal/check.h"
+#include "core/internal/pending_requests.h"
 #include "core/internal/timer.h"
 
 namespace tether::backends {
@@ -120,7 +121,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
       : self_(std::move(self)),
         hub_(std::move(hub)),
         loop_(loop),
-        timers_(timers) {}
+        pending_(timers) {}
 
   const WorkerInfo& self() const { return self_; }
   Hub& hub() { return *hub_; }
@@ -133,41 +134,25 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   Future<Message> send(const WorkerInfo& to, Message request,
                        absl::Duration timeout) {
     std::shared_ptr<Endpoint> target = hub_->find(to.name);
-    Promise<Message> promise;
-    Future<Message> future = promise.future();
-    int64_t id;
+    absl::StatusOr<internal::PendingRequests::Request> pending;
     {
       absl::MutexLock lock(&mu_);
       if (closed_) {
-        promise.set(absl::CancelledError(absl::StrCat(
+        return Future<Message>::ready(absl::CancelledError(absl::StrCat(
             "worker '", self_.name, "' has shut down; cannot send ",
             message_type_name(request.type), " to '", to.name, "'")));
-        return future;
       }
       if (target == nullptr) {
-        promise.set(absl::UnavailableError(absl::StrCat(
-            "worker '", to.name, "' is not reachable from '", self_.name,
-            "' over loopback")));
-        return future;
+        return Future<Message>::ready(absl::UnavailableError(
+            absl::StrCat("worker '", to.name, "' is not reachable from '",
+                         self_.name, "' over loopback")));
       }
-      id = next_id_++;
-      pending_[id] = Pending{promise, 0};
+      // Under mu_, so that close() fails it.
+      pending =
+          pending_.add(timeout, absl::StrCat("request to '", to.name, "'"));
     }
-    if (timeout != absl::InfiniteDuration()) {
-      std::weak_ptr<Endpoint> weak = weak_from_this();
-      TimerQueue::Id timer = timers_->schedule(
-          absl::Now() + timeout, [weak, id, timeout, to_name = to.name] {
-            if (auto self = weak.lock()) {
-              self->complete_pending(
-                  id, absl::DeadlineExceededError(absl::StrCat(
-                          "request to '", to_name, "' timed out after ",
-                          absl::FormatDuration(timeout))));
-            }
-          });
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(id);
-      if (it != pending_.end()) it->second.timer = timer;
-    }
+    if (!pending.ok()) return Future<Message>::ready(pending.status());
+    const int64_t id = pending->id;
     request.id = id;
     hub_->request_started();
     auto copy = std::make_shared<Message>(copy_message(request));
@@ -179,33 +164,21 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
       deliver_response(id, absl::UnavailableError(absl::StrCat(
                                "worker '", to.name, "' has shut down")));
     }
-    return future;
+    return std::move(pending->response);
   }
 
   void close() {
-    absl::flat_hash_map<int64_t, Pending> pending;
     {
       absl::MutexLock lock(&mu_);
       if (closed_) return;
       closed_ = true;
-      pending.swap(pending_);
     }
     hub_->remove(self_.name);
-    for (auto& [id, entry] : pending) {
-      timers_->cancel(entry.timer);
-      entry.promise.set(absl::CancelledError(absl::StrCat(
-          "worker '", self_.name, "' shut down with the request pending")));
-    }
+    pending_.cancel_all(absl::CancelledError(absl::StrCat(
+        "worker '", self_.name, "' shut down with the request pending")));
   }
 
  private:
-  using TimerQueue = internal::TimerQueue;
-
-  struct Pending {
-    Promise<Message> promise;
-    TimerQueue::Id timer = 0;
-  };
-
   // Runs `fn` on this endpoint's loop; false once closed.
   bool post(std::function<void()> fn) {
     absl::MutexLock lock(&mu_);
@@ -246,24 +219,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
     std::shared_ptr<Endpoint> self = shared_from_this();
     bool posted = post([self, id, shared] {
       self->hub_->request_finished();
-      self->complete_pending(id, std::move(*shared));
+      self->pending_.complete(id, std::move(*shared));
     });
     // A closed endpoint already failed its pending requests.
     if (!posted) hub_->request_finished();
-  }
-
-  // Completes pending request `id` with `result`, if still pending.
-  void complete_pending(int64_t id, absl::StatusOr<Message> result) {
-    Pending entry;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      entry = std::move(it->second);
-      pending_.erase(it);
-    }
-    timers_->cancel(entry.timer);
-    entry.promise.set(std::move(result));
   }
 
   const WorkerInfo self_;
@@ -271,10 +230,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   absl::Mutex mu_;
   RequestHandler handler_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   c10::ThreadPool* const loop_;
-  TimerQueue* const timers_;
+  internal::PendingRequests pending_;
 };
 
 class LoopbackAgent final : public Agent {

@@ -36,6 +36,7 @@
 
 #include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/serial_executor.h"
+#include "core/internal/pending_requests.h"
 #include "core/internal/timer.h"
 #include "core/join/store_join.h"
 
@@ -46,6 +47,7 @@ using internal::FrameKind;
 using internal::IncomingFrame;
 using internal::OutgoingFrame;
 using internal::SerialExecutor;
+using tether::internal::PendingRequests;
 using tether::internal::TimerQueue;
 
 constexpr char kBackendName[] = "tensorpipe";
@@ -269,12 +271,12 @@ std::map<std::string, std::string> decode_addresses(absl::string_view text) {
 
 // ------------------------------------------------------------ thread marks
 
-// Which agent's tensorpipe callback, io task, timer callback or request
-// handler this thread is running (nullptr: none). They decide whether a
-// call may go straight to tensorpipe and what shutdown() can wait for.
+// Which agent's tensorpipe callback, io task or request handler this thread
+// is running (nullptr: none). They decide whether a call may go straight to
+// tensorpipe and what shutdown() can wait for. (Timer callbacks are told by
+// TimerQueue::running_owner().)
 thread_local const void* t_tp_callback_of = nullptr;
 thread_local const void* t_io_task_of = nullptr;
-thread_local const void* t_timer_of = nullptr;
 thread_local const void* t_handler_of = nullptr;
 
 class Mark {
@@ -305,7 +307,8 @@ class State : public std::enable_shared_from_this<State> {
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         io_(std::make_unique<SerialExecutor>()),
-        timers_(std::make_unique<TimerQueue>()) {
+        timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
+        pending_(timers_.get()) {
     for (const WorkerInfo& worker : workers_) {
       rank_by_name_[worker.name] = worker.id;
     }
@@ -330,18 +333,14 @@ class State : public std::enable_shared_from_this<State> {
 
  private:
   struct ClientPipe {
-    ClientPipe(int rank, std::shared_ptr<::tensorpipe::Pipe> pipe)
-        : rank(rank), pipe(std::move(pipe)) {}
+    ClientPipe(int rank, std::shared_ptr<::tensorpipe::Pipe> pipe,
+               PendingRequests::Connection connection)
+        : rank(rank), pipe(std::move(pipe)), connection(connection) {}
     const int rank;
     const std::shared_ptr<::tensorpipe::Pipe> pipe;
-    // Requests written (or being written) on this pipe; under State::mu_.
-    absl::flat_hash_set<int64_t> ids;
-  };
-
-  struct Pending {
-    std::optional<Promise<Message>> promise;
-    TimerQueue::Id timer = 0;
-    std::shared_ptr<ClientPipe> pipe;  // once written
+    // What the requests written (or being written) on this pipe are bound
+    // to in pending_.
+    const PendingRequests::Connection connection;
   };
 
   // A request that arrived before start().
@@ -408,8 +407,6 @@ class State : public std::enable_shared_from_this<State> {
                               const ::tensorpipe::Descriptor& descriptor);
   void on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
                             absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
-  void complete_pending(int64_t id, absl::StatusOr<Message> result)
-      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Server side.
   void accept_next(std::shared_ptr<::tensorpipe::Listener> listener);
@@ -463,10 +460,9 @@ class State : public std::enable_shared_from_this<State> {
   std::shared_ptr<absl::Notification> finisher_done_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
   std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::shared_ptr<ClientPipe>> client_pipes_
       ABSL_GUARDED_BY(mu_);
+  PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<std::shared_ptr<::tensorpipe::Pipe>> server_pipes_
       ABSL_GUARDED_BY(mu_);
   // Requests received and not yet answered (for join).
@@ -480,6 +476,9 @@ class State : public std::enable_shared_from_this<State> {
   std::vector<std::string> listening_urls_;
   std::unique_ptr<SerialExecutor> io_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<TimerQueue> timers_ ABSL_GUARDED_BY(mu_);
+  // Our requests awaiting their responses. Uses timers_ until shutdown()
+  // has cancelled it.
+  PendingRequests pending_;
 };
 
 // --------------------------------------------------------------- creation
@@ -685,47 +684,32 @@ bool State::post_io(std::function<void(State&)> task) {
 
 Future<Message> State::send(const WorkerInfo& to, Message request,
                             absl::Duration timeout) {
-  Promise<Message> promise;
-  Future<Message> future = promise.future();
   auto peer = rank_by_name_.find(to.name);
-  int64_t id = 0;
+  absl::StatusOr<PendingRequests::Request> pending;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
-      promise.set(absl::CancelledError(absl::StrCat(
+      return Future<Message>::ready(absl::CancelledError(absl::StrCat(
           "worker '", self_.name, "' has shut down; cannot send ",
           message_type_name(request.type), " to '", to.name, "'")));
-      return future;
     }
     if (peer == rank_by_name_.end()) {
-      promise.set(absl::UnavailableError(
+      return Future<Message>::ready(absl::UnavailableError(
           absl::StrCat("worker '", to.name, "' is not in the group of worker '",
                        self_.name, "'")));
-      return future;
     }
     if (!peer_urls_[peer->second].has_value()) {
-      promise.set(absl::UnavailableError(absl::StrCat(
+      return Future<Message>::ready(absl::UnavailableError(absl::StrCat(
           "worker '", to.name, "' shares no tensorpipe transport with '",
           self_.name, "'")));
-      return future;
     }
-    id = next_id_++;
-    Pending& entry = pending_[id];
-    entry.promise = promise;
-    if (timeout != absl::InfiniteDuration()) {
-      std::string what = absl::StrCat(
-          message_type_name(request.type), " request to worker '", to.name,
-          "' timed out after ", absl::FormatDuration(timeout));
-      entry.timer = timers_->schedule(
-          absl::Now() + timeout,
-          [weak = weak_from_this(), id, what = std::move(what)] {
-            std::shared_ptr<State> state = weak.lock();
-            if (state == nullptr) return;
-            Mark mark(t_timer_of, state.get());
-            state->complete_pending(id, absl::DeadlineExceededError(what));
-          });
-    }
+    // Under mu_, so that shutdown() fails it.
+    pending = pending_.add(timeout,
+                           absl::StrCat(message_type_name(request.type),
+                                        " request to worker '", to.name, "'"));
   }
+  if (!pending.ok()) return Future<Message>::ready(pending.status());
+  const int64_t id = pending->id;
   request.id = id;
   std::shared_ptr<OutgoingFrame> frame =
       internal::make_request_frame(std::move(request));
@@ -738,7 +722,7 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
       state.write_request(rank, id, std::move(frame));
     });
   }
-  return future;
+  return std::move(pending->response);
 }
 
 // Runs in one of our tensorpipe callbacks or on the io thread; only the io
@@ -750,14 +734,14 @@ void State::write_request(int rank, int64_t id,
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
-    auto pending = pending_.find(id);
-    if (pending == pending_.end()) return;  // timed out before it left
     auto it = client_pipes_.find(rank);
     if (it != client_pipes_.end()) {
+      if (!pending_.set_connection(id, it->second->connection)) {
+        return;  // timed out before it left
+      }
       client = it->second;
-      client->ids.insert(id);
-      pending->second.pipe = client;
     } else {
+      if (!pending_.contains(id)) return;  // timed out before it left
       context = context_;
     }
   }
@@ -779,27 +763,25 @@ void State::write_request(int rank, int64_t id,
           *peer_urls_[rank],
           ::tensorpipe::PipeOptions().remoteName(workers_[rank].name));
     } catch (const std::exception& e) {
-      complete_pending(
+      pending_.complete(
           id, absl::UnavailableError(absl::StrCat(
                   "cannot connect to worker '", workers_[rank].name, "' at ",
                   *peer_urls_[rank], ": ", e.what())));
       return;
     }
-    auto fresh = std::make_shared<ClientPipe>(rank, pipe);
     bool inserted = false;
     bool still_pending = false;
     {
       absl::MutexLock lock(&mu_);
       if (!closed_) {
-        auto [it, added] = client_pipes_.emplace(rank, fresh);
+        auto [it, added] = client_pipes_.emplace(rank, nullptr);
+        if (added) {
+          it->second =
+              std::make_shared<ClientPipe>(rank, pipe, next_connection_++);
+        }
         inserted = added;
         client = it->second;
-        auto pending = pending_.find(id);
-        if (pending != pending_.end()) {
-          still_pending = true;
-          client->ids.insert(id);
-          pending->second.pipe = client;
-        }
+        still_pending = pending_.set_connection(id, client->connection);
       }
     }
     if (!inserted) pipe->close();
@@ -856,13 +838,12 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
         }
         state->read_responses(client);
         // A response for an id no longer pending (timed out) is dropped.
-        state->complete_pending(frame->header.id, frame->take_result());
+        state->pending_.complete(frame->header.id, frame->take_result());
       });
 }
 
 void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
                                  absl::string_view what) {
-  std::vector<Promise<Message>> failed;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;  // shutdown() has failed everything
@@ -870,37 +851,13 @@ void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
     if (it != client_pipes_.end() && it->second == client) {
       client_pipes_.erase(it);
     }
-    for (int64_t id : client->ids) {
-      auto pending = pending_.find(id);
-      if (pending == pending_.end()) continue;
-      if (pending->second.timer != 0) timers_->cancel(pending->second.timer);
-      failed.push_back(*std::move(pending->second.promise));
-      pending_.erase(pending);
-    }
-    client->ids.clear();
   }
   client->pipe->close();
-  const std::string message = absl::StrCat(
-      "lost the connection from worker '", self_.name, "' to worker '",
-      workers_[client->rank].name, "' (rank ", client->rank, "): ", what);
-  for (Promise<Message>& promise : failed) {
-    promise.set(absl::UnavailableError(message));
-  }
-}
-
-void State::complete_pending(int64_t id, absl::StatusOr<Message> result) {
-  std::optional<Promise<Message>> promise;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return;
-    Pending& entry = it->second;
-    if (entry.timer != 0 && timers_ != nullptr) timers_->cancel(entry.timer);
-    if (entry.pipe != nullptr) entry.pipe->ids.erase(id);
-    promise = std::move(entry.promise);
-    pending_.erase(it);
-  }
-  promise->set(std::move(result));
+  pending_.fail_connection(
+      client->connection,
+      absl::UnavailableError(absl::StrCat(
+          "lost the connection from worker '", self_.name, "' to worker '",
+          workers_[client->rank].name, "' (rank ", client->rank, "): ", what)));
 }
 
 // ------------------------------------------------------------- server side
@@ -962,7 +919,6 @@ void State::listen_again(int attempt) {
           absl::Now() + kListenAgainPause, [weak = weak_from_this(), attempt] {
             std::shared_ptr<State> state = weak.lock();
             if (state == nullptr) return;
-            Mark mark(t_timer_of, state.get());
             state->post_io(
                 [attempt](State& state) { state.listen_again(attempt + 1); });
           });
@@ -1156,14 +1112,12 @@ absl::Status State::join(absl::Duration timeout) {
     }
   }
   join::DrainHooks hooks;
+  // shutdown() empties pending_.
   hooks.wait_outgoing_drained = [this](absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closed_ || pending_.empty();
-    };
-    return mu_.AwaitWithDeadline(absl::Condition(&drained), deadline);
+    return pending_.wait_until_empty(deadline);
   };
   hooks.active_count = [this] {
+    // Both counts of one instant: incoming_active_ holds still under mu_.
     absl::MutexLock lock(&mu_);
     return static_cast<int64_t>(pending_.size()) + incoming_active_;
   };
@@ -1177,10 +1131,9 @@ absl::Status State::join(absl::Duration timeout) {
 }
 
 void State::shutdown() {
-  const bool on_own_thread =
-      t_tp_callback_of == this || t_io_task_of == this || t_timer_of == this;
+  const bool on_own_thread = t_tp_callback_of == this || t_io_task_of == this ||
+                             TimerQueue::running_owner() == this;
   Resources resources;
-  std::vector<Promise<Message>> cancelled;
   bool first = false;
   std::shared_ptr<absl::Notification> earlier_finisher;
   {
@@ -1197,11 +1150,6 @@ void State::shutdown() {
     }
     if (first) {
       closed_ = true;
-      for (auto& [id, entry] : pending_) {
-        if (entry.timer != 0) timers_->cancel(entry.timer);
-        cancelled.push_back(*std::move(entry.promise));
-      }
-      pending_.clear();
       for (auto& [rank, client] : client_pipes_) {
         resources.pipes.push_back(client->pipe);
       }
@@ -1224,10 +1172,9 @@ void State::shutdown() {
     if (earlier_finisher != nullptr) earlier_finisher->WaitForNotification();
     return;
   }
-  for (Promise<Message>& promise : cancelled) {
-    promise.set(absl::CancelledError(absl::StrCat(
-        "worker '", self_.name, "' shut down with the request pending")));
-  }
+  // Before the timers go (resources.join()).
+  pending_.cancel_all(absl::CancelledError(absl::StrCat(
+      "worker '", self_.name, "' shut down with the request pending")));
   // From here on every pending tensorpipe operation fails; our callbacks see
   // closed_ and do nothing.
   resources.close();

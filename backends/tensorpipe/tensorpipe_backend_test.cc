@@ -1,146 +1,45 @@
 // What is specific to the tensorpipe backend; the Agent contract itself is
 // checked by the conformance suite (tensorpipe_agent_test.cc).
-#include <absl/container/flat_hash_map.h>
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
-#include <absl/synchronization/mutex.h>
 #include <arpa/inet.h>
-#include <c10/core/CPUAllocator.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
 #include <vector>
 
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "core/agent.h"
-#include "core/rendezvous.h"
+#include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
 namespace tether::backends {
 namespace {
 
 using ::testing::HasSubstr;
+using ::tether::testing::echo;
+using ::tether::testing::HeldResponses;
 using ::tether::testing::IsOk;
+using ::tether::testing::kBound;
+using ::tether::testing::make_storage;
+using ::tether::testing::ping;
 using ::tether::testing::StatusIs;
+using ::tether::testing::storage_matches;
+using Settings = ::tether::testing::AgentGroup::Settings;
 
-using Settings = absl::flat_hash_map<std::string, std::string>;
-
-constexpr absl::Duration kBound = absl::Seconds(30);
-
-c10::Storage make_storage(size_t nbytes, uint8_t seed) {
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
-                       c10::GetCPUAllocator(), /*resizable=*/false);
-  auto* data = static_cast<uint8_t*>(storage.data());
-  for (size_t i = 0; i < nbytes; ++i)
-    data[i] = static_cast<uint8_t>(seed + i * 7);
-  return storage;
-}
-
-bool storage_matches(const c10::Storage& storage, size_t nbytes, uint8_t seed) {
-  if (storage.nbytes() != nbytes) return false;
-  const auto* data = static_cast<const uint8_t*>(storage.data());
-  for (size_t i = 0; i < nbytes; ++i) {
-    if (data[i] != static_cast<uint8_t>(seed + i * 7)) return false;
-  }
-  return true;
-}
-
-Message ping(std::string payload) {
-  Message message;
-  message.type = MessageType::kPing;
-  message.payload = std::move(payload);
-  return message;
-}
-
-Future<Message> echo(Message request) {
-  Message response;
-  response.type = MessageType::kPong;
-  response.payload = request.payload + "/pong";
-  response.storages = std::move(request.storages);
-  return Future<Message>::ready(std::move(response));
-}
-
-// `size` tensorpipe agents meeting in this process; `create` says which
-// ranks get an agent (all by default; every rank joins the rendezvous).
-class Group {
+// `size` tensorpipe agents meeting in this process.
+class Group : public ::tether::testing::AgentGroup {
  public:
-  Group(int size, const Settings& settings, std::vector<int> create = {}) {
-    static std::atomic<int> counter{0};
-    const std::string init_method = absl::StrCat(
-        "memory://tensorpipe_backend_test_", counter++, "_", getpid());
-    if (create.empty()) {
-      for (int rank = 0; rank < size; ++rank) create.push_back(rank);
-    }
-    agents_.resize(size);
-    errors_.resize(size);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < size; ++rank) {
-      const bool wanted =
-          std::find(create.begin(), create.end(), rank) != create.end();
-      threads.emplace_back([&, rank, wanted] {
-        absl::StatusOr<RendezvousResult> group = rendezvous(
-            init_method, absl::StrCat("agent", rank), rank, size, kBound);
-        if (!group.ok()) {
-          errors_[rank] = group.status();
-          return;
-        }
-        if (rank == 0) store_ = group->store;
-        if (!wanted) return;
-        AgentSetup setup;
-        setup.self = group->workers[rank];
-        setup.workers = group->workers;
-        setup.store = group->store;
-        setup.group_key = group->group_key;
-        setup.settings = settings;
-        absl::StatusOr<std::unique_ptr<Agent>> agent =
-            tensorpipe_backend().create(std::move(setup));
-        if (!agent.ok()) {
-          errors_[rank] = agent.status();
-          return;
-        }
-        agents_[rank] = std::move(*agent);
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
-  }
-
-  ~Group() {
-    for (auto& agent : agents_) {
-      if (agent) agent->shutdown();
-    }
-  }
-
-  const absl::Status& error(int rank) const { return errors_[rank]; }
-  bool ok() const {
-    for (const auto& error : errors_) {
-      if (!error.ok()) return false;
-    }
-    return true;
-  }
-  Agent& operator[](int rank) { return *agents_[rank]; }
-  c10d::Store& store() { return *store_; }
-
-  void start_all(const RequestHandler& handler) {
-    for (auto& agent : agents_) {
-      if (agent) {
-        ASSERT_THAT(agent->start(handler), IsOk());
-      }
-    }
-  }
-
- private:
-  std::vector<std::unique_ptr<Agent>> agents_;
-  std::vector<absl::Status> errors_;
-  std::shared_ptr<c10d::Store> store_;
+  Group(int size, Settings settings, std::vector<int> create = {})
+      : AgentGroup(tensorpipe_backend(), size, std::move(settings),
+                   std::move(create)) {}
 };
 
 absl::Status create_status(const Settings& settings) {
@@ -257,31 +156,10 @@ TEST(TensorPipeBackend, CreationTimesOutNamingMissingRanks) {
                                        HasSubstr("rank(s) 1, 2")));
 }
 
-// A handler whose responses never come.
-class Holder {
- public:
-  Future<Message> hold(Message) {
-    absl::MutexLock lock(&mu_);
-    held_.emplace_back();
-    return held_.back().future();
-  }
-  void wait_for(size_t count) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return held_.size() >= count;
-    };
-    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&enough), kBound));
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<Promise<Message>> held_ ABSL_GUARDED_BY(mu_);
-};
-
 TEST(TensorPipeBackend, LostPeerFailsPendingRequestsWithUnavailable) {
   Group group(2, {});
   ASSERT_TRUE(group.ok());
-  auto holder = std::make_shared<Holder>();
+  auto holder = std::make_shared<HeldResponses>();
   group.start_all(
       [holder](Message request) { return holder->hold(std::move(request)); });
   std::vector<Future<Message>> pending;

@@ -1,8 +1,16 @@
 #include "core/internal/timer.h"
 
 namespace tether::internal {
+namespace {
 
-TimerQueue::TimerQueue() : thread_([this] { run(); }) {}
+thread_local const void* t_running_owner = nullptr;
+
+}  // namespace
+
+TimerQueue::TimerQueue(const void* owner)
+    : owner_(owner), thread_([this] { run(); }) {}
+
+const void* TimerQueue::running_owner() { return t_running_owner; }
 
 TimerQueue::~TimerQueue() {
   {
@@ -33,6 +41,7 @@ bool TimerQueue::cancel(Id id) {
 }
 
 void TimerQueue::run() {
+  t_running_owner = owner_;
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     absl::Time next = timers_.empty() ? absl::InfiniteFuture()

@@ -1,8 +1,9 @@
 // TimerQueue: runs callbacks at deadlines on one thread of its own.
 //
-// Agents use it to bound every request they send (a pending request fails
-// with DEADLINE_EXCEEDED when its timer fires first). Callbacks run on the
-// timer thread, never inline in schedule(); they must not block.
+// Agents use it, through PendingRequests (pending_requests.h), to bound
+// every request they send (a pending request fails with DEADLINE_EXCEEDED
+// when its timer fires first). Callbacks run on the timer thread, never
+// inline in schedule(); they must not block.
 //
 // Thread safety: all methods may be called from any thread. The destructor
 // drops the callbacks that have not run and joins the thread.
@@ -25,7 +26,9 @@ class TimerQueue {
  public:
   using Id = uint64_t;
 
-  TimerQueue();
+  // `owner` (any address that stands for the owner) marks the timer thread:
+  // see running_owner().
+  explicit TimerQueue(const void* owner = nullptr);
   ~TimerQueue();
   TimerQueue(const TimerQueue&) = delete;
   TimerQueue& operator=(const TimerQueue&) = delete;
@@ -37,8 +40,16 @@ class TimerQueue {
   // Returns true if the timer was pending and will not run.
   bool cancel(Id id);
 
+  // On a queue's thread (in its callbacks), that queue's owner; elsewhere
+  // nullptr. An owner that must not join its timer thread from that thread
+  // (a callback may end up shutting it down) checks this; its own address
+  // is still there to compare with once it has handed the queue off.
+  static const void* running_owner();
+
  private:
   void run();
+
+  const void* const owner_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -58,5 +58,18 @@ TEST(TimerQueue, InfiniteDeadlineSchedulesNothing) {
   EXPECT_EQ(timers.schedule(absl::InfiniteFuture(), [] {}), 0u);
 }
 
+TEST(TimerQueue, RunningOwnerIsTheOwnerOnTheTimerThreadOnly) {
+  int owner = 0;
+  TimerQueue timers(&owner);
+  Promise<const void*> seen;
+  timers.schedule(absl::Now(),
+                  [seen] { seen.set(TimerQueue::running_owner()); });
+  absl::StatusOr<const void*> on_timer_thread =
+      seen.future().get(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(on_timer_thread.ok());
+  EXPECT_EQ(*on_timer_thread, &owner);
+  EXPECT_EQ(TimerQueue::running_owner(), nullptr);
+}
+
 }  // namespace
 }  // namespace tether::internal
