@@ -118,11 +118,15 @@ Worker* Worker::serving() { return serving_worker; }
 absl::Status Worker::shutdown(bool graceful) {
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_) return absl::OkStatus();
-    shut_down_ = true;
+    if (state_ != State::kRunning) return absl::OkStatus();
+    state_ = graceful ? State::kDraining : State::kStopped;
   }
   absl::Status joined = absl::OkStatus();
-  if (graceful) joined = agent_->join(options_.shutdown_timeout);
+  if (graceful) {
+    joined = agent_->join(options_.shutdown_timeout);
+    absl::MutexLock lock(&mu_);
+    state_ = State::kStopped;
+  }
   agent_->shutdown();
   if (!pool_->inThreadPool()) pool_->waitWorkComplete();
   return joined;
@@ -175,7 +179,7 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
                                       Kwargs kwargs, absl::Duration timeout) {
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_) {
+    if (state_ == State::kStopped) {
       return Future<c10::IValue>::ready(absl::CancelledError(absl::StrCat(
           "worker ", describe(agent_->self()),
           " is shut down; cannot call '", fn, "'")));

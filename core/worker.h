@@ -135,7 +135,11 @@ class Worker {
   std::unique_ptr<c10::ThreadPool> pool_;
   std::unique_ptr<Agent> agent_;
   absl::Mutex mu_;
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Running -> (graceful) Draining -> Stopped. While draining, calls still
+  // go out: an operator being served may call onward (A -> B -> C), and the
+  // drain waits for those calls too.
+  enum class State { kRunning, kDraining, kStopped };
+  State state_ ABSL_GUARDED_BY(mu_) = State::kRunning;
 };
 
 }  // namespace tether

@@ -38,6 +38,12 @@ at::Tensor add_via(const std::string& to, const at::Tensor& a,
   return sum->toTensor();
 }
 
+// Sleeps so that the caller's group starts shutting down, then calls onward.
+at::Tensor slow_then_add_via(const std::string& to) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return add_via(to, at::ones({2}), at::ones({2}));
+}
+
 std::string whoami() {
   absl::StatusOr<tether::WorkerInfo> me = tether::get_current_worker_info();
   TORCH_CHECK(me.ok(), me.status().ToString());
@@ -50,6 +56,7 @@ TORCH_LIBRARY(tether_test, m) {
   m.def("slow(int millis) -> int", &slow);
   m.def("add_via(str to, Tensor a, Tensor b) -> Tensor", &add_via);
   m.def("whoami() -> str", &whoami);
+  m.def("slow_then_add_via(str to) -> Tensor", &slow_then_add_via);
 }
 
 }  // namespace
@@ -282,6 +289,24 @@ TEST_F(ThreeWorkers, WorkerInfos) {
   absl::StatusOr<WorkerInfo> info = bob().get_worker_info("alice");
   ASSERT_THAT(info, IsOk());
   EXPECT_EQ(info->id, 0);
+}
+
+// Regression: a worker draining for graceful shutdown still serves calls
+// that call onward (bob's operator calls carol while bob is shutting down).
+TEST_F(ThreeWorkers, NestedCallsStillGoOutWhileDraining) {
+  Future<c10::IValue> slow_then_nested = alice().rpc_async(
+      "bob", "tether_test::slow_then_add_via", {std::string("carol")});
+  // bob (and everyone) starts the graceful shutdown while the call runs.
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(workers_.size());
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = workers_[i]->shutdown(); });
+  }
+  absl::StatusOr<c10::IValue> sum = slow_then_nested.get(absl::Now() + kBound);
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& result : results) EXPECT_THAT(result, IsOk());
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(sum->toTensor(), at::full({2}, 2.0)));
 }
 
 TEST_F(ThreeWorkers, CallsAfterShutdownAreCancelled) {

@@ -218,8 +218,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
     auto shared = std::make_shared<absl::StatusOr<Message>>(std::move(response));
     std::shared_ptr<Endpoint> self = shared_from_this();
     bool posted = post([self, id, shared] {
-      self->hub_->request_finished();
+      // Complete first: a join released by the count must find the
+      // response delivered, not a request to cancel.
       self->pending_.complete(id, std::move(*shared));
+      self->hub_->request_finished();
     });
     // A closed endpoint already failed its pending requests.
     if (!posted) hub_->request_finished();
