@@ -9,7 +9,8 @@
 // percentiles) of `aten::add.Scalar` on a 2-element float tensor, via
 // rpc_sync to rank 1, for each variant in turn: TensorPipe over uv (TCP) only,
 // over shm only, and with TensorPipe's own negotiation (all transports and
-// channels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY) between
+// channels). With --no_tensors the call is a TorchScript `inc(int) -> int`
+// instead (no storage travels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY) between
 // the same two processes. Prints a table and one JSON line.
 #include <ATen/ATen.h>
 #include <absl/strings/numbers.h>
@@ -76,13 +77,14 @@ void die(const std::string& what, const absl::Status& status) {
 
 // One variant: both ranks make a group on its own store port; rank 0 times.
 absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
-                                   int store_port, int calls,
+                                   int store_port, int calls, bool tensors,
                                    const tether::BackendRegistry& registry) {
   tether::RpcOptions options;
   options.backend = variant.backend;
   options.init_method = absl::StrCat("tcp://127.0.0.1:", store_port);
   options.backend_settings = variant.settings;
   options.num_worker_threads = 2;
+  options.scripts = {"def inc(x: int) -> int:\n    return x + 1\n"};
   absl::StatusOr<std::unique_ptr<tether::Worker>> worker = tether::Worker::create(
       absl::StrCat("w", rank), rank, 2, options, registry);
   if (!worker.ok()) return worker.status();
@@ -95,7 +97,8 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
     for (int i = 0; i < warmup + calls; ++i) {
       Clock::time_point start = Clock::now();
       absl::StatusOr<c10::IValue> y =
-          (*worker)->rpc_sync(1, "aten::add.Scalar", {x, 1.0});
+          tensors ? (*worker)->rpc_sync(1, "aten::add.Scalar", {x, 1.0})
+                  : (*worker)->rpc_sync(1, "inc", {int64_t{i}});
       double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
       if (!y.ok()) return y.status();
       if (i >= warmup) samples.push_back(us);
@@ -180,13 +183,18 @@ Result tcp_ping_pong(int rank, int port, int calls) {
 
 int main(int argc, char** argv) {
   int calls = 5000;
+  bool tensors = true;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--calls=", 0) == 0 && absl::SimpleAtoi(arg.substr(8), &calls) &&
         calls > 0) {
       continue;
     }
-    std::fprintf(stderr, "usage: rpc_latency [--calls=N]\n");
+    if (arg == "--no_tensors") {
+      tensors = false;
+      continue;
+    }
+    std::fprintf(stderr, "usage: rpc_latency [--calls=N] [--no_tensors]\n");
     return 2;
   }
   const int rank = env_int("RANK");
@@ -211,14 +219,16 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   for (size_t v = 0; v < variants.size(); ++v) {
     absl::StatusOr<Result> r = run_variant(
-        variants[v], rank, base_port + 1 + static_cast<int>(v), calls, registry);
+        variants[v], rank, base_port + 1 + static_cast<int>(v), calls, tensors,
+        registry);
     if (!r.ok()) die(variants[v].label, r.status());
     results.push_back(*r);
   }
   Result tcp = tcp_ping_pong(rank, base_port + 10, calls);
   if (rank != 0) return 0;
   results.push_back(tcp);
-  std::printf("rpc_sync(aten::add.Scalar, 2 floats) round trip, %d calls each\n",
+  std::printf("rpc_sync(%s) round trip, %d calls each\n",
+              tensors ? "aten::add.Scalar, 2 floats" : "TorchScript inc(int)",
               calls);
   std::printf("%-28s %10s %10s %14s\n", "variant", "p50 us", "p99 us",
               "p50 / raw TCP");

@@ -14,6 +14,7 @@ namespace {
 
 constexpr char kMagic[4] = {'T', 'P', 'F', '1'};
 constexpr size_t kFixedSize = 4 + 1 + 3 + 4 + 4 + 8 + 8 + 4;
+constexpr uint8_t kFlagInline = 1;
 
 template <typename T>
 void put(std::string& out, T value) {
@@ -50,7 +51,8 @@ std::string encode_header(const FrameHeader& header) {
   out.reserve(kFixedSize + 8 * header.storage_sizes.size());
   out.append(kMagic, sizeof(kMagic));
   put<uint8_t>(out, static_cast<uint8_t>(header.kind));
-  out.append(3, '\0');
+  put<uint8_t>(out, header.inline_data ? kFlagInline : 0);
+  out.append(2, '\0');
   put<int32_t>(out, static_cast<int32_t>(header.type));
   put<int32_t>(out, header.code);
   put<int64_t>(out, header.id);
@@ -74,6 +76,11 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
     return malformed(absl::StrCat("unknown kind ", kind));
   }
   header.kind = static_cast<FrameKind>(kind);
+  const uint8_t flags = get<uint8_t>(metadata, 5);
+  if ((flags & ~kFlagInline) != 0) {
+    return malformed(absl::StrCat("unknown flags ", flags));
+  }
+  header.inline_data = (flags & kFlagInline) != 0;
   header.type = static_cast<MessageType>(get<int32_t>(metadata, 8));
   header.code = get<int32_t>(metadata, 12);
   header.id = get<int64_t>(metadata, 16);
@@ -82,7 +89,9 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   if (count > kMaxStorages) {
     return malformed(absl::StrCat(count, " storages"));
   }
-  if (metadata.size() != kFixedSize + 8 * static_cast<size_t>(count)) {
+  const size_t fixed_and_sizes = kFixedSize + 8 * static_cast<size_t>(count);
+  if (metadata.size() < fixed_and_sizes ||
+      (!header.inline_data && metadata.size() != fixed_and_sizes)) {
     return malformed(absl::StrCat("header of ", metadata.size(), " bytes for ",
                                   count, " storages"));
   }
@@ -93,15 +102,40 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   }
   if (is_error && count != 0) return malformed("storages in an error frame");
   header.storage_sizes.reserve(count);
+  uint64_t inline_bytes = header.payload_size;
   for (uint32_t i = 0; i < count; ++i) {
     header.storage_sizes.push_back(get<uint64_t>(metadata, kFixedSize + 8 * i));
+    if (header.inline_data) {
+      if (header.storage_sizes.back() > kInlineLimit) {
+        return malformed("an inline storage over the inline limit");
+      }
+      inline_bytes += header.storage_sizes.back();
+    }
+  }
+  if (header.inline_data &&
+      (header.payload_size > kInlineLimit ||
+       metadata.size() - fixed_and_sizes != inline_bytes)) {
+    return malformed(absl::StrCat("inline frame of ", metadata.size(),
+                                  " bytes does not match its header"));
   }
   return header;
+}
+
+size_t header_size(const FrameHeader& header) {
+  return kFixedSize + 8 * header.storage_sizes.size();
 }
 
 ::tensorpipe::Message OutgoingFrame::to_tensorpipe() const {
   ::tensorpipe::Message message;
   message.metadata = encode_header(header);
+  if (header.inline_data) {
+    message.metadata.append(payload);
+    for (const c10::Storage& storage : storages) {
+      message.metadata.append(static_cast<const char*>(storage.data()),
+                              storage.nbytes());
+    }
+    return message;
+  }
   if (!payload.empty()) {
     ::tensorpipe::Message::Payload entry;
     // tensorpipe only reads from it.
@@ -119,6 +153,16 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   return message;
 }
 
+namespace {
+
+bool fits_inline(const OutgoingFrame& frame) {
+  uint64_t bytes = frame.payload.size();
+  for (const c10::Storage& storage : frame.storages) bytes += storage.nbytes();
+  return bytes <= kInlineLimit;
+}
+
+}  // namespace
+
 std::shared_ptr<OutgoingFrame> make_request_frame(Message request) {
   auto frame = std::make_shared<OutgoingFrame>();
   frame->header.kind = FrameKind::kRequest;
@@ -130,6 +174,7 @@ std::shared_ptr<OutgoingFrame> make_request_frame(Message request) {
   }
   frame->payload = std::move(request.payload);
   frame->storages = std::move(request.storages);
+  frame->header.inline_data = fits_inline(*frame);
   return frame;
 }
 
@@ -152,6 +197,7 @@ std::shared_ptr<OutgoingFrame> make_response_frame(
     }
   }
   frame->header.payload_size = frame->payload.size();
+  frame->header.inline_data = fits_inline(*frame);
   return frame;
 }
 
@@ -173,6 +219,26 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
     const ::tensorpipe::Descriptor& descriptor) {
   absl::StatusOr<FrameHeader> header = decode_header(descriptor.metadata);
   if (!header.ok()) return header.status();
+  if (header->inline_data) {
+    if (!descriptor.payloads.empty() || !descriptor.tensors.empty()) {
+      return malformed("an inline frame with payloads or tensors");
+    }
+    auto frame = std::make_unique<IncomingFrame>();
+    const char* data = descriptor.metadata.data() + header_size(*header);
+    frame->payload.assign(data, header->payload_size);
+    data += header->payload_size;
+    frame->storages.reserve(header->storage_sizes.size());
+    for (uint64_t size : header->storage_sizes) {
+      frame->storages.emplace_back(c10::Storage::use_byte_size_t(),
+                                   static_cast<size_t>(size),
+                                   c10::GetCPUAllocator(),
+                                   /*resizable=*/false);
+      if (size > 0) std::memcpy(frame->storages.back().data(), data, size);
+      data += size;
+    }
+    frame->header = *std::move(header);
+    return frame;
+  }
   const size_t payloads = header->payload_size > 0 ? 1 : 0;
   if (descriptor.payloads.size() != payloads ||
       (payloads == 1 &&

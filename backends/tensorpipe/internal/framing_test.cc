@@ -108,18 +108,20 @@ TEST(Framing, RejectsMalformedHeaders) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
-TEST(Framing, RequestTravelsWithPayloadAndStorages) {
+TEST(Framing, LargeRequestTravelsWithPayloadAndStoragesOutOfBand) {
   Message request;
   request.type = MessageType::kPing;
   request.id = 9;
   request.payload = "hello";
-  request.storages = {storage_of(10, 1), storage_of(0, 0), storage_of(3, 2)};
+  // Over the inline limit, so the storages travel out of band.
+  const size_t big = kInlineLimit + 10;
+  request.storages = {storage_of(big, 1), storage_of(0, 0), storage_of(3, 2)};
   std::shared_ptr<OutgoingFrame> out = make_request_frame(request);
   ::tensorpipe::Message message = out->to_tensorpipe();
   ASSERT_EQ(message.payloads.size(), 1u);
   // The empty storage stays off the wire.
   ASSERT_EQ(message.tensors.size(), 2u);
-  EXPECT_EQ(message.tensors[0].length, 10u);
+  EXPECT_EQ(message.tensors[0].length, big);
   EXPECT_EQ(message.tensors[1].length, 3u);
   // Zero-copy: the tensorpipe message points at the caller's bytes.
   EXPECT_EQ(message.tensors[0].buffer.unwrap<::tensorpipe::CpuBuffer>().ptr,
@@ -135,11 +137,49 @@ TEST(Framing, RequestTravelsWithPayloadAndStorages) {
   EXPECT_EQ(received->id, 9);
   EXPECT_EQ(received->payload, "hello");
   ASSERT_EQ(received->storages.size(), 3u);
-  EXPECT_EQ(received->storages[0].nbytes(), 10u);
+  EXPECT_EQ(received->storages[0].nbytes(), big);
   EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[9], 1);
   EXPECT_EQ(received->storages[1].nbytes(), 0u);
   EXPECT_EQ(static_cast<uint8_t*>(received->storages[2].data())[2], 2);
   EXPECT_NE(received->storages[0].data(), request.storages[0].data());
+}
+
+TEST(Framing, SmallMessageTravelsInlineInTheMetadata) {
+  Message request;
+  request.type = MessageType::kPing;
+  request.id = 4;
+  request.payload = "hello";
+  request.storages = {storage_of(10, 1), storage_of(0, 0), storage_of(3, 2)};
+  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  EXPECT_TRUE(message.payloads.empty());
+  EXPECT_TRUE(message.tensors.empty());
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+      allocate_frame(descriptor_of(message));
+  ASSERT_THAT(in, IsOk());
+  absl::StatusOr<Message> received = (*in)->take_result();
+  ASSERT_THAT(received, IsOk());
+  EXPECT_EQ(received->id, 4);
+  EXPECT_EQ(received->payload, "hello");
+  ASSERT_EQ(received->storages.size(), 3u);
+  EXPECT_EQ(received->storages[0].nbytes(), 10u);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[9], 1);
+  EXPECT_EQ(received->storages[1].nbytes(), 0u);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[2].data())[2], 2);
+}
+
+TEST(Framing, InlineFrameWithWrongLengthIsRejected) {
+  Message request;
+  request.type = MessageType::kPing;
+  request.payload = "hello";
+  request.storages = {storage_of(10, 1)};
+  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  ::tensorpipe::Descriptor descriptor = descriptor_of(message);
+  descriptor.metadata.pop_back();
+  EXPECT_THAT(allocate_frame(descriptor),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  descriptor.metadata += "xy";
+  EXPECT_THAT(allocate_frame(descriptor),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(Framing, EmptyMessageHasNoBuffers) {
@@ -176,7 +216,8 @@ TEST(Framing, ErrorResponseCarriesCodeAndText) {
 TEST(Framing, RejectsDescriptorsThatDisagreeWithTheHeader) {
   Message request;
   request.payload = "abc";
-  request.storages = {storage_of(4, 0)};
+  // Over the inline limit: payload and tensor travel out of band.
+  request.storages = {storage_of(kInlineLimit + 4, 0)};
   ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
   const ::tensorpipe::Descriptor good = descriptor_of(message);
   ASSERT_THAT(allocate_frame(good), IsOk());
