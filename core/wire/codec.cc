@@ -310,6 +310,8 @@ bool matches(const c10::IValue& v, const c10::Type& type) {
       return v.isDevice();
     case c10::TypeKind::TensorType:
       return v.isTensor();
+    case c10::TypeKind::RRefType:
+      return v.isRRef();
     case c10::TypeKind::OptionalType:
       return v.isNone() ||
              matches(v, *type.expectRef<c10::OptionalType>().getElementType());
@@ -344,6 +346,8 @@ bool matches(const c10::IValue& v, const c10::Type& type) {
 
 class Encoder {
  public:
+  explicit Encoder(RRefHook* rrefs) : rrefs_(rrefs) {}
+
   absl::Status value(const c10::IValue& v, pb::Value* out, const Path& path,
                      int depth);
   // Picks each tensor's storage (whole or a compact clone) once the whole
@@ -375,6 +379,10 @@ class Encoder {
   ABSL_ATTRIBUTE_NOINLINE absl::Status dict(const c10::IValue& v, pb::Dict* out,
                                             const Path& path, int depth);
 
+  ABSL_ATTRIBUTE_NOINLINE absl::Status rref(const c10::IValue& v,
+                                            pb::RRef* out, const Path& path);
+
+  RRefHook* const rrefs_;
   std::vector<PendingTensor> pending_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> materialized_;
   std::vector<c10::Storage> storages_;
@@ -406,6 +414,8 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
     out->mutable_device()->set_index(device.index());
   } else if (v.isTensor()) {
     return tensor(v.toTensor(), out->mutable_tensor(), path);
+  } else if (v.isRRef()) {
+    return rref(v, out->mutable_rref(), path);
   } else if (v.isList() || v.isTuple() || v.isGenericDict()) {
     if (depth + 1 > kMaxSupportedDepth) {
       return exhausted("value", path, "nested deeper than ", kMaxSupportedDepth,
@@ -474,6 +484,9 @@ absl::Status Encoder::type(const c10::Type& t, pb::TypeDesc* out,
     case c10::TypeKind::OptionalType:
       out->set_kind(K::KIND_OPTIONAL);
       break;
+    case c10::TypeKind::RRefType:
+      out->set_kind(K::KIND_RREF);
+      break;
     default:
       return invalid(role, path, "unsupported type ", t);
   }
@@ -483,6 +496,26 @@ absl::Status Encoder::type(const c10::Type& t, pb::TypeDesc* out,
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status Encoder::rref(const c10::IValue& v, pb::RRef* out,
+                           const Path& path) {
+  if (rrefs_ == nullptr) {
+    return invalid("rref", path, "an RRef can only be sent by a worker");
+  }
+  absl::StatusOr<RRefForkData> data = rrefs_->fork(v.toRRef());
+  if (!data.ok()) {
+    return absl::Status(data.status().code(),
+                        absl::StrCat("rref at ", path.str(), ": ",
+                                     data.status().message()));
+  }
+  out->set_owner(data->owner);
+  out->set_rref_worker(data->rref_worker);
+  out->set_rref_local(data->rref_local);
+  out->set_fork_worker(data->fork_worker);
+  out->set_fork_local(data->fork_local);
+  out->set_parent(data->parent);
+  return type(*data->type, out->mutable_type(), path, "rref type", 1);
 }
 
 absl::Status Encoder::list(const c10::IValue& v, pb::List* out,
@@ -652,8 +685,9 @@ bool add_ok(int64_t a, int64_t b, int64_t* out) {
 
 class Decoder {
  public:
-  Decoder(const Message& in, const Limits& limits)
+  Decoder(const Message& in, const Limits& limits, RRefHook* rrefs)
       : in_(in),
+        rrefs_(rrefs),
         limits_(limits),
         max_depth_(effective_max_depth(limits.max_depth)) {}
 
@@ -679,12 +713,15 @@ class Decoder {
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::IValue> dict(const pb::Dict& d,
                                                            const Path& path,
                                                            int depth);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::IValue> rref(const pb::RRef& r,
+                                                           const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> tensor(const pb::Tensor& t,
                                                             const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::Device> device(
       const pb::Device& d, const Path& path);
 
   const Message& in_;
+  RRefHook* const rrefs_;
   const Limits& limits_;
   const int max_depth_;
   int64_t values_ = 0;
@@ -737,6 +774,8 @@ absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
       if (!tensor_or.ok()) return tensor_or.status();
       return c10::IValue(*std::move(tensor_or));
     }
+    case pb::Value::kRref:
+      return rref(v.rref(), path);
     case pb::Value::kList:
     case pb::Value::kTuple:
     case pb::Value::kDict:
@@ -780,6 +819,7 @@ absl::StatusOr<c10::TypePtr> Decoder::type(const pb::TypeDesc& t,
       break;
     case K::KIND_LIST:
     case K::KIND_OPTIONAL:
+    case K::KIND_RREF:
       arity = 1;
       break;
     case K::KIND_DICT:
@@ -830,6 +870,8 @@ absl::StatusOr<c10::TypePtr> Decoder::type(const pb::TypeDesc& t,
       return c10::TensorType::get();
     case K::KIND_LIST:
       return c10::ListType::create(contained[0]);
+    case K::KIND_RREF:
+      return c10::RRefType::create(contained[0]);
     case K::KIND_TUPLE:
       return c10::TupleType::create(std::move(contained));
     case K::KIND_DICT:
@@ -848,6 +890,33 @@ absl::StatusOr<c10::TypePtr> Decoder::type(const pb::TypeDesc& t,
       return c10::OptionalType::create(contained[0]);
   }
   return invalid(role, path, "unknown type kind ", kind);  // Unreachable.
+}
+
+absl::StatusOr<c10::IValue> Decoder::rref(const pb::RRef& r,
+                                          const Path& path) {
+  if (has_unknown_fields(r)) return invalid("rref", path, "unknown fields");
+  if (rrefs_ == nullptr) {
+    return invalid("rref", path, "an RRef can only be received by a worker");
+  }
+  if (!r.has_type()) return invalid("rref", path, "no value type");
+  absl::StatusOr<c10::TypePtr> type_or = type(r.type(), path, "rref type", 1);
+  if (!type_or.ok()) return type_or.status();
+  RRefForkData data;
+  data.owner = r.owner();
+  data.rref_worker = r.rref_worker();
+  data.rref_local = r.rref_local();
+  data.fork_worker = r.fork_worker();
+  data.fork_local = r.fork_local();
+  data.parent = r.parent();
+  data.type = *std::move(type_or);
+  absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> local =
+      rrefs_->adopt(data);
+  if (!local.ok()) {
+    return absl::Status(local.status().code(),
+                        absl::StrCat("rref at ", path.str(), ": ",
+                                     local.status().message()));
+  }
+  return c10::IValue(*std::move(local));
 }
 
 absl::StatusOr<c10::IValue> Decoder::list(const pb::List& l, const Path& path,
@@ -1079,12 +1148,12 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
 
 }  // namespace
 
-absl::Status encode(const c10::IValue& value, Message& out) {
+absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs) {
   try {
     google::protobuf::Arena arena;
     auto* envelope =
         google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
-    Encoder encoder;
+    Encoder encoder(rrefs);
     absl::Status s =
         encoder.value(value, envelope->mutable_root(), Path::root(), 0);
     if (!s.ok()) return s;
@@ -1112,7 +1181,8 @@ absl::Status encode(const c10::IValue& value, Message& out) {
   }
 }
 
-absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits) {
+absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
+                                   RRefHook* rrefs) {
   const int64_t payload_size = static_cast<int64_t>(in.payload.size());
   if (payload_size > limits.max_payload_bytes || payload_size > INT_MAX) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -1157,7 +1227,7 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits) {
     if (!envelope->has_root()) {
       return absl::InvalidArgumentError("envelope has no root value");
     }
-    Decoder decoder(in, limits);
+    Decoder decoder(in, limits, rrefs);
     return decoder.value(envelope->root(), Path::root(), 0);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while decoding");

@@ -56,21 +56,53 @@ struct Limits {
 
 // The deepest nesting either direction handles; encode refuses deeper values
 // (RESOURCE_EXHAUSTED) so that a cyclic list cannot overflow the stack.
+// An RRef's wire form. The codec moves it; the RRef layer gives it meaning.
+struct RRefForkData {
+  int32_t owner = -1;
+  // The RRef's global id: the worker that created it and a local number.
+  int32_t rref_worker = -1;
+  int64_t rref_local = -1;
+  // The id of the fork (user reference) this message creates.
+  int32_t fork_worker = -1;
+  int64_t fork_local = -1;
+  // The worker that sent (forked) it.
+  int32_t parent = -1;
+  // The type of the referenced value.
+  c10::TypePtr type;
+};
+
+// The RRef layer's side of the codec (rref/ implements it; core/wire knows
+// no protocol). Called during encode() and decode() on the calling thread.
+class RRefHook {
+ public:
+  virtual ~RRefHook() = default;
+  // An RRef leaving in a message: records the fork and returns its form.
+  [[nodiscard]] virtual absl::StatusOr<RRefForkData> fork(
+      const c10::intrusive_ptr<c10::RRefInterface>& rref) = 0;
+  // An RRef arriving in a message: the local reference it becomes.
+  [[nodiscard]] virtual absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>>
+  adopt(const RRefForkData& data) = 0;
+};
+
 inline constexpr int kMaxSupportedDepth = 256;
 
 // Encodes `value` into out.payload and out.storages, replacing what they held
 // (out.type and out.id are left alone; `out` is untouched on error).
 // INVALID_ARGUMENT names the unsupported kind and where it sits, e.g.
 // "value at root[1][0]: unsupported IValue kind Object".
-[[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out);
+// RRefs in `value` need `rrefs` (INVALID_ARGUMENT without it).
+[[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out,
+                                  RRefHook* rrefs = nullptr);
 
 // Decodes what encode produced. Never crashes on any input: malformed,
 // truncated, inconsistent input is INVALID_ARGUMENT, a limit exceeded is
 // RESOURCE_EXHAUSTED, each with a message naming what was wrong and where
 // (e.g. "tensor at root[1]: storage index 3 out of range (2 storages)").
 // The decoded tensors are views of in.storages (shared, not copied).
+// RRefs in the payload need `rrefs` (INVALID_ARGUMENT without it).
 [[nodiscard]] absl::StatusOr<c10::IValue> decode(
-    const Message& in, const Limits& limits = Limits());
+    const Message& in, const Limits& limits = Limits(),
+    RRefHook* rrefs = nullptr);
 
 }  // namespace tether::wire
 
