@@ -16,6 +16,18 @@ const char* message_type_name(MessageType type) {
       return "PING";
     case MessageType::kPong:
       return "PONG";
+    case MessageType::kRemoteCall:
+      return "REMOTE_CALL";
+    case MessageType::kRRefFetch:
+      return "RREF_FETCH";
+    case MessageType::kRRefUserDelete:
+      return "RREF_USER_DELETE";
+    case MessageType::kRRefForkRequest:
+      return "RREF_FORK_REQUEST";
+    case MessageType::kRRefChildAccept:
+      return "RREF_CHILD_ACCEPT";
+    case MessageType::kAck:
+      return "ACK";
   }
   return "INVALID";
 }

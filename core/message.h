@@ -38,6 +38,13 @@ enum class MessageType : int32_t {
   // Agent-level test and health traffic (the conformance suite): any payload.
   kPing = 4,
   kPong = 5,
+  // The RRef protocol (rref/). Payloads are tuples; see rref/rref_context.h.
+  kRemoteCall = 6,       // run a function, keep its result as an OwnerRRef
+  kRRefFetch = 7,        // a user asks the owner for the value
+  kRRefUserDelete = 8,   // a user tells the owner it is gone
+  kRRefForkRequest = 9,  // a new user asks the owner to register it
+  kRRefChildAccept = 10, // the owner confirmed a child: its parent may let go
+  kAck = 11,             // the empty response of the control messages
 };
 
 // Returns a short name for logs and error messages ("CALL", ...).

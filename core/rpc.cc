@@ -24,7 +24,8 @@ Worker* current_worker() {
 
 absl::Status init_rpc(const std::string& name, int rank, int world_size,
                       const RpcOptions& options,
-                      const BackendRegistry& registry) {
+                      const BackendRegistry& registry,
+                      const std::vector<ExtensionFactory>& extensions) {
   {
     absl::MutexLock lock(&default_mu);
     if (default_worker != nullptr) {
@@ -34,7 +35,7 @@ absl::Status init_rpc(const std::string& name, int rank, int world_size,
     }
   }
   absl::StatusOr<std::unique_ptr<Worker>> worker =
-      Worker::create(name, rank, world_size, options, registry);
+      Worker::create(name, rank, world_size, options, registry, extensions);
   if (!worker.ok()) return worker.status();
   absl::MutexLock lock(&default_mu);
   if (default_worker != nullptr) {

@@ -22,9 +22,10 @@
 namespace tether {
 
 // ALREADY_EXISTS if the process has a default Worker already.
-[[nodiscard]] absl::Status init_rpc(const std::string& name, int rank,
-                                    int world_size, const RpcOptions& options,
-                                    const BackendRegistry& registry);
+[[nodiscard]] absl::Status init_rpc(
+    const std::string& name, int rank, int world_size,
+    const RpcOptions& options, const BackendRegistry& registry,
+    const std::vector<ExtensionFactory>& extensions = {});
 
 // Shuts the default Worker down (see Worker::shutdown) and releases it.
 [[nodiscard]] absl::Status shutdown(bool graceful = true);

@@ -29,8 +29,10 @@ std::string describe(const WorkerInfo& info) {
   return absl::StrCat(info.id, " (", info.name, ")");
 }
 
+}  // namespace
+
 // An exception message: the tuple (status code, text).
-Message exception_message(const absl::Status& status) {
+Message Worker::exception_message(const absl::Status& status) {
   Message message;
   message.type = MessageType::kException;
   c10::IValue value = c10::ivalue::Tuple::create(
@@ -42,7 +44,7 @@ Message exception_message(const absl::Status& status) {
   return message;
 }
 
-absl::Status status_from_exception(const Message& message) {
+absl::Status Worker::status_of_exception(const Message& message) {
   absl::StatusOr<c10::IValue> value = wire::decode(message);
   if (!value.ok()) return value.status();
   if (!value->isTuple() || value->toTupleRef().elements().size() != 2 ||
@@ -53,18 +55,18 @@ absl::Status status_from_exception(const Message& message) {
   }
   int64_t code = value->toTupleRef().elements()[0].toInt();
   std::string text = value->toTupleRef().elements()[1].toStringRef();
-  if (code <= 0 || code > static_cast<int64_t>(absl::StatusCode::kUnauthenticated)) {
+  if (code <= 0 ||
+      code > static_cast<int64_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "malformed EXCEPTION message: status code ", code, ": ", text));
   }
   return absl::Status(static_cast<absl::StatusCode>(code), text);
 }
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     const std::string& name, int rank, int world_size,
-    const RpcOptions& options, const BackendRegistry& registry) {
+    const RpcOptions& options, const BackendRegistry& registry,
+    const std::vector<ExtensionFactory>& extensions) {
   if (options.num_worker_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_worker_threads must be at least 1, got ",
@@ -96,6 +98,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
       return added;
     }
   }
+  for (const ExtensionFactory& factory : extensions) {
+    absl::StatusOr<std::unique_ptr<WorkerExtension>> extension =
+        factory(*worker);
+    if (!extension.ok()) return extension.status();
+    worker->extensions_.push_back(*std::move(extension));
+  }
+  worker->building_ = false;
   Worker* raw = worker.get();
   absl::Status started = worker->agent_->start(
       [raw](Message request) { return raw->handle_request(std::move(request)); });
@@ -111,9 +120,64 @@ Worker::Worker(RpcOptions options, std::unique_ptr<Agent> agent)
 Worker::~Worker() {
   absl::Status stopped = shutdown(/*graceful=*/false);
   (void)stopped;  // A non-graceful shutdown cannot fail.
+  // Extensions go first, while everything they may touch still exists.
+  extensions_.clear();
 }
 
 Worker* Worker::serving() { return serving_worker; }
+
+absl::Status Worker::register_handler(MessageType type,
+                                      RequestHandler handler) {
+  TETHER_CHECK(building_, "register_handler after the worker started");
+  if (type == MessageType::kCall || !handler) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot register a handler for ", message_type_name(type)));
+  }
+  if (!handlers_.emplace(type, std::move(handler)).second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a handler for ", message_type_name(type), " is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+void Worker::set_rref_hook(wire::RRefHook* hook) {
+  TETHER_CHECK(building_, "set_rref_hook after the worker started");
+  rref_hook_ = hook;
+}
+
+void Worker::set_call_gate(
+    std::function<absl::Status(const c10::IValue&)> gate) {
+  TETHER_CHECK(building_, "set_call_gate after the worker started");
+  call_gate_ = std::move(gate);
+}
+
+absl::Status Worker::encode(const c10::IValue& value, Message& out) {
+  return wire::encode(value, out, rref_hook_);
+}
+
+absl::StatusOr<c10::IValue> Worker::decode(const Message& in) {
+  return wire::decode(in, wire::Limits(), rref_hook_);
+}
+
+Future<Message> Worker::send(const WorkerInfo& to, Message message,
+                             absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kStopped) {
+      return Future<Message>::ready(absl::CancelledError(absl::StrCat(
+          "worker ", describe(agent_->self()), " is shut down; cannot send ",
+          message_type_name(message.type))));
+    }
+  }
+  return agent_->send(to, std::move(message), resolve_timeout(timeout))
+      .then([](const absl::StatusOr<Message>& response)
+                -> absl::StatusOr<Message> {
+        if (response.ok() && response->type == MessageType::kException) {
+          return status_of_exception(*response);
+        }
+        return response;
+      });
+}
 
 absl::Status Worker::shutdown(bool graceful) {
   {
@@ -197,7 +261,7 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
        c10::IValue(std::move(kwargs_dict))});
   Message request;
   request.type = MessageType::kCall;
-  if (absl::Status encoded = wire::encode(call, request); !encoded.ok()) {
+  if (absl::Status encoded = encode(call, request); !encoded.ok()) {
     return Future<c10::IValue>::ready(absl::InvalidArgumentError(
         absl::StrCat("cannot send arguments of '", fn, "' to worker ",
                      describe(*target), ": ", encoded.message())));
@@ -205,7 +269,7 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
   std::string fn_name(fn);
   WorkerInfo callee = *target;
   return agent_->send(callee, std::move(request), resolve_timeout(timeout))
-      .then([fn_name, callee](const absl::StatusOr<Message>& response)
+      .then([this, fn_name, callee](const absl::StatusOr<Message>& response)
                 -> absl::StatusOr<c10::IValue> {
         if (!response.ok()) {
           return absl::Status(
@@ -215,14 +279,14 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
                            response.status().message()));
         }
         if (response->type == MessageType::kException) {
-          return status_from_exception(*response);
+          return status_of_exception(*response);
         }
         if (response->type != MessageType::kCallRet) {
           return absl::InvalidArgumentError(absl::StrCat(
               "worker ", describe(callee), " answered '", fn_name, "' with a ",
               message_type_name(response->type), " message"));
         }
-        return wire::decode(*response);
+        return decode(*response);
       });
 }
 
@@ -237,6 +301,19 @@ absl::StatusOr<c10::IValue> Worker::rpc_sync(const To& to,
 Future<Message> Worker::handle_request(Message request) {
   Promise<Message> promise;
   auto shared = std::make_shared<Message>(std::move(request));
+  auto handler = handlers_.find(shared->type);
+  if (handler != handlers_.end()) {
+    const RequestHandler* serve = &handler->second;
+    pool_->run([this, promise, shared, serve] {
+      ServingScope scope(this);
+      (*serve)(std::move(*shared))
+          .on_complete([promise](const absl::StatusOr<Message>& response) {
+            promise.set(response.ok() ? *response
+                                      : exception_message(response.status()));
+          });
+    });
+    return promise.future();
+  }
   pool_->run([this, promise, shared] {
     ServingScope scope(this);
     promise.set(process_request(*shared));
@@ -251,7 +328,7 @@ Message Worker::process_request(const Message& request) {
         absl::StrCat("worker ", describe(self), " cannot handle a ",
                      message_type_name(request.type), " request")));
   }
-  absl::StatusOr<c10::IValue> call = wire::decode(request);
+  absl::StatusOr<c10::IValue> call = decode(request);
   if (!call.ok()) {
     return exception_message(absl::Status(
         call.status().code(),
@@ -279,6 +356,13 @@ Message Worker::process_request(const Message& request) {
     }
     kwargs.emplace(entry.key().toStringRef(), entry.value());
   }
+  if (call_gate_) {
+    if (absl::Status ready = call_gate_(*call); !ready.ok()) {
+      return exception_message(absl::Status(
+          ready.code(), absl::StrCat("Error on worker ", describe(self),
+                                     " calling '", fn, "': ", ready.message())));
+    }
+  }
   absl::StatusOr<c10::IValue> result =
       callables_.call(fn, std::move(args), kwargs);
   if (!result.ok()) {
@@ -289,7 +373,7 @@ Message Worker::process_request(const Message& request) {
   }
   Message response;
   response.type = MessageType::kCallRet;
-  if (absl::Status encoded = wire::encode(*result, response); !encoded.ok()) {
+  if (absl::Status encoded = encode(*result, response); !encoded.ok()) {
     return exception_message(absl::InvalidArgumentError(absl::StrCat(
         "Error on worker ", describe(self), " calling '", fn,
         "': cannot send its result: ", encoded.message())));

@@ -36,6 +36,10 @@ namespace c10 {
 class ThreadPool;
 }  // namespace c10
 
+namespace tether::wire {
+class RRefHook;
+}  // namespace tether::wire
+
 namespace tether {
 
 // Passed as a timeout: use RpcOptions::default_timeout.
@@ -78,6 +82,19 @@ class To {
   std::variant<std::string, int, WorkerInfo> target_;
 };
 
+class Worker;
+
+// A layer above core (RRefs, distributed autograd) living inside a Worker.
+// Made by its ExtensionFactory while the Worker is built, before it serves,
+// so the layer's message handlers are in place for the first message.
+class WorkerExtension {
+ public:
+  virtual ~WorkerExtension() = default;
+};
+
+using ExtensionFactory =
+    std::function<absl::StatusOr<std::unique_ptr<WorkerExtension>>(Worker&)>;
+
 class Worker {
  public:
   // Joins the group and starts serving. A negative rank or world size is
@@ -86,7 +103,8 @@ class Worker {
   // FAILED_PRECONDITION for one not viable here) and the backend.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Worker>> create(
       const std::string& name, int rank, int world_size,
-      const RpcOptions& options, const BackendRegistry& registry);
+      const RpcOptions& options, const BackendRegistry& registry,
+      const std::vector<ExtensionFactory>& extensions = {});
 
   ~Worker();
   Worker(const Worker&) = delete;
@@ -123,6 +141,50 @@ class Worker {
   // The Worker serving the request that runs on this thread, or null.
   static Worker* serving();
 
+  // ---- For layers above core (rref/, autograd/), not for user code. ----
+
+  // The extension of type T, or null.
+  template <typename T>
+  T* extension() const {
+    for (const auto& e : extensions_) {
+      if (auto* t = dynamic_cast<T*>(e.get())) return t;
+    }
+    return nullptr;
+  }
+
+  // Serves requests of `type` with `handler`, run on the worker pool (it may
+  // block briefly; it returns the response's future). Only while an
+  // ExtensionFactory runs; INVALID_ARGUMENT for CALL or a taken type.
+  [[nodiscard]] absl::Status register_handler(MessageType type,
+                                              RequestHandler handler);
+
+  // The RRef layer's side of the codec, for every message this worker
+  // encodes or decodes. Only while an ExtensionFactory runs.
+  void set_rref_hook(wire::RRefHook* hook);
+  wire::RRefHook* rref_hook() const { return rref_hook_; }
+
+  // Runs on the pool thread after a CALL's arguments are decoded and before
+  // the function runs; an error fails the call with it. The RRef layer waits
+  // here until the owner has confirmed every RRef among the arguments.
+  // `call` is the decoded (name, args, kwargs) tuple.
+  void set_call_gate(std::function<absl::Status(const c10::IValue& call)> gate);
+
+  // Sends a message as is (CANCELLED once stopped). The response is the
+  // agent's; an EXCEPTION response becomes its Status.
+  Future<Message> send(const WorkerInfo& to, Message message,
+                       absl::Duration timeout = kDefaultTimeout);
+
+  const Callables& callables() const { return callables_; }
+
+  // Encodes `value` with this worker's RRef hook.
+  [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out);
+  [[nodiscard]] absl::StatusOr<c10::IValue> decode(const Message& in);
+
+  // An EXCEPTION message carrying `status`.
+  static Message exception_message(const absl::Status& status);
+  // The Status an EXCEPTION message carries.
+  static absl::Status status_of_exception(const Message& message);
+
  private:
   Worker(RpcOptions options, std::unique_ptr<Agent> agent);
 
@@ -132,6 +194,12 @@ class Worker {
 
   const RpcOptions options_;
   Callables callables_;
+  // Set while extensions are made; read-only once the worker serves.
+  std::vector<std::unique_ptr<WorkerExtension>> extensions_;
+  absl::flat_hash_map<MessageType, RequestHandler> handlers_;
+  wire::RRefHook* rref_hook_ = nullptr;
+  std::function<absl::Status(const c10::IValue&)> call_gate_;
+  bool building_ = true;
   std::unique_ptr<c10::ThreadPool> pool_;
   std::unique_ptr<Agent> agent_;
   absl::Mutex mu_;

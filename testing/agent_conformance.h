@@ -11,34 +11,22 @@
 // request handler and checks the Agent contract of core/agent.h: requests
 // and responses with storages, many in flight, large tensors, errors,
 // timeouts, unknown peers, join, and shutdown with calls in flight.
+// Multi-process backends also run the same checks across processes
+// (testing/agent_conformance_multiprocess.h).
 #ifndef TETHER_TESTING_AGENT_CONFORMANCE_H_
 #define TETHER_TESTING_AGENT_CONFORMANCE_H_
 
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <string>
-
-#include "core/backend_registry.h"
+#include "testing/agent_testing.h"
 
 namespace tether::testing {
-
-struct ConformanceParam {
-  std::string label;
-  std::function<Backend()> backend;
-};
 
 class AgentConformance : public ::testing::TestWithParam<ConformanceParam> {};
 
 }  // namespace tether::testing
 
-#define TETHER_AGENT_CONFORMANCE_TEST(suite, backend_expr)           \
-  namespace tether::testing {                                       \
-  INSTANTIATE_TEST_SUITE_P(                                         \
-      suite, AgentConformance,                                      \
-      ::testing::Values(ConformanceParam{                           \
-          #suite, [] { return (backend_expr); }}),                  \
-      [](const auto& info) { return info.param.label; });          \
-  }  // namespace tether::testing
+#define TETHER_AGENT_CONFORMANCE_TEST(suite, backend_expr) \
+  TETHER_INTERNAL_INSTANTIATE_CONFORMANCE(AgentConformance, suite, backend_expr)
 
 #endif  // TETHER_TESTING_AGENT_CONFORMANCE_H_

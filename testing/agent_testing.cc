@@ -1,14 +1,16 @@
 #include "testing/agent_testing.h"
 
+#include <absl/strings/strip.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <c10/core/CPUAllocator.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <thread>
 
-#include "core/rendezvous.h"
 #include "testing/status_matchers.h"
 
 namespace tether::testing {
@@ -53,11 +55,53 @@ Future<Message> echo(Message request) {
   return Future<Message>::ready(std::move(response));
 }
 
+Future<Message> refuse(Message) {
+  return Future<Message>::ready(
+      absl::InvalidArgumentError("the handler says no"));
+}
+
 Future<Message> HeldResponses::hold(Message request) {
   Promise<Message> promise;
-  absl::MutexLock lock(&mu_);
-  held_.push_back({promise, std::move(request)});
+  std::vector<std::pair<size_t, Promise<Message>>> satisfied;
+  {
+    absl::MutexLock lock(&mu_);
+    held_.push_back({promise, std::move(request)});
+    const size_t held = held_.size();
+    auto waiting = std::partition(
+        watchers_.begin(), watchers_.end(),
+        [held](const auto& watcher) { return watcher.first > held; });
+    satisfied.assign(std::make_move_iterator(waiting),
+                     std::make_move_iterator(watchers_.end()));
+    watchers_.erase(waiting, watchers_.end());
+  }
+  // Outside the lock: the agent sends these answers from their callbacks.
+  for (auto& [count, answer] : satisfied) {
+    answer.set(echo(ping(absl::StrCat(kHeldPrefix, count))).result());
+  }
   return promise.future();
+}
+
+Future<Message> HeldResponses::hold_or_obey(Message request) {
+  if (request.type != MessageType::kPing) return hold(std::move(request));
+  if (request.payload == kReleasePayload) {
+    release_all();
+    return echo(std::move(request));
+  }
+  absl::string_view number = request.payload;
+  size_t count = 0;
+  if (!absl::ConsumePrefix(&number, kHeldPrefix) ||
+      !absl::SimpleAtoi(number, &count)) {
+    return hold(std::move(request));
+  }
+  Promise<Message> answer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (held_.size() < count) {
+      watchers_.push_back({count, answer});
+      return answer.future();
+    }
+  }
+  return echo(std::move(request));
 }
 
 void HeldResponses::wait_for(size_t count) {
@@ -80,6 +124,39 @@ void HeldResponses::release_all() {
     response.payload = request.payload + "/late";
     promise.set(std::move(response));
   }
+}
+
+void RemoteHeld::wait_for(size_t count) {
+  const std::string payload = absl::StrCat(kHeldPrefix, count);
+  ASSERT_THAT(
+      from_.send(holder_, ping(payload), kBound).get(absl::Now() + kBound),
+      IsOk())
+      << "waiting for " << count << " requests held by " << holder_.name;
+}
+
+void RemoteHeld::release_all() {
+  ASSERT_THAT(from_.send(holder_, ping(kReleasePayload), kBound)
+                  .get(absl::Now() + kBound),
+              IsOk())
+      << "releasing the requests held by " << holder_.name;
+}
+
+absl::StatusOr<RendezvousResult> meet_as_agent(const std::string& init_method,
+                                               int rank, int size) {
+  return rendezvous(init_method, absl::StrCat("agent", rank), rank, size,
+                    kBound);
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> create_agent(
+    const Backend& backend, const RendezvousResult& member,
+    const AgentSettings& settings) {
+  AgentSetup setup;
+  setup.self = member.self;
+  setup.workers = member.workers;
+  setup.store = member.store;
+  setup.group_key = member.group_key;
+  setup.settings = settings;
+  return backend.create(std::move(setup));
 }
 
 AgentGroup::AgentGroup(const Backend& backend, int size, Settings settings,
@@ -108,21 +185,15 @@ void AgentGroup::meet(const Backend& backend, const std::string& init_method,
                       int size, int rank, bool wanted,
                       const Settings& settings) {
   absl::StatusOr<RendezvousResult> group =
-      rendezvous(init_method, absl::StrCat("agent", rank), rank, size, kBound);
+      meet_as_agent(init_method, rank, size);
   if (!group.ok()) {
     errors_[rank] = group.status();
     return;
   }
   if (rank == 0) store_ = group->store;
   if (!wanted) return;
-  AgentSetup setup;
-  setup.self = group->self;
-  setup.workers = group->workers;
-  setup.store = group->store;
-  setup.group_key = group->group_key;
-  setup.settings = settings;
   absl::StatusOr<std::unique_ptr<Agent>> agent =
-      backend.create(std::move(setup));
+      create_agent(backend, *group, settings);
   if (!agent.ok()) {
     errors_[rank] = agent.status();
     return;

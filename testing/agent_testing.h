@@ -1,17 +1,19 @@
-// Helpers for tests of agents (core/agent.h): recognisable messages, an echo
-// handler, a handler whose responses the test releases, and a group of agents
-// of one backend meeting in the test process.
+// Helpers for tests of agents (core/agent.h): recognisable messages, echo and
+// refusing handlers, a handler whose responses the test releases (in this
+// process or, by messages, in another), the parameter of the conformance
+// suites, and agents meeting through the real rendezvous: a group of them in
+// the test process over a memory:// store, or one per process over env://.
 //
-// Used by the agent conformance suite (testing/agent_conformance.cc) and by
-// the backend-specific tests (backends/*/*_backend_test.cc), so that both
-// build their groups the same way: through the real rendezvous, over a
-// memory:// store.
+// Used by the agent conformance suites (testing/agent_conformance*.cc) and by
+// the backend-specific tests (backends/*/*_backend_test.cc), so that all
+// build their agents the same way.
 #ifndef TETHER_TESTING_AGENT_TESTING_H_
 #define TETHER_TESTING_AGENT_TESTING_H_
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/status/status.h>
+#include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 #include <c10/core/Storage.h>
@@ -19,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,11 +31,29 @@
 #include "core/backend_registry.h"
 #include "core/future.h"
 #include "core/message.h"
+#include "core/rendezvous.h"
 
 namespace tether::testing {
 
 // How long one step of a test may take before it counts as hung.
 inline constexpr absl::Duration kBound = absl::Seconds(30);
+
+// The parameter of the conformance suites: the backend under test.
+struct ConformanceParam {
+  std::string label;
+  std::function<Backend()> backend;
+};
+
+// Instantiates the conformance suite `fixture` for one backend: the body of
+// TETHER_AGENT_CONFORMANCE_TEST and its multi-process twin.
+#define TETHER_INTERNAL_INSTANTIATE_CONFORMANCE(fixture, suite, backend_expr) \
+  namespace tether::testing {                                                \
+  INSTANTIATE_TEST_SUITE_P(                                                  \
+      suite, fixture,                                                        \
+      ::testing::Values(ConformanceParam{                                    \
+          #suite, [] { return (backend_expr); }}),                           \
+      [](const auto& info) { return info.param.label; });                   \
+  }  // namespace tether::testing
 
 // A byte storage whose contents follow from `seed`; storage_matches() checks
 // one against the same size and seed.
@@ -46,22 +67,78 @@ Message ping(std::string payload);
 // same storages.
 Future<Message> echo(Message request);
 
+// A request handler that fails every request with INVALID_ARGUMENT
+// "the handler says no".
+Future<Message> refuse(Message request);
+
+// The test's hold on a handler whose responses it releases: a HeldResponses
+// in this process, or a RemoteHeld in another.
+class HeldControl {
+ public:
+  virtual ~HeldControl() = default;
+
+  // Waits (up to kBound) until `count` requests are held.
+  virtual void wait_for(size_t count) = 0;
+
+  // Answers every held request: PONG, the payload suffixed "/late".
+  virtual void release_all() = 0;
+};
+
+// The payloads of the PING requests by which a RemoteHeld drives
+// HeldResponses::hold_or_obey() in another process.
+inline constexpr char kReleasePayload[] = "release";
+inline constexpr char kHeldPrefix[] = "held:";
+
 // A request handler whose responses the test releases when it chooses (or
 // never). Thread-safe.
-class HeldResponses {
+class HeldResponses final : public HeldControl {
  public:
   Future<Message> hold(Message request);
 
-  // Waits (up to kBound) until `count` requests are held.
-  void wait_for(size_t count);
+  // hold(), but for the requests of a RemoteHeld: PING "release" releases
+  // every held request and is answered at once (echo), PING "held:N" is
+  // answered (echo) once N requests are held. Neither is held.
+  Future<Message> hold_or_obey(Message request);
 
-  // Answers every held request: PONG, the payload suffixed "/late".
-  void release_all();
+  void wait_for(size_t count) override;
+  void release_all() override;
 
  private:
   absl::Mutex mu_;
   std::vector<std::pair<Promise<Message>, Message>> held_ ABSL_GUARDED_BY(mu_);
+  // "held:N" requests waiting for N held requests: N and their answer.
+  std::vector<std::pair<size_t, Promise<Message>>> watchers_
+      ABSL_GUARDED_BY(mu_);
 };
+
+// A HeldResponses serving with hold_or_obey() on `holder`, reached by
+// messages sent through `from` (state is not shared across processes).
+// Thread-compatible.
+class RemoteHeld final : public HeldControl {
+ public:
+  RemoteHeld(Agent& from, WorkerInfo holder)
+      : from_(from), holder_(std::move(holder)) {}
+
+  void wait_for(size_t count) override;
+  void release_all() override;
+
+ private:
+  Agent& from_;
+  const WorkerInfo holder_;
+};
+
+using AgentSettings = absl::flat_hash_map<std::string, std::string>;
+
+// Meets the group at `init_method` as worker "agent<rank>" of `size`
+// (rendezvous() with the timeout kBound).
+absl::StatusOr<RendezvousResult> meet_as_agent(const std::string& init_method,
+                                               int rank, int size);
+
+// Builds the agent of a worker that met its group as `member`, with
+// `settings` (AgentSetup::settings).
+absl::StatusOr<std::unique_ptr<Agent>> create_agent(
+    const Backend& backend, const RendezvousResult& member,
+    const AgentSettings& settings = {});
 
 // `size` agents of one backend in this process, named "agent<rank>", meeting
 // through rendezvous() on a fresh memory:// store. Every rank joins the
@@ -70,7 +147,7 @@ class HeldResponses {
 // down.
 class AgentGroup {
  public:
-  using Settings = absl::flat_hash_map<std::string, std::string>;
+  using Settings = AgentSettings;
 
   AgentGroup(const Backend& backend, int size, Settings settings = {},
              std::vector<int> create = {});

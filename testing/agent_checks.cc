@@ -1,0 +1,118 @@
+#include "testing/agent_checks.h"
+
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "testing/status_matchers.h"
+
+namespace tether::testing {
+
+using ::testing::HasSubstr;
+
+void expect_round_trip_with_storages(Agent& from, const WorkerInfo& to) {
+  Message request = ping("hello");
+  request.storages.push_back(make_storage(100, 1));
+  request.storages.push_back(make_storage(0, 2));
+  request.storages.push_back(make_storage(4096, 3));
+  absl::StatusOr<Message> response =
+      from.send(to, std::move(request), kBound).get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->type, MessageType::kPong);
+  EXPECT_EQ(response->payload, "hello/pong");
+  ASSERT_EQ(response->storages.size(), 3u);
+  EXPECT_TRUE(storage_matches(response->storages[0], 100, 1));
+  EXPECT_TRUE(storage_matches(response->storages[1], 0, 2));
+  EXPECT_TRUE(storage_matches(response->storages[2], 4096, 3));
+}
+
+void expect_large_storage_round_trip(Agent& from, const WorkerInfo& to) {
+  constexpr size_t kBytes = 64 << 20;
+  Message request = ping("big");
+  request.storages.push_back(make_storage(kBytes, 7));
+  absl::StatusOr<Message> response =
+      from.send(to, std::move(request), kBound).get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  ASSERT_EQ(response->storages.size(), 1u);
+  EXPECT_TRUE(storage_matches(response->storages[0], kBytes, 7));
+}
+
+Future<Message> send_call(Agent& from, const WorkerInfo& to, int i) {
+  Message request = ping(absl::StrCat("call", i));
+  request.storages.push_back(make_storage(64, static_cast<uint8_t>(i)));
+  return from.send(to, std::move(request), kBound);
+}
+
+void expect_call_echoed(const Future<Message>& call, int i) {
+  absl::StatusOr<Message> response = call.get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk()) << "call " << i;
+  EXPECT_EQ(response->payload, absl::StrCat("call", i, "/pong"));
+  ASSERT_EQ(response->storages.size(), 1u);
+  EXPECT_TRUE(
+      storage_matches(response->storages[0], 64, static_cast<uint8_t>(i)));
+}
+
+void expect_handler_error(Agent& from, const WorkerInfo& to) {
+  EXPECT_THAT(from.send(to, ping("x"), kBound).get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the handler says no")));
+}
+
+void expect_unknown_peer_unavailable(Agent& from) {
+  EXPECT_THAT(from.send(WorkerInfo{"nobody", 9}, ping("x"), kBound)
+                  .get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable));
+}
+
+void expect_worker_infos(const Agent& agent, int rank, int size) {
+  EXPECT_EQ(agent.self().id, rank);
+  EXPECT_EQ(agent.self().name, absl::StrCat("agent", rank));
+  ASSERT_EQ(agent.worker_infos().size(), static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(agent.worker_infos()[r].id, r);
+    EXPECT_EQ(agent.worker_infos()[r].name, absl::StrCat("agent", r));
+  }
+}
+
+void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
+                                 HeldControl& held) {
+  absl::Time start = absl::Now();
+  absl::StatusOr<Message> response =
+      from.send(to, ping("slow"), absl::Milliseconds(200))
+          .get(absl::Now() + kBound);
+  EXPECT_THAT(response, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  // The late response is dropped harmlessly; the agent keeps working. (The
+  // request may reach the handler after the timeout: wait for it first.)
+  held.wait_for(1);
+  held.release_all();
+  Future<Message> next = from.send(to, ping("next"), kBound);
+  held.wait_for(1);
+  held.release_all();
+  absl::StatusOr<Message> second = next.get(absl::Now() + kBound);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->payload, "next/late");
+}
+
+void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
+                             HeldControl& held) {
+  std::vector<Future<Message>> pending;
+  for (int i = 0; i < 10; ++i) {
+    pending.push_back(from.send(to, ping("p"), kBound));
+  }
+  held.wait_for(10);
+  from.shutdown();
+  for (Future<Message>& future : pending) {
+    EXPECT_THAT(future.get(absl::Now() + kBound),
+                StatusIs(absl::StatusCode::kCancelled));
+  }
+  EXPECT_THAT(from.send(to, ping("after"), kBound).get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kCancelled));
+  from.shutdown();  // idempotent
+}
+
+}  // namespace tether::testing

@@ -1,0 +1,54 @@
+// The sender's half of the agent conformance checks: what one agent sends to
+// a peer and what it expects back.
+//
+// Shared by the in-process suite (testing/agent_conformance.cc), where the
+// peer is another agent of the test process, and the cross-process suite
+// (testing/agent_conformance_multiprocess.cc), where it lives in another
+// process; the peer serves with the handler each check names
+// (testing/agent_testing.h). Failures are gtest failures of the caller.
+#ifndef TETHER_TESTING_AGENT_CHECKS_H_
+#define TETHER_TESTING_AGENT_CHECKS_H_
+
+#include "core/agent.h"
+#include "core/future.h"
+#include "core/message.h"
+#include "testing/agent_testing.h"
+
+namespace tether::testing {
+
+// Peer: echo. A payload and storages of 100, 0 and 4096 bytes go and come
+// back intact.
+void expect_round_trip_with_storages(Agent& from, const WorkerInfo& to);
+
+// Peer: echo. A 64 MiB storage goes and comes back intact.
+void expect_large_storage_round_trip(Agent& from, const WorkerInfo& to);
+
+// Peer: echo. Call number `i` of many in flight, with a 64-byte storage
+// seeded by `i`; expect_call_echoed() checks its response.
+Future<Message> send_call(Agent& from, const WorkerInfo& to, int i);
+void expect_call_echoed(const Future<Message>& call, int i);
+
+// Peer: refuse. The handler's code and text reach the sender.
+void expect_handler_error(Agent& from, const WorkerInfo& to);
+
+// A worker the transport does not know is UNAVAILABLE.
+void expect_unknown_peer_unavailable(Agent& from);
+
+// `agent` is rank `rank` of a group of `size` named "agent<rank>".
+void expect_worker_infos(const Agent& agent, int rank, int size);
+
+// Peer: holds, through `held`. A request that outlives its 200 ms timeout
+// fails with DEADLINE_EXCEEDED; its late response is dropped and the next
+// request succeeds.
+void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
+                                 HeldControl& held);
+
+// Peer: holds, through `held`. shutdown() of `from` fails its 10 pending
+// requests and every later send with CANCELLED; a second shutdown() is
+// harmless. The held requests stay held: releasing them is the caller's.
+void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
+                             HeldControl& held);
+
+}  // namespace tether::testing
+
+#endif  // TETHER_TESTING_AGENT_CHECKS_H_
