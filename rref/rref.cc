@@ -1,0 +1,800 @@
+#include "rref/rref.h"
+
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
+#include <absl/strings/str_cat.h>
+#include <absl/synchronization/mutex.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "core/internal/timer.h"
+#include "core/rpc.h"
+#include "core/wire/codec.h"
+#include "rref/rref_impl.h"
+
+namespace tether {
+namespace rref {
+
+std::string GloballyUniqueId::str() const {
+  return absl::StrCat(worker, ":", local);
+}
+
+namespace {
+
+constexpr int kControlAttempts = 6;
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(20);
+
+bool retryable(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+c10::IValue ids(std::initializer_list<int64_t> values) {
+  std::vector<c10::IValue> elems;
+  for (int64_t v : values) elems.emplace_back(v);
+  return c10::ivalue::Tuple::create(std::move(elems));
+}
+
+// The ints of a control message's tuple payload.
+absl::StatusOr<std::vector<int64_t>> ints_of(const c10::IValue& v, size_t n,
+                                             absl::string_view what) {
+  if (!v.isTuple() || v.toTupleRef().elements().size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed ", what, ": expected ", n, " ints"));
+  }
+  std::vector<int64_t> out;
+  for (const c10::IValue& e : v.toTupleRef().elements()) {
+    if (!e.isInt()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed ", what, ": expected ints"));
+    }
+    out.push_back(e.toInt());
+  }
+  return out;
+}
+
+Message ack() {
+  Message message;
+  message.type = MessageType::kAck;
+  return message;
+}
+
+// Every RRef inside `v` (lists, tuples, dicts).
+void collect_rrefs(const c10::IValue& v,
+                   std::vector<c10::intrusive_ptr<c10::RRefInterface>>& out) {
+  if (v.isRRef()) {
+    out.push_back(v.toRRef());
+  } else if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) collect_rrefs(e, out);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) collect_rrefs(e, out);
+  } else if (v.isGenericDict()) {
+    for (const auto& entry : v.toGenericDict()) {
+      collect_rrefs(entry.key(), out);
+      collect_rrefs(entry.value(), out);
+    }
+  }
+}
+
+}  // namespace
+
+// The protocol state of one worker. Shared with every RRef it made, which
+// may outlive the worker: once closed, it does nothing.
+class ContextState : public wire::RRefHook,
+                     public std::enable_shared_from_this<ContextState> {
+ public:
+  explicit ContextState(Worker& worker)
+      : worker_(&worker), self_(worker.get_current_worker_info()) {}
+
+  // The worker is going away; waits for calls into it to finish.
+  void close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return in_use_ == 0;
+    };
+    mu_.Await(absl::Condition(&idle));
+    worker_ = nullptr;
+    owners_.clear();
+    forks_.clear();
+    // References that are users are dropped outside the lock (by
+    // drop_closed_users): their destructors call back in.
+    for (auto& [fork, user] : pending_users_) {
+      dropped_.push_back(std::move(user));
+    }
+    pending_users_.clear();
+    for (auto& [fork, child] : pending_children_) {
+      dropped_.push_back(std::move(child));
+    }
+    pending_children_.clear();
+  }
+
+  const WorkerInfo& self() const { return self_; }
+
+  // Runs `fn` with the worker unless closed (then returns false).
+  template <typename F>
+  bool with_worker(F fn) {
+    Worker* worker;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return false;
+      worker = worker_;
+      ++in_use_;
+    }
+    fn(*worker);
+    absl::MutexLock lock(&mu_);
+    --in_use_;
+    return true;
+  }
+
+  GloballyUniqueId new_id() { return {self_.id, next_local_++}; }
+
+  absl::StatusOr<WorkerInfo> worker_info(int32_t id) {
+    absl::StatusOr<WorkerInfo> info =
+        absl::FailedPreconditionError("the worker is shut down");
+    with_worker([&](Worker& w) { info = w.get_worker_info(static_cast<int>(id)); });
+    return info;
+  }
+
+  // ---- owner side
+
+  c10::intrusive_ptr<OwnerRRef> get_or_create_owner(const RRefId& id,
+                                                    const c10::TypePtr& type) {
+    absl::MutexLock lock(&mu_);
+    auto it = owners_.find(id);
+    if (it != owners_.end()) return it->second;
+    auto owner = c10::make_intrusive<OwnerRRef>(shared_from_this(), self_, id,
+                                                type);
+    owners_.emplace(id, owner);
+    return owner;
+  }
+
+  void add_fork(const RRefId& id, const ForkId& fork) {
+    absl::MutexLock lock(&mu_);
+    forks_[id].insert(fork);
+  }
+
+  // Drops a fork; the owner lets go of the value with the last one.
+  void delete_fork(const RRefId& id, const ForkId& fork) {
+    c10::intrusive_ptr<OwnerRRef> released;
+    absl::MutexLock lock(&mu_);
+    auto it = forks_.find(id);
+    if (it == forks_.end()) return;
+    it->second.erase(fork);
+    if (it->second.empty()) {
+      forks_.erase(it);
+      auto owner = owners_.find(id);
+      if (owner != owners_.end()) {
+        released = std::move(owner->second);
+        owners_.erase(owner);
+      }
+    }
+  }
+
+  void release_if_unforked(const RRefId& id) {
+    c10::intrusive_ptr<OwnerRRef> released;
+    absl::MutexLock lock(&mu_);
+    if (forks_.contains(id)) return;
+    auto it = owners_.find(id);
+    if (it == owners_.end()) return;
+    released = std::move(it->second);
+    owners_.erase(it);
+  }
+
+  // ---- control messages: idempotent, retried with backoff
+
+  void send_control(const WorkerInfo& to, MessageType type,
+                    c10::IValue payload,
+                    std::function<void(absl::Status)> done = nullptr,
+                    int attempt = 0) {
+    Message message;
+    message.type = type;
+    absl::Status encoded = wire::encode(payload, message);
+    if (!encoded.ok()) {
+      if (done) done(encoded);
+      return;
+    }
+    std::weak_ptr<ContextState> weak = weak_from_this();
+    bool sent = with_worker([&](Worker& worker) {
+      worker.send(to, std::move(message))
+          .on_complete([weak, to, type, payload, done,
+                        attempt](const absl::StatusOr<Message>& response) {
+            absl::Status status = response.status();
+            auto self = weak.lock();
+            if (self != nullptr && retryable(status) &&
+                attempt + 1 < kControlAttempts) {
+              absl::Duration backoff = kFirstBackoff * (1 << attempt);
+              self->timers_.schedule(
+                  absl::Now() + backoff, [weak, to, type, payload, done, attempt] {
+                    if (auto s = weak.lock()) {
+                      s->send_control(to, type, payload, done, attempt + 1);
+                    } else if (done) {
+                      done(absl::CancelledError("the worker is gone"));
+                    }
+                  });
+              return;
+            }
+            if (done) done(status);
+          });
+    });
+    if (!sent && done) done(absl::CancelledError("the worker is shut down"));
+  }
+
+  // ---- the codec hook
+
+  absl::StatusOr<wire::RRefForkData> fork(
+      const c10::intrusive_ptr<c10::RRefInterface>& rref) override {
+    auto* impl = dynamic_cast<RRefImpl*>(rref.get());
+    if (impl == nullptr || impl->context().get() != this) {
+      return absl::InvalidArgumentError(
+          "an RRef of another worker cannot be sent from this one");
+    }
+    wire::RRefForkData data;
+    const ForkId fork = new_id();
+    data.owner = impl->owner_info().id;
+    data.rref_worker = impl->id().worker;
+    data.rref_local = impl->id().local;
+    data.fork_worker = fork.worker;
+    data.fork_local = fork.local;
+    data.parent = self_.id;
+    data.type = impl->type();
+    absl::MutexLock lock(&mu_);
+    if (impl->isOwner()) {
+      // The receiver is a confirmed user from the moment it arrives.
+      owners_.emplace(impl->id(), c10::intrusive_ptr<OwnerRRef>::reclaim_copy(
+                                      static_cast<OwnerRRef*>(impl)));
+      forks_[impl->id()].insert(fork);
+    } else {
+      // Kept until the owner has confirmed the child.
+      pending_children_.emplace(
+          fork, c10::intrusive_ptr<RRefImpl>::reclaim_copy(impl));
+    }
+    return data;
+  }
+
+  absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> adopt(
+      const wire::RRefForkData& data) override {
+    const RRefId id{data.rref_worker, data.rref_local};
+    const ForkId fork{data.fork_worker, data.fork_local};
+    absl::StatusOr<WorkerInfo> owner = worker_info(data.owner);
+    if (!owner.ok()) return owner.status();
+    absl::StatusOr<WorkerInfo> parent = worker_info(data.parent);
+    if (!parent.ok()) return parent.status();
+    if (data.owner == self_.id) {
+      c10::intrusive_ptr<OwnerRRef> local = get_or_create_owner(id, data.type);
+      if (data.parent == self_.id) {
+        // Sent to ourselves: the fork our fork() registered is not a user.
+        delete_fork(id, fork);
+      } else {
+        // Back from a user: that user may let go of its child.
+        send_control(*parent, MessageType::kRRefChildAccept,
+                     ids({fork.worker, fork.local}));
+      }
+      return c10::intrusive_ptr<c10::RRefInterface>(local);
+    }
+    auto user = c10::make_intrusive<UserRRef>(shared_from_this(), *owner, id,
+                                              fork, data.type);
+    if (data.parent == data.owner) {
+      user->confirm(absl::OkStatus());
+      return c10::intrusive_ptr<c10::RRefInterface>(user);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      pending_users_.emplace(fork, user);
+    }
+    std::weak_ptr<ContextState> weak = weak_from_this();
+    WorkerInfo parent_info = *parent;
+    send_control(*owner, MessageType::kRRefForkRequest,
+                 ids({id.worker, id.local, fork.worker, fork.local}),
+                 [weak, fork, parent_info](absl::Status status) {
+                   auto self = weak.lock();
+                   if (self == nullptr) return;
+                   self->finish_pending_user(fork, status);
+                   if (status.ok()) {
+                     self->send_control(parent_info,
+                                        MessageType::kRRefChildAccept,
+                                        ids({fork.worker, fork.local}));
+                   }
+                 });
+    return c10::intrusive_ptr<c10::RRefInterface>(user);
+  }
+
+  void add_pending_user(const c10::intrusive_ptr<UserRRef>& user) {
+    absl::MutexLock lock(&mu_);
+    pending_users_.emplace(user->fork_id(), user);
+  }
+
+  // Confirms (or fails) a pending user and stops holding it.
+  void finish_pending_user(const ForkId& fork, absl::Status status) {
+    c10::intrusive_ptr<UserRRef> user;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_users_.find(fork);
+      if (it == pending_users_.end()) return;
+      user = std::move(it->second);
+      pending_users_.erase(it);
+    }
+    user->confirm(std::move(status));
+  }
+
+  void user_deleted(const RRefId& id, const ForkId& fork,
+                    const WorkerInfo& owner) {
+    send_control(owner, MessageType::kRRefUserDelete,
+                 ids({id.worker, id.local, fork.worker, fork.local}));
+  }
+
+  // ---- handlers (on the worker pool)
+
+  Future<Message> on_remote_call(Message request) {
+    absl::StatusOr<c10::IValue> call = decode_with_hook(request);
+    if (!call.ok()) return Future<Message>::ready(call.status());
+    const auto& parts = call->toTupleRef().elements();
+    if (!call->isTuple() || parts.size() != 7 || !parts[0].isString() ||
+        !parts[1].isTuple() || !parts[2].isGenericDict()) {
+      return Future<Message>::ready(
+          absl::InvalidArgumentError("malformed REMOTE_CALL"));
+    }
+    for (size_t i = 3; i < 7; ++i) {
+      if (!parts[i].isInt()) {
+        return Future<Message>::ready(
+            absl::InvalidArgumentError("malformed REMOTE_CALL ids"));
+      }
+    }
+    const std::string fn = parts[0].toStringRef();
+    const RRefId id{static_cast<int32_t>(parts[3].toInt()), parts[4].toInt()};
+    const ForkId fork{static_cast<int32_t>(parts[5].toInt()), parts[6].toInt()};
+    c10::intrusive_ptr<OwnerRRef> owner =
+        get_or_create_owner(id, c10::AnyType::get());
+    if (fork.worker >= 0) add_fork(id, fork);
+    absl::Status ready = gate(*call);
+    absl::StatusOr<c10::IValue> result = absl::CancelledError(
+        "the worker shut down before the call ran");
+    if (!ready.ok()) {
+      result = ready;
+    } else {
+      Kwargs kwargs;
+      for (const auto& entry : parts[2].toGenericDict()) {
+        if (entry.key().isString()) {
+          kwargs.emplace(entry.key().toStringRef(), entry.value());
+        }
+      }
+      with_worker([&](Worker& worker) {
+        result = worker.callables().call(
+            fn, parts[1].toTupleRef().elements().vec(), kwargs);
+      });
+    }
+    if (!result.ok()) {
+      result = absl::Status(result.status().code(),
+                            absl::StrCat("Error on worker ", self_.id, " (",
+                                         self_.name, ") calling '", fn,
+                                         "': ", result.status().message()));
+    }
+    owner->set_value(result);
+    // A remote() to this worker itself: its caller holds the OwnerRRef, so
+    // the table only keeps it while it has forks.
+    if (fork.worker < 0) release_if_unforked(id);
+    if (!result.ok()) return Future<Message>::ready(result.status());
+    return Future<Message>::ready(ack());
+  }
+
+  Future<Message> on_fetch(Message request) {
+    absl::StatusOr<c10::IValue> payload = wire::decode(request);
+    if (!payload.ok()) return Future<Message>::ready(payload.status());
+    absl::StatusOr<std::vector<int64_t>> v = ints_of(*payload, 2, "RREF_FETCH");
+    if (!v.ok()) return Future<Message>::ready(v.status());
+    c10::intrusive_ptr<OwnerRRef> owner = get_or_create_owner(
+        {static_cast<int32_t>((*v)[0]), (*v)[1]}, c10::AnyType::get());
+    std::weak_ptr<ContextState> weak = weak_from_this();
+    return owner->value().then(
+        [weak](const absl::StatusOr<c10::IValue>& value)
+            -> absl::StatusOr<Message> {
+          if (!value.ok()) return value.status();
+          auto self = weak.lock();
+          if (self == nullptr) return absl::CancelledError("worker is gone");
+          Message response;
+          response.type = MessageType::kCallRet;
+          absl::Status encoded = wire::encode(*value, response, self.get());
+          if (!encoded.ok()) return encoded;
+          return response;
+        });
+  }
+
+  Future<Message> on_user_delete(Message request) {
+    absl::StatusOr<std::vector<int64_t>> v = control_ints(request, 4);
+    if (!v.ok()) return Future<Message>::ready(v.status());
+    delete_fork({static_cast<int32_t>((*v)[0]), (*v)[1]},
+                {static_cast<int32_t>((*v)[2]), (*v)[3]});
+    return Future<Message>::ready(ack());
+  }
+
+  Future<Message> on_fork_request(Message request) {
+    absl::StatusOr<std::vector<int64_t>> v = control_ints(request, 4);
+    if (!v.ok()) return Future<Message>::ready(v.status());
+    const RRefId id{static_cast<int32_t>((*v)[0]), (*v)[1]};
+    get_or_create_owner(id, c10::AnyType::get());
+    add_fork(id, {static_cast<int32_t>((*v)[2]), (*v)[3]});
+    return Future<Message>::ready(ack());
+  }
+
+  Future<Message> on_child_accept(Message request) {
+    absl::StatusOr<std::vector<int64_t>> v = control_ints(request, 2);
+    if (!v.ok()) return Future<Message>::ready(v.status());
+    c10::intrusive_ptr<RRefImpl> released;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_children_.find(
+          ForkId{static_cast<int32_t>((*v)[0]), (*v)[1]});
+      if (it != pending_children_.end()) {
+        released = std::move(it->second);
+        pending_children_.erase(it);
+      }
+    }
+    return Future<Message>::ready(ack());
+  }
+
+  // Waits until every RRef among a call's arguments is confirmed.
+  absl::Status gate(const c10::IValue& call) {
+    std::vector<c10::intrusive_ptr<c10::RRefInterface>> rrefs;
+    collect_rrefs(call, rrefs);
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (const auto& rref : rrefs) {
+      auto* user = dynamic_cast<UserRRef*>(rref.get());
+      if (user == nullptr) continue;
+      absl::StatusOr<bool> confirmed = user->confirmation().get(deadline);
+      if (!confirmed.ok()) {
+        return absl::Status(
+            confirmed.status().code(),
+            absl::StrCat("an RRef argument was not confirmed by its owner: ",
+                         confirmed.status().message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<c10::IValue> decode_with_hook(const Message& message) {
+    return wire::decode(message, wire::Limits(), this);
+  }
+
+  RRefDebugInfo debug_info() {
+    absl::MutexLock lock(&mu_);
+    RRefDebugInfo info;
+    info.owners = static_cast<int64_t>(owners_.size());
+    for (const auto& [id, forks] : forks_) info.forks += forks.size();
+    info.pending_users = static_cast<int64_t>(pending_users_.size());
+    info.pending_children = static_cast<int64_t>(pending_children_.size());
+    return info;
+  }
+
+  // After close(): lets go of the references it held, outside the lock.
+  void drop_closed_users() {
+    std::vector<c10::intrusive_ptr<RRefImpl>> dropped;
+    absl::MutexLock lock(&mu_);
+    dropped.swap(dropped_);
+  }
+
+ private:
+  absl::StatusOr<std::vector<int64_t>> control_ints(const Message& request,
+                                                    size_t n) {
+    absl::StatusOr<c10::IValue> payload = wire::decode(request);
+    if (!payload.ok()) return payload.status();
+    return ints_of(*payload, n, message_type_name(request.type));
+  }
+
+  absl::Mutex mu_;
+  Worker* worker_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  const WorkerInfo self_;
+  std::atomic<int64_t> next_local_{1};
+  absl::flat_hash_map<RRefId, c10::intrusive_ptr<OwnerRRef>> owners_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<RRefId, absl::flat_hash_set<ForkId>> forks_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ForkId, c10::intrusive_ptr<UserRRef>> pending_users_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<c10::intrusive_ptr<RRefImpl>> dropped_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_
+      ABSL_GUARDED_BY(mu_);
+  internal::TimerQueue timers_;
+};
+
+namespace {
+
+class RRefExtension final : public WorkerExtension {
+ public:
+  explicit RRefExtension(Worker& worker)
+      : state_(std::make_shared<ContextState>(worker)) {}
+  ~RRefExtension() override {
+    state_->close();
+    state_->drop_closed_users();
+  }
+
+  const std::shared_ptr<ContextState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<ContextState> state_;
+};
+
+}  // namespace
+
+RRefImpl::RRefImpl(std::shared_ptr<ContextState> context, WorkerInfo owner,
+                   RRefId id, c10::TypePtr type)
+    : context_(std::move(context)),
+      owner_(std::move(owner)),
+      id_(id),
+      type_(std::move(type)) {}
+
+UserRRef::UserRRef(std::shared_ptr<ContextState> context, WorkerInfo owner,
+                   RRefId id, ForkId fork_id, c10::TypePtr type)
+    : RRefImpl(std::move(context), std::move(owner), id, std::move(type)),
+      fork_id_(fork_id) {}
+
+UserRRef::~UserRRef() { context()->user_deleted(id(), fork_id_, owner_info()); }
+
+void UserRRef::confirm(absl::Status status) const {
+  if (status.ok()) {
+    confirmed_.set(true);
+  } else {
+    confirmed_.set(status);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ContextState>> context_of(Worker* worker) {
+  if (worker == nullptr) {
+    return absl::FailedPreconditionError(
+        "no RPC worker: call tether::init_rpc() first");
+  }
+  auto* extension = worker->extension<RRefExtension>();
+  if (extension == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker does not serve RRefs: build it with rref_extension()");
+  }
+  return extension->state();
+}
+
+absl::StatusOr<std::shared_ptr<ContextState>> current_context() {
+  return context_of(current_worker());
+}
+
+}  // namespace rref
+
+using rref::ContextState;
+using rref::OwnerRRef;
+using rref::RRefImpl;
+using rref::UserRRef;
+
+RRef::RRef(c10::intrusive_ptr<c10::RRefInterface> impl)
+    : impl_(std::move(impl)) {}
+
+rref::RRefImpl* RRef::impl() const {
+  return static_cast<rref::RRefImpl*>(impl_.get());
+}
+
+absl::StatusOr<RRef> RRef::local(c10::IValue value) {
+  Worker* worker = current_worker();
+  if (worker == nullptr) {
+    return absl::FailedPreconditionError(
+        "no RPC worker: call tether::init_rpc() first");
+  }
+  return local(*worker, std::move(value));
+}
+
+absl::StatusOr<RRef> RRef::local(Worker& worker, c10::IValue value) {
+  absl::StatusOr<std::shared_ptr<ContextState>> context =
+      rref::context_of(&worker);
+  if (!context.ok()) return context.status();
+  auto owner = c10::make_intrusive<OwnerRRef>(
+      *context, (*context)->self(), (*context)->new_id(), value.type());
+  owner->set_value(std::move(value));
+  return RRef(c10::intrusive_ptr<c10::RRefInterface>(owner));
+}
+
+absl::StatusOr<RRef> RRef::from_ivalue(const c10::IValue& v) {
+  if (!v.isRRef()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected an RRef, got a ", v.tagKind()));
+  }
+  c10::intrusive_ptr<c10::RRefInterface> impl = v.toRRef();
+  if (dynamic_cast<RRefImpl*>(impl.get()) == nullptr) {
+    return absl::InvalidArgumentError("not a tether RRef");
+  }
+  return RRef(std::move(impl));
+}
+
+c10::IValue RRef::to_ivalue() const {
+  return c10::IValue(impl_);
+}
+
+WorkerInfo RRef::owner() const { return impl()->owner_info(); }
+std::string RRef::owner_name() const { return impl()->owner_info().name; }
+bool RRef::is_owner() const { return impl_->isOwner(); }
+bool RRef::confirmed_by_owner() const { return impl_->confirmedByOwner(); }
+
+absl::StatusOr<c10::IValue> RRef::local_value() const {
+  auto* owner = dynamic_cast<OwnerRRef*>(impl_.get());
+  if (owner == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local_value() on a user of RRef ", impl()->id().str(),
+        "; only its owner '", impl()->owner_info().name,
+        "' holds the value (use to_here())"));
+  }
+  return owner->value().get(absl::Now() + absl::Seconds(60));
+}
+
+absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
+  if (auto* owner = dynamic_cast<OwnerRRef*>(impl_.get())) {
+    absl::Duration bound =
+        timeout == kDefaultTimeout ? absl::Seconds(60) : timeout;
+    return owner->value().get(bound <= absl::ZeroDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + bound);
+  }
+  auto* user = static_cast<UserRRef*>(impl_.get());
+  Future<bool> confirmation = user->confirmation();
+  if (confirmation.is_ready() && !confirmation.result().ok()) {
+    return absl::Status(confirmation.result().status().code(),
+                        absl::StrCat("RRef creation failed: ",
+                                     confirmation.result().status().message()));
+  }
+  const std::shared_ptr<ContextState>& context = impl()->context();
+  Message request;
+  request.type = MessageType::kRRefFetch;
+  absl::Status encoded = wire::encode(
+      c10::ivalue::Tuple::create({c10::IValue(int64_t{impl()->id().worker}),
+                                  c10::IValue(impl()->id().local)}),
+      request);
+  if (!encoded.ok()) return encoded;
+  Future<Message> response;
+  bool alive = context->with_worker([&](Worker& worker) {
+    response = worker.send(impl()->owner_info(), std::move(request), timeout);
+  });
+  if (!alive) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "to_here() on RRef ", impl()->id().str(), " after its worker shut down"));
+  }
+  absl::StatusOr<Message> fetched = response.get();
+  if (!fetched.ok()) {
+    // A failed remote() reports through its user first, if it has by now.
+    if (confirmation.is_ready() && !confirmation.result().ok()) {
+      return absl::Status(
+          confirmation.result().status().code(),
+          absl::StrCat("RRef creation failed: ",
+                       confirmation.result().status().message()));
+    }
+    return absl::Status(fetched.status().code(),
+                        absl::StrCat("to_here() of RRef ", impl()->id().str(),
+                                     " from '", impl()->owner_info().name,
+                                     "': ", fetched.status().message()));
+  }
+  return context->decode_with_hook(*fetched);
+}
+
+absl::StatusOr<RRef> remote(const To& to, absl::string_view fn,
+                            std::vector<c10::IValue> args, Kwargs kwargs,
+                            absl::Duration timeout) {
+  Worker* worker = current_worker();
+  if (worker == nullptr) {
+    return absl::FailedPreconditionError(
+        "no RPC worker: call tether::init_rpc() first");
+  }
+  return remote(*worker, to, fn, std::move(args), std::move(kwargs), timeout);
+}
+
+absl::StatusOr<RRef> remote(Worker& caller, const To& to, absl::string_view fn,
+                            std::vector<c10::IValue> args, Kwargs kwargs,
+                            absl::Duration timeout) {
+  absl::StatusOr<std::shared_ptr<ContextState>> context =
+      rref::context_of(&caller);
+  if (!context.ok()) return context.status();
+  ContextState& state = **context;
+  absl::StatusOr<RRef> made = absl::FailedPreconditionError(
+      "the worker is shut down");
+  state.with_worker([&](Worker& worker) {
+    absl::StatusOr<WorkerInfo> target = worker.get_worker_info(to);
+    if (!target.ok()) {
+      made = target.status();
+      return;
+    }
+    const rref::RRefId id = state.new_id();
+    c10::intrusive_ptr<RRefImpl> handle;
+    c10::intrusive_ptr<UserRRef> user;
+    rref::ForkId fork{-1, -1};
+    if (target->id == state.self().id) {
+      handle = state.get_or_create_owner(id, c10::AnyType::get());
+    } else {
+      fork = state.new_id();
+      user = c10::make_intrusive<UserRRef>(*context, *target, id, fork,
+                                           c10::AnyType::get());
+      handle = user;
+    }
+    c10::impl::GenericDict kwargs_dict(c10::StringType::get(),
+                                       c10::AnyType::get());
+    for (auto& [key, value] : kwargs) kwargs_dict.insert(key, std::move(value));
+    c10::IValue call = c10::ivalue::Tuple::create(
+        {c10::IValue(std::string(fn)),
+         c10::ivalue::Tuple::create(std::move(args)),
+         c10::IValue(std::move(kwargs_dict)), c10::IValue(int64_t{id.worker}),
+         c10::IValue(id.local), c10::IValue(int64_t{fork.worker}),
+         c10::IValue(fork.local)});
+    Message request;
+    request.type = MessageType::kRemoteCall;
+    absl::Status encoded = worker.encode(call, request);
+    if (!encoded.ok()) {
+      made = absl::InvalidArgumentError(
+          absl::StrCat("cannot send arguments of '", fn, "' to worker '",
+                       target->name, "': ", encoded.message()));
+      return;
+    }
+    if (user != nullptr) state.add_pending_user(user);
+    std::weak_ptr<ContextState> weak = *context;
+    const std::string name(fn);
+    const rref::ForkId user_fork = fork;
+    const bool to_self = user == nullptr;
+    c10::intrusive_ptr<RRefImpl> keep = handle;
+    worker.send(*target, std::move(request), timeout)
+        .on_complete([weak, name, user_fork, to_self,
+                      keep](const absl::StatusOr<Message>& response) {
+          auto self = weak.lock();
+          if (self == nullptr) return;
+          absl::Status status = response.status();
+          if (to_self) {
+            // The handler set the owner's value; a lost message did not.
+            if (!status.ok()) {
+              static_cast<OwnerRRef*>(keep.get())->set_value(status);
+            }
+            return;
+          }
+          self->finish_pending_user(user_fork, status);
+        });
+    made = RRef(c10::intrusive_ptr<c10::RRefInterface>(handle));
+  });
+  return made;
+}
+
+ExtensionFactory rref_extension() {
+  return [](Worker& worker) -> absl::StatusOr<std::unique_ptr<WorkerExtension>> {
+    auto extension = std::make_unique<rref::RRefExtension>(worker);
+    std::shared_ptr<ContextState> state = extension->state();
+    std::weak_ptr<ContextState> weak = state;
+    auto route = [weak](Future<Message> (ContextState::*method)(Message)) {
+      return [weak, method](Message request) -> Future<Message> {
+        auto self = weak.lock();
+        if (self == nullptr) {
+          return Future<Message>::ready(
+              absl::CancelledError("the worker is shut down"));
+        }
+        return ((*self).*method)(std::move(request));
+      };
+    };
+    const std::pair<MessageType, Future<Message> (ContextState::*)(Message)>
+        handlers[] = {
+            {MessageType::kRemoteCall, &ContextState::on_remote_call},
+            {MessageType::kRRefFetch, &ContextState::on_fetch},
+            {MessageType::kRRefUserDelete, &ContextState::on_user_delete},
+            {MessageType::kRRefForkRequest, &ContextState::on_fork_request},
+            {MessageType::kRRefChildAccept, &ContextState::on_child_accept},
+        };
+    for (const auto& [type, method] : handlers) {
+      absl::Status added = worker.register_handler(type, route(method));
+      if (!added.ok()) return added;
+    }
+    worker.set_rref_hook(state.get());
+    worker.set_call_gate([weak](const c10::IValue& call) {
+      auto self = weak.lock();
+      return self == nullptr ? absl::OkStatus() : self->gate(call);
+    });
+    return extension;
+  };
+}
+
+absl::StatusOr<RRefDebugInfo> rref_debug_info(Worker& worker) {
+  auto* extension = worker.extension<rref::RRefExtension>();
+  if (extension == nullptr) {
+    return absl::FailedPreconditionError("this worker does not serve RRefs");
+  }
+  return extension->state()->debug_info();
+}
+
+}  // namespace tether

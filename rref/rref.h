@@ -1,0 +1,109 @@
+// RRef: a reference to a value that lives on one worker (its owner), usable
+// from any worker, like torch.distributed.rpc's RRef.
+//
+// remote() runs a function on a worker and leaves its result there; the
+// caller gets an RRef at once. RRefs travel as arguments and results of
+// rpc_sync / rpc_async / remote, nested in lists, tuples and dicts, between
+// any workers; the owner learns of every user reference and of its deletion,
+// and frees the value when the last one is gone (the protocol is in
+// rref/rref_context.h and docs/rref.md).
+//
+// A Worker serves RRefs when it is built with rref_extension():
+//
+//   tether::init_rpc("w0", 0, 2, options, registry, {tether::rref_extension()});
+//   absl::StatusOr<tether::RRef> r =
+//       tether::remote("w1", "aten::add.Tensor", {a, b});
+//   absl::StatusOr<c10::IValue> sum = r->to_here();
+//
+// Thread safety: an RRef may be copied and used from any thread.
+#ifndef TETHER_RREF_RREF_H_
+#define TETHER_RREF_RREF_H_
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/rref_interface.h>
+#include <absl/status/statusor.h>
+#include <absl/time/time.h>
+
+#include <string>
+#include <vector>
+
+#include "core/worker.h"
+
+namespace tether {
+
+namespace rref {
+class RRefImpl;
+}  // namespace rref
+
+class RRef {
+ public:
+  // An empty handle; only assignment and valid() may be used on it.
+  RRef() = default;
+
+  // A new RRef owned by the calling worker (or `worker`), holding `value`.
+  [[nodiscard]] static absl::StatusOr<RRef> local(c10::IValue value);
+  [[nodiscard]] static absl::StatusOr<RRef> local(Worker& worker,
+                                                  c10::IValue value);
+
+  // The RRef inside a value received from a call (INVALID_ARGUMENT if the
+  // value is not one).
+  [[nodiscard]] static absl::StatusOr<RRef> from_ivalue(const c10::IValue& v);
+
+  // As an argument of rpc_sync / rpc_async / remote.
+  c10::IValue to_ivalue() const;
+  operator c10::IValue() const { return to_ivalue(); }  // NOLINT
+
+  bool valid() const { return impl_ != nullptr; }
+
+  // The value: fetched from the owner, or the owner's own once ready.
+  // Errors: the creation error of remote() ("RRef creation failed: ..."),
+  // DEADLINE_EXCEEDED past `timeout`, UNAVAILABLE for a lost owner.
+  [[nodiscard]] absl::StatusOr<c10::IValue> to_here(
+      absl::Duration timeout = kDefaultTimeout) const;
+
+  // The owner's value, on the owner only (FAILED_PRECONDITION elsewhere).
+  [[nodiscard]] absl::StatusOr<c10::IValue> local_value() const;
+
+  WorkerInfo owner() const;
+  std::string owner_name() const;
+  bool is_owner() const;
+  // True on the owner, and on a user once the owner has registered it.
+  bool confirmed_by_owner() const;
+
+  // Internal: `impl` is a rref::RRefImpl.
+  explicit RRef(c10::intrusive_ptr<c10::RRefInterface> impl);
+  rref::RRefImpl* impl() const;
+
+ private:
+  c10::intrusive_ptr<c10::RRefInterface> impl_;
+};
+
+// Runs `fn` on `to` and keeps its result there. Returns at once; a failure
+// of the call is recorded on the RRef and reported by its first use.
+// Errors here: FAILED_PRECONDITION without a worker serving RRefs,
+// NOT_FOUND for an unknown worker, INVALID_ARGUMENT for arguments that
+// cannot be sent.
+[[nodiscard]] absl::StatusOr<RRef> remote(
+    const To& to, absl::string_view fn, std::vector<c10::IValue> args,
+    Kwargs kwargs = {}, absl::Duration timeout = kDefaultTimeout);
+// The same from an explicit worker (several workers in one process).
+[[nodiscard]] absl::StatusOr<RRef> remote(
+    Worker& worker, const To& to, absl::string_view fn,
+    std::vector<c10::IValue> args, Kwargs kwargs = {},
+    absl::Duration timeout = kDefaultTimeout);
+
+// The extension that makes a Worker serve RRefs (see Worker::create).
+ExtensionFactory rref_extension();
+
+// Counts for tests and debugging, of the calling thread's worker.
+struct RRefDebugInfo {
+  int64_t owners = 0;          // OwnerRRefs this worker keeps for others
+  int64_t forks = 0;           // user references the owners know of
+  int64_t pending_users = 0;   // users here not yet confirmed by the owner
+  int64_t pending_children = 0;  // forks sent on, awaiting the owner
+};
+[[nodiscard]] absl::StatusOr<RRefDebugInfo> rref_debug_info(Worker& worker);
+
+}  // namespace tether
+
+#endif  // TETHER_RREF_RREF_H_

@@ -1,0 +1,278 @@
+// The RRef protocol between three workers in one process over loopback.
+#include "rref/rref.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <thread>
+
+#include "backends/builtin.h"
+#include "core/rpc.h"
+#include "testing/status_matchers.h"
+
+namespace {
+
+tether::RRef rref_of(const c10::IValue& v) {
+  absl::StatusOr<tether::RRef> r = tether::RRef::from_ivalue(v);
+  TORCH_CHECK(r.ok(), r.status().ToString());
+  return *r;
+}
+
+at::Tensor value_of(const c10::IValue& r) {
+  absl::StatusOr<c10::IValue> v = rref_of(r).to_here();
+  TORCH_CHECK(v.ok(), v.status().ToString());
+  return v->toTensor();
+}
+
+bool is_confirmed(const c10::IValue& r) {
+  return rref_of(r).confirmed_by_owner();
+}
+
+c10::IValue make_local(const at::Tensor& t) {
+  absl::StatusOr<tether::RRef> r = tether::RRef::local(t * 10);
+  TORCH_CHECK(r.ok(), r.status().ToString());
+  return r->to_ivalue();
+}
+
+// Passes `r` along `path` (one worker per hop); the last one reads it.
+at::Tensor forward(const c10::IValue& r, std::vector<std::string> path) {
+  if (path.empty()) return value_of(r);
+  std::string next = path.front();
+  path.erase(path.begin());
+  absl::StatusOr<c10::IValue> v = tether::rpc_sync(
+      next, "tether_rref_test::forward", {r, c10::IValue(path)});
+  TORCH_CHECK(v.ok(), v.status().ToString());
+  return v->toTensor();
+}
+
+at::Tensor sum_all(const c10::IValue& rrefs) {
+  at::Tensor total = at::zeros({2});
+  for (const c10::IValue& r : rrefs.toListRef()) total = total + value_of(r);
+  return total;
+}
+
+TORCH_LIBRARY(tether_rref_test, m) {
+  m.def("value_of(Any r) -> Tensor", &value_of);
+  m.def("is_confirmed(Any r) -> bool", &is_confirmed);
+  m.def("make_local(Tensor t) -> Any", &make_local);
+  m.def("forward(Any r, str[] path) -> Tensor", &forward);
+  m.def("sum_all(Any rrefs) -> Tensor", &sum_all);
+}
+
+}  // namespace
+
+namespace tether {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
+
+constexpr absl::Duration kBound = absl::Seconds(30);
+
+class RRefs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> counter{0};
+    BackendRegistry registry;
+    ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+    RpcOptions options;
+    options.backend = "loopback";
+    options.init_method = absl::StrCat("memory://rref_test_", counter++);
+    options.num_worker_threads = 8;
+    options.default_timeout = kBound;
+    const std::vector<std::string> names = {"alice", "bob", "carol"};
+    workers_.resize(names.size());
+    std::vector<std::thread> threads;
+    for (size_t rank = 0; rank < names.size(); ++rank) {
+      threads.emplace_back([&, rank] {
+        auto w = Worker::create(names[rank], static_cast<int>(rank), 3, options,
+                                registry, {rref_extension()});
+        ASSERT_THAT(w, IsOk());
+        workers_[rank] = std::move(*w);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  void TearDown() override {
+    std::vector<std::thread> threads;
+    for (auto& w : workers_) {
+      threads.emplace_back([&w] { EXPECT_THAT(w->shutdown(), IsOk()); });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  // Waits (bounded) until every worker's RRef counts are back to zero.
+  void expect_all_released() {
+    const absl::Time deadline = absl::Now() + kBound;
+    for (auto& w : workers_) {
+      for (;;) {
+        absl::StatusOr<RRefDebugInfo> info = rref_debug_info(*w);
+        ASSERT_THAT(info, IsOk());
+        if (info->owners == 0 && info->forks == 0 &&
+            info->pending_users == 0 && info->pending_children == 0) {
+          break;
+        }
+        ASSERT_LT(absl::Now(), deadline)
+            << w->get_current_worker_info().name << " still has "
+            << info->owners << " owners, " << info->forks << " forks, "
+            << info->pending_users << " pending users, "
+            << info->pending_children << " pending children";
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    }
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+
+
+TEST_F(RRefs, RemoteThenToHere) {
+  absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                  {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(r, IsOk());
+  EXPECT_FALSE(r->is_owner());
+  EXPECT_EQ(r->owner_name(), "bob");
+  absl::StatusOr<c10::IValue> v = r->to_here();
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
+  EXPECT_THAT(r->local_value(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bob")));
+}
+
+TEST_F(RRefs, RemoteToSelfIsAnOwner) {
+  absl::StatusOr<RRef> r = remote(*workers_[0], "alice", "aten::mul.Tensor",
+                                  {at::full({2}, 3.0), at::full({2}, 2.0)});
+  ASSERT_THAT(r, IsOk());
+  EXPECT_TRUE(r->is_owner());
+  EXPECT_TRUE(r->confirmed_by_owner());
+  absl::StatusOr<c10::IValue> v = r->to_here();
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 6.0)));
+  ASSERT_THAT(r->local_value(), IsOk());
+}
+
+TEST_F(RRefs, UserPassesItsRRefBackToTheOwner) {
+  absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                  {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(r, IsOk());
+  absl::StatusOr<c10::IValue> v =
+      workers_[0]->rpc_sync("bob", "tether_rref_test::value_of", {*r});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
+}
+
+TEST_F(RRefs, UserSharesWithAnotherUserWhoSeesItConfirmed) {
+  absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                  {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(r, IsOk());
+  // carol receives a fork from alice (a user): it runs only once confirmed.
+  absl::StatusOr<c10::IValue> confirmed =
+      workers_[0]->rpc_sync("carol", "tether_rref_test::is_confirmed", {*r});
+  ASSERT_THAT(confirmed, IsOk());
+  EXPECT_TRUE(confirmed->toBool());
+  absl::StatusOr<c10::IValue> v =
+      workers_[0]->rpc_sync("carol", "tether_rref_test::value_of", {*r});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
+}
+
+TEST_F(RRefs, OwnerReturnsItsRRefToAUser) {
+  absl::StatusOr<c10::IValue> returned = workers_[0]->rpc_sync(
+      "carol", "tether_rref_test::make_local", {at::ones({2})});
+  ASSERT_THAT(returned, IsOk());
+  absl::StatusOr<RRef> r = RRef::from_ivalue(*returned);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->owner_name(), "carol");
+  EXPECT_TRUE(r->confirmed_by_owner());  // the owner registered it first
+  absl::StatusOr<c10::IValue> v = r->to_here();
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 10.0)));
+}
+
+TEST_F(RRefs, LocalRRefPassedToOtherWorkers) {
+  absl::StatusOr<RRef> r = RRef::local(*workers_[0], at::full({2}, 4.0));
+  ASSERT_THAT(r, IsOk());
+  EXPECT_TRUE(r->is_owner());
+  absl::StatusOr<c10::IValue> v =
+      workers_[0]->rpc_sync("bob", "tether_rref_test::value_of", {*r});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 4.0)));
+}
+
+TEST_F(RRefs, ForwardedThroughEightNestedCalls) {
+  absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                  {at::ones({2}), at::full({2}, 6.0)});
+  ASSERT_THAT(r, IsOk());
+  std::vector<std::string> path = {"carol", "alice", "bob",  "carol",
+                                   "alice", "bob",   "carol"};
+  absl::StatusOr<c10::IValue> v = workers_[0]->rpc_sync(
+      "bob", "tether_rref_test::forward", {*r, c10::IValue(path)});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 7.0)));
+}
+
+TEST_F(RRefs, RRefsInsideContainers) {
+  std::vector<RRef> refs;
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<RRef> r =
+        remote(*workers_[0], i % 2 == 0 ? "bob" : "carol", "aten::add.Tensor",
+               {at::full({2}, double(i)), at::ones({2})});
+    ASSERT_THAT(r, IsOk());
+    refs.push_back(*r);
+    list.push_back(r->to_ivalue());
+  }
+  absl::StatusOr<c10::IValue> v = workers_[0]->rpc_sync(
+      "carol", "tether_rref_test::sum_all", {c10::IValue(list)});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 10.0)));
+}
+
+TEST_F(RRefs, CreationFailureIsReportedOnFirstUse) {
+  absl::StatusOr<RRef> r =
+      remote(*workers_[0], "bob", "aten::no_such_op", {at::ones({2})});
+  ASSERT_THAT(r, IsOk());
+  EXPECT_THAT(r->to_here(), StatusIs(absl::StatusCode::kNotFound,
+                                     HasSubstr("RRef creation failed")));
+}
+
+TEST_F(RRefs, ThousandCreatedAndDroppedReleaseEverything) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([this, t] {
+      for (int i = 0; i < 250; ++i) {
+        absl::StatusOr<RRef> r =
+            remote(*workers_[t % 3], (t + i) % 3, "aten::add.Tensor",
+                   {at::ones({2}), at::ones({2})});
+        ASSERT_THAT(r, IsOk());
+        if (i % 10 == 0) ASSERT_THAT(r->to_here(), IsOk());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  expect_all_released();
+}
+
+TEST_F(RRefs, SharingAndDroppingLeaveNoForksBehind) {
+  {
+    absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                    {at::ones({2}), at::ones({2})});
+    ASSERT_THAT(r, IsOk());
+    ASSERT_THAT(workers_[0]->rpc_sync("carol", "tether_rref_test::value_of",
+                                      {*r}),
+                IsOk());
+    ASSERT_THAT(workers_[0]->rpc_sync("bob", "tether_rref_test::value_of",
+                                      {*r}),
+                IsOk());
+  }
+  expect_all_released();
+}
+
+}  // namespace
+}  // namespace tether
