@@ -2,6 +2,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <absl/strings/str_cat.h>
+#include <torch/custom_class.h>
 #include <torch/jit.h>
 
 #include <exception>
@@ -52,6 +53,39 @@ absl::StatusOr<std::vector<c10::IValue>> check_inputs(
 
 }  // namespace
 
+// Runs `fn` on `stack` after checking it against the schema.
+absl::StatusOr<c10::IValue> run_function(torch::jit::Function& fn,
+                                         std::vector<c10::IValue> stack,
+                                         const Kwargs& kwargs) {
+  absl::StatusOr<std::vector<c10::IValue>> checked =
+      check_inputs(fn.getSchema(), std::move(stack), kwargs);
+  if (!checked.ok()) return checked.status();
+  try {
+    fn.run(*checked);
+  } catch (const std::exception& e) {
+    return absl::UnknownError(error_text(e));
+  }
+  return result_of(*checked);
+}
+
+absl::StatusOr<c10::IValue> Callables::call_method(
+    const c10::IValue& self, absl::string_view method,
+    std::vector<c10::IValue> args, const Kwargs& kwargs) {
+  if (!self.isObject()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot call method '", method, "' on a ",
+                     self.tagKind(), ": not an object of a custom class"));
+  }
+  c10::ClassTypePtr type = self.toObjectRef().type();
+  torch::jit::Function* fn = type->findMethod(std::string(method));
+  if (fn == nullptr) {
+    return absl::NotFoundError(absl::StrCat("class ", type->repr_str(),
+                                            " has no method '", method, "'"));
+  }
+  args.insert(args.begin(), self);
+  return run_function(*fn, std::move(args), kwargs);
+}
+
 absl::Status Callables::add_script(const std::string& source) {
   std::shared_ptr<torch::jit::CompilationUnit> unit;
   try {
@@ -92,6 +126,22 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
       return result_of(*stack);
     }
   }
+  // A custom class, by its qualified name: construct an instance.
+  if (c10::ClassTypePtr type = torch::getCustomClass(std::string(name))) {
+    torch::jit::Function* init = type->findMethod("__init__");
+    if (init == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("class ", name, " has no constructor (torch::init)"));
+    }
+    // A custom class keeps its C++ object in one slot, set by __init__.
+    c10::IValue self(c10::ivalue::Object::create(
+        c10::StrongTypePtr(nullptr, type), /*numSlots=*/1));
+    args.insert(args.begin(), self);
+    absl::StatusOr<c10::IValue> constructed =
+        run_function(*init, std::move(args), kwargs);
+    if (!constructed.ok()) return constructed.status();
+    return self;
+  }
   torch::jit::Function* fn = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -104,15 +154,7 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
     return absl::NotFoundError(absl::StrCat(
         "no operator or TorchScript function named '", name, "'"));
   }
-  absl::StatusOr<std::vector<c10::IValue>> stack =
-      check_inputs(fn->getSchema(), std::move(args), kwargs);
-  if (!stack.ok()) return stack.status();
-  try {
-    fn->run(*stack);
-  } catch (const std::exception& e) {
-    return absl::UnknownError(error_text(e));
-  }
-  return result_of(*stack);
+  return run_function(*fn, std::move(args), kwargs);
 }
 
 }  // namespace tether

@@ -2,9 +2,12 @@
 //
 // The allow-list of tether (ARCHITECTURE.md section 3): LibTorch operators
 // found through the c10 dispatcher, builtins ("aten::add.Tensor") and the
-// user's own TORCH_LIBRARY operators ("myns::my_fn"), plus TorchScript
-// functions compiled on this worker with add_script(). Nothing else runs;
-// nothing arrives as code.
+// user's own TORCH_LIBRARY operators ("myns::my_fn"), TorchScript functions
+// compiled on this worker with add_script(), and the user's custom classes
+// (TORCH_LIBRARY's class_): constructed by their qualified name
+// ("__torch__.torch.classes.myns.Shard") and driven through their
+// registered methods (call_method). Nothing else runs; nothing arrives as
+// code.
 //
 // Thread safety: all methods may be called from any thread.
 #ifndef TETHER_CORE_CALLABLES_H_
@@ -44,6 +47,13 @@ class Callables {
   [[nodiscard]] absl::StatusOr<c10::IValue> call(
       absl::string_view name, std::vector<c10::IValue> args,
       const Kwargs& kwargs) const;
+
+  // Runs registered method `method` of `self`, an instance of a custom class.
+  // Errors: INVALID_ARGUMENT if `self` is not an object, NOT_FOUND for a
+  // missing method (naming it and the class), then as call().
+  [[nodiscard]] static absl::StatusOr<c10::IValue> call_method(
+      const c10::IValue& self, absl::string_view method,
+      std::vector<c10::IValue> args, const Kwargs& kwargs);
 
  private:
   mutable absl::Mutex mu_;

@@ -28,6 +28,8 @@ const char* message_type_name(MessageType type) {
       return "RREF_CHILD_ACCEPT";
     case MessageType::kAck:
       return "ACK";
+    case MessageType::kRRefMethodCall:
+      return "RREF_METHOD_CALL";
   }
   return "INVALID";
 }

@@ -45,6 +45,7 @@ enum class MessageType : int32_t {
   kRRefForkRequest = 9,  // a new user asks the owner to register it
   kRRefChildAccept = 10, // the owner confirmed a child: its parent may let go
   kAck = 11,             // the empty response of the control messages
+  kRRefMethodCall = 12,  // run a method of the object an RRef holds
 };
 
 // Returns a short name for logs and error messages ("CALL", ...).

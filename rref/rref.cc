@@ -327,56 +327,130 @@ class ContextState : public wire::RRefHook,
 
   // ---- handlers (on the worker pool)
 
+  // A call target: a function's name, or (RRef owned here, method name).
+  static absl::Status check_target(const c10::IValue& target) {
+    if (target.isString()) return absl::OkStatus();
+    if (target.isTuple() && target.toTupleRef().elements().size() == 2 &&
+        target.toTupleRef().elements()[0].isRRef() &&
+        target.toTupleRef().elements()[1].isString()) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(
+        "malformed call target: expected a name or (RRef, method)");
+  }
+
+  static std::string describe_target(const c10::IValue& target) {
+    if (target.isString()) return absl::StrCat("'", target.toStringRef(), "'");
+    return absl::StrCat("method '",
+                        target.toTupleRef().elements()[1].toStringRef(),
+                        "' of an RRef");
+  }
+
+  absl::StatusOr<c10::IValue> invoke(const c10::IValue& target,
+                                     std::vector<c10::IValue> args,
+                                     const Kwargs& kwargs) {
+    absl::StatusOr<c10::IValue> result =
+        absl::CancelledError("the worker shut down before the call ran");
+    if (target.isString()) {
+      with_worker([&](Worker& worker) {
+        result = worker.callables().call(target.toStringRef(), std::move(args),
+                                         kwargs);
+      });
+      return result;
+    }
+    const auto& parts = target.toTupleRef().elements();
+    auto* owner = dynamic_cast<OwnerRRef*>(parts[0].toRRef().get());
+    if (owner == nullptr) {
+      return absl::InvalidArgumentError(
+          "a method call must run on the owner of the RRef");
+    }
+    absl::StatusOr<c10::IValue> self =
+        owner->value().get(absl::Now() + absl::Seconds(60));
+    if (!self.ok()) return self.status();
+    return Callables::call_method(*self, parts[1].toStringRef(),
+                                  std::move(args), kwargs);
+  }
+
+  static Kwargs kwargs_of(const c10::IValue& dict) {
+    Kwargs kwargs;
+    for (const auto& entry : dict.toGenericDict()) {
+      if (entry.key().isString()) {
+        kwargs.emplace(entry.key().toStringRef(), entry.value());
+      }
+    }
+    return kwargs;
+  }
+
+  // Runs a decoded (target, args, kwargs, ...) call once its RRef arguments
+  // are confirmed; errors name this worker and the target.
+  absl::StatusOr<c10::IValue> run_call(const c10::IValue& call) {
+    const auto& parts = call.toTupleRef().elements();
+    absl::Status ready = gate(call);
+    absl::StatusOr<c10::IValue> result =
+        ready.ok() ? invoke(parts[0], parts[1].toTupleRef().elements().vec(),
+                            kwargs_of(parts[2]))
+                   : absl::StatusOr<c10::IValue>(ready);
+    if (!result.ok()) {
+      result = absl::Status(
+          result.status().code(),
+          absl::StrCat("Error on worker ", self_.id, " (", self_.name,
+                       ") calling ", describe_target(parts[0]), ": ",
+                       result.status().message()));
+    }
+    return result;
+  }
+
+  static absl::Status check_call(const c10::IValue& call, size_t size,
+                                 absl::string_view what) {
+    if (!call.isTuple() || call.toTupleRef().elements().size() != size) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed ", what));
+    }
+    const auto& parts = call.toTupleRef().elements();
+    if (!parts[1].isTuple() || !parts[2].isGenericDict()) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed ", what));
+    }
+    for (size_t i = 3; i < size; ++i) {
+      if (!parts[i].isInt()) {
+        return absl::InvalidArgumentError(absl::StrCat("malformed ", what));
+      }
+    }
+    return check_target(parts[0]);
+  }
+
   Future<Message> on_remote_call(Message request) {
     absl::StatusOr<c10::IValue> call = decode_with_hook(request);
     if (!call.ok()) return Future<Message>::ready(call.status());
+    if (absl::Status ok = check_call(*call, 7, "REMOTE_CALL"); !ok.ok()) {
+      return Future<Message>::ready(ok);
+    }
     const auto& parts = call->toTupleRef().elements();
-    if (!call->isTuple() || parts.size() != 7 || !parts[0].isString() ||
-        !parts[1].isTuple() || !parts[2].isGenericDict()) {
-      return Future<Message>::ready(
-          absl::InvalidArgumentError("malformed REMOTE_CALL"));
-    }
-    for (size_t i = 3; i < 7; ++i) {
-      if (!parts[i].isInt()) {
-        return Future<Message>::ready(
-            absl::InvalidArgumentError("malformed REMOTE_CALL ids"));
-      }
-    }
-    const std::string fn = parts[0].toStringRef();
     const RRefId id{static_cast<int32_t>(parts[3].toInt()), parts[4].toInt()};
     const ForkId fork{static_cast<int32_t>(parts[5].toInt()), parts[6].toInt()};
     c10::intrusive_ptr<OwnerRRef> owner =
         get_or_create_owner(id, c10::AnyType::get());
     if (fork.worker >= 0) add_fork(id, fork);
-    absl::Status ready = gate(*call);
-    absl::StatusOr<c10::IValue> result = absl::CancelledError(
-        "the worker shut down before the call ran");
-    if (!ready.ok()) {
-      result = ready;
-    } else {
-      Kwargs kwargs;
-      for (const auto& entry : parts[2].toGenericDict()) {
-        if (entry.key().isString()) {
-          kwargs.emplace(entry.key().toStringRef(), entry.value());
-        }
-      }
-      with_worker([&](Worker& worker) {
-        result = worker.callables().call(
-            fn, parts[1].toTupleRef().elements().vec(), kwargs);
-      });
-    }
-    if (!result.ok()) {
-      result = absl::Status(result.status().code(),
-                            absl::StrCat("Error on worker ", self_.id, " (",
-                                         self_.name, ") calling '", fn,
-                                         "': ", result.status().message()));
-    }
+    absl::StatusOr<c10::IValue> result = run_call(*call);
     owner->set_value(result);
     // A remote() to this worker itself: its caller holds the OwnerRRef, so
     // the table only keeps it while it has forks.
     if (fork.worker < 0) release_if_unforked(id);
     if (!result.ok()) return Future<Message>::ready(result.status());
     return Future<Message>::ready(ack());
+  }
+
+  Future<Message> on_method_call(Message request) {
+    absl::StatusOr<c10::IValue> call = decode_with_hook(request);
+    if (!call.ok()) return Future<Message>::ready(call.status());
+    if (absl::Status ok = check_call(*call, 3, "RREF_METHOD_CALL"); !ok.ok()) {
+      return Future<Message>::ready(ok);
+    }
+    absl::StatusOr<c10::IValue> result = run_call(*call);
+    if (!result.ok()) return Future<Message>::ready(result.status());
+    Message response;
+    response.type = MessageType::kCallRet;
+    absl::Status encoded = wire::encode(*result, response, this);
+    if (!encoded.ok()) return Future<Message>::ready(encoded);
+    return Future<Message>::ready(std::move(response));
   }
 
   Future<Message> on_fetch(Message request) {
@@ -682,12 +756,19 @@ absl::StatusOr<RRef> remote(const To& to, absl::string_view fn,
   return remote(*worker, to, fn, std::move(args), std::move(kwargs), timeout);
 }
 
-absl::StatusOr<RRef> remote(Worker& caller, const To& to, absl::string_view fn,
-                            std::vector<c10::IValue> args, Kwargs kwargs,
-                            absl::Duration timeout) {
+namespace {
+
+// remote() of a function (`target` a name) or of a method of the object an
+// RRef holds (`target` the tuple (RRef, method)).
+absl::StatusOr<RRef> remote_call(Worker& caller, const To& to,
+                                 c10::IValue call_target,
+                                 absl::string_view what,
+                                 std::vector<c10::IValue> args, Kwargs kwargs,
+                                 absl::Duration timeout) {
   absl::StatusOr<std::shared_ptr<ContextState>> context =
       rref::context_of(&caller);
   if (!context.ok()) return context.status();
+  const std::string fn(what);
   ContextState& state = **context;
   absl::StatusOr<RRef> made = absl::FailedPreconditionError(
       "the worker is shut down");
@@ -713,8 +794,7 @@ absl::StatusOr<RRef> remote(Worker& caller, const To& to, absl::string_view fn,
                                        c10::AnyType::get());
     for (auto& [key, value] : kwargs) kwargs_dict.insert(key, std::move(value));
     c10::IValue call = c10::ivalue::Tuple::create(
-        {c10::IValue(std::string(fn)),
-         c10::ivalue::Tuple::create(std::move(args)),
+        {std::move(call_target), c10::ivalue::Tuple::create(std::move(args)),
          c10::IValue(std::move(kwargs_dict)), c10::IValue(int64_t{id.worker}),
          c10::IValue(id.local), c10::IValue(int64_t{fork.worker}),
          c10::IValue(fork.local)});
@@ -729,12 +809,11 @@ absl::StatusOr<RRef> remote(Worker& caller, const To& to, absl::string_view fn,
     }
     if (user != nullptr) state.add_pending_user(user);
     std::weak_ptr<ContextState> weak = *context;
-    const std::string name(fn);
     const rref::ForkId user_fork = fork;
     const bool to_self = user == nullptr;
     c10::intrusive_ptr<RRefImpl> keep = handle;
     worker.send(*target, std::move(request), timeout)
-        .on_complete([weak, name, user_fork, to_self,
+        .on_complete([weak, user_fork, to_self,
                       keep](const absl::StatusOr<Message>& response) {
           auto self = weak.lock();
           if (self == nullptr) return;
@@ -751,6 +830,94 @@ absl::StatusOr<RRef> remote(Worker& caller, const To& to, absl::string_view fn,
     made = RRef(c10::intrusive_ptr<c10::RRefInterface>(handle));
   });
   return made;
+}
+
+// The message of a method call on `rref`'s object.
+absl::StatusOr<Message> method_call_message(Worker& worker, const RRef& rref,
+                                            absl::string_view method,
+                                            std::vector<c10::IValue> args,
+                                            Kwargs kwargs) {
+  c10::impl::GenericDict kwargs_dict(c10::StringType::get(),
+                                     c10::AnyType::get());
+  for (auto& [key, value] : kwargs) kwargs_dict.insert(key, std::move(value));
+  c10::IValue call = c10::ivalue::Tuple::create(
+      {c10::ivalue::Tuple::create(
+           {rref.to_ivalue(), c10::IValue(std::string(method))}),
+       c10::ivalue::Tuple::create(std::move(args)),
+       c10::IValue(std::move(kwargs_dict))});
+  Message request;
+  request.type = MessageType::kRRefMethodCall;
+  absl::Status encoded = worker.encode(call, request);
+  if (!encoded.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot send arguments of method '", method, "': ", encoded.message()));
+  }
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<RRef> remote(Worker& caller, const To& to, absl::string_view fn,
+                            std::vector<c10::IValue> args, Kwargs kwargs,
+                            absl::Duration timeout) {
+  return remote_call(caller, to, c10::IValue(std::string(fn)), fn,
+                     std::move(args), std::move(kwargs), timeout);
+}
+
+Future<c10::IValue> AsyncProxy::call(absl::string_view method,
+                                     std::vector<c10::IValue> args,
+                                     Kwargs kwargs) const {
+  const std::shared_ptr<ContextState> context = rref_.impl()->context();
+  Future<c10::IValue> result = Future<c10::IValue>::ready(
+      absl::FailedPreconditionError("the RRef's worker is shut down"));
+  const WorkerInfo owner = rref_.owner();
+  const absl::Duration timeout = timeout_;
+  context->with_worker([&](Worker& worker) {
+    absl::StatusOr<Message> request =
+        method_call_message(worker, rref_, method, std::move(args),
+                            std::move(kwargs));
+    if (!request.ok()) {
+      result = Future<c10::IValue>::ready(request.status());
+      return;
+    }
+    std::weak_ptr<ContextState> weak = context;
+    result = worker.send(owner, *std::move(request), timeout)
+                 .then([weak](const absl::StatusOr<Message>& response)
+                           -> absl::StatusOr<c10::IValue> {
+                   if (!response.ok()) return response.status();
+                   auto self = weak.lock();
+                   if (self == nullptr) {
+                     return absl::CancelledError("the worker is shut down");
+                   }
+                   return self->decode_with_hook(*response);
+                 });
+  });
+  return result;
+}
+
+absl::StatusOr<c10::IValue> SyncProxy::call(absl::string_view method,
+                                            std::vector<c10::IValue> args,
+                                            Kwargs kwargs) const {
+  return AsyncProxy(rref_, timeout_)
+      .call(method, std::move(args), std::move(kwargs))
+      .get();
+}
+
+absl::StatusOr<RRef> RemoteProxy::call(absl::string_view method,
+                                       std::vector<c10::IValue> args,
+                                       Kwargs kwargs) const {
+  absl::StatusOr<RRef> result =
+      absl::FailedPreconditionError("the RRef's worker is shut down");
+  const std::shared_ptr<ContextState> context = rref_.impl()->context();
+  context->with_worker([&](Worker& worker) {
+    result = remote_call(
+        worker, rref_.owner(),
+        c10::ivalue::Tuple::create(
+            {rref_.to_ivalue(), c10::IValue(std::string(method))}),
+        absl::StrCat("method '", method, "'"), std::move(args),
+        std::move(kwargs), timeout_);
+  });
+  return result;
 }
 
 ExtensionFactory rref_extension() {
@@ -775,6 +942,7 @@ ExtensionFactory rref_extension() {
             {MessageType::kRRefUserDelete, &ContextState::on_user_delete},
             {MessageType::kRRefForkRequest, &ContextState::on_fork_request},
             {MessageType::kRRefChildAccept, &ContextState::on_child_accept},
+            {MessageType::kRRefMethodCall, &ContextState::on_method_call},
         };
     for (const auto& [type, method] : handlers) {
       absl::Status added = worker.register_handler(type, route(method));

@@ -35,6 +35,53 @@ namespace rref {
 class RRefImpl;
 }  // namespace rref
 
+class RRef;
+
+// Proxies run a method of the object an RRef holds (an instance of a
+// TORCH_LIBRARY custom class) on its owner, by name:
+//   rref.rpc_sync().call("forward", {x})   -> StatusOr<IValue>
+//   rref.rpc_async().call("forward", {x})  -> Future<IValue>
+//   rref.remote().call("forward", {x})     -> StatusOr<RRef> (result stays)
+// A missing method is NOT_FOUND naming it and the class.
+class SyncProxy {
+ public:
+  SyncProxy(const RRef& rref, absl::Duration timeout)
+      : rref_(rref), timeout_(timeout) {}
+  [[nodiscard]] absl::StatusOr<c10::IValue> call(
+      absl::string_view method, std::vector<c10::IValue> args = {},
+      Kwargs kwargs = {}) const;
+
+ private:
+  const RRef& rref_;
+  absl::Duration timeout_;
+};
+
+class AsyncProxy {
+ public:
+  AsyncProxy(const RRef& rref, absl::Duration timeout)
+      : rref_(rref), timeout_(timeout) {}
+  Future<c10::IValue> call(absl::string_view method,
+                           std::vector<c10::IValue> args = {},
+                           Kwargs kwargs = {}) const;
+
+ private:
+  const RRef& rref_;
+  absl::Duration timeout_;
+};
+
+class RemoteProxy {
+ public:
+  RemoteProxy(const RRef& rref, absl::Duration timeout)
+      : rref_(rref), timeout_(timeout) {}
+  [[nodiscard]] absl::StatusOr<RRef> call(absl::string_view method,
+                                          std::vector<c10::IValue> args = {},
+                                          Kwargs kwargs = {}) const;
+
+ private:
+  const RRef& rref_;
+  absl::Duration timeout_;
+};
+
 class RRef {
  public:
   // An empty handle; only assignment and valid() may be used on it.
@@ -69,6 +116,18 @@ class RRef {
   bool is_owner() const;
   // True on the owner, and on a user once the owner has registered it.
   bool confirmed_by_owner() const;
+
+  // Method calls on the owner's object (see SyncProxy above). The proxy
+  // refers to this RRef: use it within the expression.
+  SyncProxy rpc_sync(absl::Duration timeout = kDefaultTimeout) const {
+    return SyncProxy(*this, timeout);
+  }
+  AsyncProxy rpc_async(absl::Duration timeout = kDefaultTimeout) const {
+    return AsyncProxy(*this, timeout);
+  }
+  RemoteProxy remote(absl::Duration timeout = kDefaultTimeout) const {
+    return RemoteProxy(*this, timeout);
+  }
 
   // Internal: `impl` is a rref::RRefImpl.
   explicit RRef(c10::intrusive_ptr<c10::RRefInterface> impl);

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -54,7 +55,27 @@ at::Tensor sum_all(const c10::IValue& rrefs) {
   return total;
 }
 
+// A remote object: created on its owner with remote(), driven by proxies.
+struct Counter : torch::CustomClassHolder {
+  explicit Counter(int64_t start) : value(start) {}
+  int64_t add(int64_t n) { return value += n; }
+  at::Tensor scale(const at::Tensor& t) { return t * value; }
+  int64_t value;
+};
+
+// Runs on another worker: calls the object through the RRef's proxy.
+int64_t add_via_proxy(const c10::IValue& r, int64_t n) {
+  absl::StatusOr<c10::IValue> v = rref_of(r).rpc_sync().call("add", {n});
+  TORCH_CHECK(v.ok(), v.status().ToString());
+  return v->toInt();
+}
+
 TORCH_LIBRARY(tether_rref_test, m) {
+  m.class_<Counter>("Counter")
+      .def(torch::init<int64_t>())
+      .def("add", &Counter::add)
+      .def("scale", &Counter::scale);
+  m.def("add_via_proxy(Any r, int n) -> int", &add_via_proxy);
   m.def("value_of(Any r) -> Tensor", &value_of);
   m.def("is_confirmed(Any r) -> bool", &is_confirmed);
   m.def("make_local(Tensor t) -> Any", &make_local);
@@ -240,6 +261,50 @@ TEST_F(RRefs, CreationFailureIsReportedOnFirstUse) {
   ASSERT_THAT(r, IsOk());
   EXPECT_THAT(r->to_here(), StatusIs(absl::StatusCode::kNotFound,
                                      HasSubstr("RRef creation failed")));
+}
+
+constexpr char kCounter[] = "__torch__.torch.classes.tether_rref_test.Counter";
+
+TEST_F(RRefs, ProxiesRunMethodsOnTheOwnersObject) {
+  absl::StatusOr<RRef> counter =
+      remote(*workers_[0], "bob", kCounter, {int64_t{5}});
+  ASSERT_THAT(counter, IsOk());
+  absl::StatusOr<c10::IValue> v = counter->rpc_sync().call("add", {int64_t{3}});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(v->toInt(), 8);
+  absl::StatusOr<c10::IValue> w =
+      counter->rpc_async().call("add", {int64_t{2}}).get();
+  ASSERT_THAT(w, IsOk());
+  EXPECT_EQ(w->toInt(), 10);
+  absl::StatusOr<RRef> scaled =
+      counter->remote().call("scale", {at::ones({2})});
+  ASSERT_THAT(scaled, IsOk());
+  EXPECT_EQ(scaled->owner_name(), "bob");
+  absl::StatusOr<c10::IValue> s = scaled->to_here();
+  ASSERT_THAT(s, IsOk());
+  EXPECT_TRUE(at::equal(s->toTensor(), at::full({2}, 10.0)));
+  // A third worker drives the same object through its own fork.
+  absl::StatusOr<c10::IValue> from_carol = workers_[0]->rpc_sync(
+      "carol", "tether_rref_test::add_via_proxy", {*counter, int64_t{1}});
+  ASSERT_THAT(from_carol, IsOk());
+  EXPECT_EQ(from_carol->toInt(), 11);
+}
+
+TEST_F(RRefs, MissingMethodIsNotFoundNamingIt) {
+  absl::StatusOr<RRef> counter =
+      remote(*workers_[0], "bob", kCounter, {int64_t{0}});
+  ASSERT_THAT(counter, IsOk());
+  EXPECT_THAT(counter->rpc_sync().call("subtract", {int64_t{1}}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       ::testing::AllOf(HasSubstr("subtract"),
+                                        HasSubstr("Counter"), HasSubstr("bob"))));
+  // A plain value has no methods.
+  absl::StatusOr<RRef> tensor = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                       {at::ones({1}), at::ones({1})});
+  ASSERT_THAT(tensor, IsOk());
+  EXPECT_THAT(tensor->rpc_sync().call("add", {int64_t{1}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not an object")));
 }
 
 TEST_F(RRefs, ThousandCreatedAndDroppedReleaseEverything) {
