@@ -187,7 +187,16 @@ absl::Status Worker::shutdown(bool graceful) {
   }
   absl::Status joined = absl::OkStatus();
   if (graceful) {
-    joined = agent_->join(options_.shutdown_timeout);
+    for (const auto& extension : extensions_) {
+      absl::Status s = extension->before_graceful_join();
+      if (joined.ok()) joined = s;
+    }
+    absl::Status drained = agent_->join(options_.shutdown_timeout);
+    if (joined.ok()) joined = drained;
+    for (const auto& extension : extensions_) {
+      absl::Status s = extension->after_graceful_join();
+      if (joined.ok()) joined = s;
+    }
     absl::MutexLock lock(&mu_);
     state_ = State::kStopped;
   }

@@ -90,6 +90,15 @@ class Worker;
 class WorkerExtension {
  public:
   virtual ~WorkerExtension() = default;
+  // Graceful shutdown: called before the group's drain barrier (e.g. to
+  // release references the application still holds) ...
+  [[nodiscard]] virtual absl::Status before_graceful_join() {
+    return absl::OkStatus();
+  }
+  // ... and after it, when nothing is in flight any more (e.g. a leak check).
+  [[nodiscard]] virtual absl::Status after_graceful_join() {
+    return absl::OkStatus();
+  }
 };
 
 using ExtensionFactory =

@@ -3,7 +3,9 @@
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
 
 #include <algorithm>
@@ -319,10 +321,53 @@ class ContextState : public wire::RRefHook,
     user->confirm(std::move(status));
   }
 
+  void user_created(const RRefId& id, const ForkId& fork,
+                    const WorkerInfo& owner) {
+    absl::MutexLock lock(&mu_);
+    live_users_.emplace(fork, LiveUser{id, owner});
+  }
+
   void user_deleted(const RRefId& id, const ForkId& fork,
                     const WorkerInfo& owner) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Released at shutdown: the owner was told already.
+      if (live_users_.erase(fork) == 0) return;
+    }
     send_control(owner, MessageType::kRRefUserDelete,
                  ids({id.worker, id.local, fork.worker, fork.local}));
+  }
+
+  // Graceful shutdown: tells the owners of every user reference still held
+  // here that it is gone; later use of those references fails cleanly.
+  void release_all_users() {
+    absl::flat_hash_map<ForkId, LiveUser> released;
+    {
+      absl::MutexLock lock(&mu_);
+      released.swap(live_users_);
+    }
+    for (const auto& [fork, user] : released) {
+      send_control(user.owner, MessageType::kRRefUserDelete,
+                   ids({user.id.worker, user.id.local, fork.worker,
+                        fork.local}));
+    }
+  }
+
+  // After the drain: RRefs owned here that still have users.
+  absl::Status leak_report() {
+    absl::MutexLock lock(&mu_);
+    if (forks_.empty()) return absl::OkStatus();
+    std::vector<std::string> leaks;
+    for (const auto& [id, forks] : forks_) {
+      std::vector<std::string> users;
+      for (const ForkId& fork : forks) users.push_back(fork.str());
+      leaks.push_back(absl::StrCat("RRef ", id.str(), " (users ",
+                                   absl::StrJoin(users, ", "), ")"));
+    }
+    std::sort(leaks.begin(), leaks.end());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "leaked RRefs owned by worker '", self_.name,
+        "' still have users after shutdown: ", absl::StrJoin(leaks, "; ")));
   }
 
   // ---- handlers (on the worker pool)
@@ -430,6 +475,12 @@ class ContextState : public wire::RRefHook,
         get_or_create_owner(id, c10::AnyType::get());
     if (fork.worker >= 0) add_fork(id, fork);
     absl::StatusOr<c10::IValue> result = run_call(*call);
+    if (!result.ok()) {
+      // Every later use of the RRef (fetch, method call) reports this.
+      result = absl::Status(result.status().code(),
+                            absl::StrCat("RRef creation failed: ",
+                                         result.status().message()));
+    }
     owner->set_value(result);
     // A remote() to this worker itself: its caller holds the OwnerRRef, so
     // the table only keeps it while it has forks.
@@ -568,6 +619,12 @@ class ContextState : public wire::RRefHook,
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ForkId, c10::intrusive_ptr<UserRRef>> pending_users_
       ABSL_GUARDED_BY(mu_);
+  struct LiveUser {
+    RRefId id;
+    WorkerInfo owner;
+  };
+  // Every UserRRef alive here that has not been released.
+  absl::flat_hash_map<ForkId, LiveUser> live_users_ ABSL_GUARDED_BY(mu_);
   std::vector<c10::intrusive_ptr<RRefImpl>> dropped_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_
       ABSL_GUARDED_BY(mu_);
@@ -578,8 +635,17 @@ namespace {
 
 class RRefExtension final : public WorkerExtension {
  public:
-  explicit RRefExtension(Worker& worker)
-      : state_(std::make_shared<ContextState>(worker)) {}
+  RRefExtension(Worker& worker, RRefOptions options)
+      : options_(options), state_(std::make_shared<ContextState>(worker)) {}
+
+  absl::Status before_graceful_join() override {
+    state_->release_all_users();
+    return absl::OkStatus();
+  }
+
+  absl::Status after_graceful_join() override {
+    return options_.leak_check ? state_->leak_report() : absl::OkStatus();
+  }
   ~RRefExtension() override {
     state_->close();
     state_->drop_closed_users();
@@ -588,6 +654,7 @@ class RRefExtension final : public WorkerExtension {
   const std::shared_ptr<ContextState>& state() const { return state_; }
 
  private:
+  const RRefOptions options_;
   std::shared_ptr<ContextState> state_;
 };
 
@@ -603,7 +670,9 @@ RRefImpl::RRefImpl(std::shared_ptr<ContextState> context, WorkerInfo owner,
 UserRRef::UserRRef(std::shared_ptr<ContextState> context, WorkerInfo owner,
                    RRefId id, ForkId fork_id, c10::TypePtr type)
     : RRefImpl(std::move(context), std::move(owner), id, std::move(type)),
-      fork_id_(fork_id) {}
+      fork_id_(fork_id) {
+  this->context()->user_created(this->id(), fork_id_, owner_info());
+}
 
 UserRRef::~UserRRef() { context()->user_deleted(id(), fork_id_, owner_info()); }
 
@@ -708,9 +777,12 @@ absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
   auto* user = static_cast<UserRRef*>(impl_.get());
   Future<bool> confirmation = user->confirmation();
   if (confirmation.is_ready() && !confirmation.result().ok()) {
-    return absl::Status(confirmation.result().status().code(),
-                        absl::StrCat("RRef creation failed: ",
-                                     confirmation.result().status().message()));
+    const absl::Status& failed = confirmation.result().status();
+    if (absl::StrContains(failed.message(), "RRef creation failed")) {
+      return failed;
+    }
+    return absl::Status(failed.code(), absl::StrCat("RRef creation failed: ",
+                                                    failed.message()));
   }
   const std::shared_ptr<ContextState>& context = impl()->context();
   Message request;
@@ -730,12 +802,8 @@ absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
   }
   absl::StatusOr<Message> fetched = response.get();
   if (!fetched.ok()) {
-    // A failed remote() reports through its user first, if it has by now.
-    if (confirmation.is_ready() && !confirmation.result().ok()) {
-      return absl::Status(
-          confirmation.result().status().code(),
-          absl::StrCat("RRef creation failed: ",
-                       confirmation.result().status().message()));
+    if (absl::StrContains(fetched.status().message(), "RRef creation failed")) {
+      return fetched.status();  // the owner's own report
     }
     return absl::Status(fetched.status().code(),
                         absl::StrCat("to_here() of RRef ", impl()->id().str(),
@@ -920,9 +988,10 @@ absl::StatusOr<RRef> RemoteProxy::call(absl::string_view method,
   return result;
 }
 
-ExtensionFactory rref_extension() {
-  return [](Worker& worker) -> absl::StatusOr<std::unique_ptr<WorkerExtension>> {
-    auto extension = std::make_unique<rref::RRefExtension>(worker);
+ExtensionFactory rref_extension(RRefOptions options) {
+  return [options](
+             Worker& worker) -> absl::StatusOr<std::unique_ptr<WorkerExtension>> {
+    auto extension = std::make_unique<rref::RRefExtension>(worker, options);
     std::shared_ptr<ContextState> state = extension->state();
     std::weak_ptr<ContextState> weak = state;
     auto route = [weak](Future<Message> (ContextState::*method)(Message)) {

@@ -151,8 +151,17 @@ class RRef {
     std::vector<c10::IValue> args, Kwargs kwargs = {},
     absl::Duration timeout = kDefaultTimeout);
 
-// The extension that makes a Worker serve RRefs (see Worker::create).
-ExtensionFactory rref_extension();
+struct RRefOptions {
+  // Graceful shutdown fails, naming them, if RRefs owned here still have
+  // users once every worker has released its own (a leak).
+  bool leak_check = false;
+};
+
+// The extension that makes a Worker serve RRefs (see Worker::create). At a
+// graceful shutdown it releases every user reference the application still
+// holds (telling their owners), so the drain barrier that follows waits for
+// the owners to learn of it.
+ExtensionFactory rref_extension(RRefOptions options = RRefOptions());
 
 // Counts for tests and debugging, of the calling thread's worker.
 struct RRefDebugInfo {

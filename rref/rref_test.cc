@@ -96,6 +96,8 @@ constexpr absl::Duration kBound = absl::Seconds(30);
 
 class RRefs : public ::testing::Test {
  protected:
+  virtual RRefOptions rref_options() { return RRefOptions(); }
+
   void SetUp() override {
     static std::atomic<int> counter{0};
     BackendRegistry registry;
@@ -111,7 +113,7 @@ class RRefs : public ::testing::Test {
     for (size_t rank = 0; rank < names.size(); ++rank) {
       threads.emplace_back([&, rank] {
         auto w = Worker::create(names[rank], static_cast<int>(rank), 3, options,
-                                registry, {rref_extension()});
+                                registry, {rref_extension(rref_options())});
         ASSERT_THAT(w, IsOk());
         workers_[rank] = std::move(*w);
       });
@@ -119,12 +121,20 @@ class RRefs : public ::testing::Test {
     for (auto& t : threads) t.join();
   }
 
-  void TearDown() override {
+  void TearDown() override { EXPECT_THAT(shutdown_all(), IsOk()); }
+
+  // Graceful shutdown of every worker at once; the first error, if any.
+  absl::Status shutdown_all() {
     std::vector<std::thread> threads;
-    for (auto& w : workers_) {
-      threads.emplace_back([&w] { EXPECT_THAT(w->shutdown(), IsOk()); });
+    std::vector<absl::Status> results(workers_.size());
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      threads.emplace_back([&, i] { results[i] = workers_[i]->shutdown(); });
     }
     for (auto& t : threads) t.join();
+    for (const absl::Status& result : results) {
+      if (!result.ok()) return result;
+    }
+    return absl::OkStatus();
   }
 
   // Waits (bounded) until every worker's RRef counts are back to zero.
@@ -337,6 +347,33 @@ TEST_F(RRefs, SharingAndDroppingLeaveNoForksBehind) {
                 IsOk());
   }
   expect_all_released();
+}
+
+class RRefsWithLeakCheck : public RRefs {
+ protected:
+  RRefOptions rref_options() override {
+    RRefOptions options;
+    options.leak_check = true;
+    return options;
+  }
+};
+
+TEST_F(RRefsWithLeakCheck, ShutdownReleasesHeldUsersAndFindsNoLeak) {
+  absl::StatusOr<RRef> held = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                     {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(held, IsOk());
+  ASSERT_THAT(held->to_here(), IsOk());
+  // carol keeps a fork too, through a call that stores nothing: the owner
+  // has seen several users come and go.
+  ASSERT_THAT(workers_[0]->rpc_sync("carol", "tether_rref_test::value_of",
+                                    {*held}),
+              IsOk());
+  // alice still holds `held` when the group shuts down.
+  EXPECT_THAT(shutdown_all(), IsOk());
+  // Using it afterwards is a clear error, not a crash.
+  absl::StatusOr<c10::IValue> late = held->to_here();
+  EXPECT_FALSE(late.ok());
+  EXPECT_THAT(late.status().message(), HasSubstr("shut"));
 }
 
 }  // namespace
