@@ -233,6 +233,17 @@ class ContextState : public wire::RRefHook,
       return absl::InvalidArgumentError(
           "an RRef of another worker cannot be sent from this one");
     }
+    if (auto* user = dynamic_cast<UserRRef*>(impl)) {
+      Future<bool> confirmation = user->confirmation();
+      if (confirmation.is_ready() && !confirmation.result().ok()) {
+        const absl::Status& failed = confirmation.result().status();
+        return absl::Status(
+            failed.code(),
+            absl::StrContains(failed.message(), "RRef creation failed")
+                ? std::string(failed.message())
+                : absl::StrCat("RRef creation failed: ", failed.message()));
+      }
+    }
     wire::RRefForkData data;
     const ForkId fork = new_id();
     data.owner = impl->owner_info().id;

@@ -271,6 +271,12 @@ TEST_F(RRefs, CreationFailureIsReportedOnFirstUse) {
   ASSERT_THAT(r, IsOk());
   EXPECT_THAT(r->to_here(), StatusIs(absl::StatusCode::kNotFound,
                                      HasSubstr("RRef creation failed")));
+  // Forking it tells the same story: refused at once if the caller has
+  // heard of the failure, else reported by the child's first use.
+  absl::StatusOr<c10::IValue> forked =
+      workers_[0]->rpc_sync("carol", "tether_rref_test::value_of", {*r});
+  ASSERT_FALSE(forked.ok());
+  EXPECT_THAT(forked.status().message(), HasSubstr("RRef creation failed"));
 }
 
 constexpr char kCounter[] = "__torch__.torch.classes.tether_rref_test.Counter";
