@@ -9,8 +9,11 @@
 
 namespace tether::backends {
 
-// Adds "loopback" (in-process) and "tensorpipe" (the default; TCP and shared
-// memory between processes). Fails only if a name is already taken.
+// Adds "loopback" (in-process), "tensorpipe" (the default; TCP and shared
+// memory between processes) and "faulty" (wraps another of `registry`'s
+// backends to inject faults, for tests; backends/faulty/faulty_agent.h).
+// Fails only if a name is already taken. `registry` must outlive its use of
+// the faulty backend.
 [[nodiscard]] absl::Status register_builtin_backends(BackendRegistry& registry);
 
 }  // namespace tether::backends

@@ -185,6 +185,10 @@ class Worker {
 
   const Callables& callables() const { return callables_; }
 
+  // A call's bound: kDefaultTimeout is the options' default, zero none
+  // (InfiniteDuration).
+  absl::Duration resolve_timeout(absl::Duration timeout) const;
+
   // Encodes `value` with this worker's RRef hook.
   [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out);
   [[nodiscard]] absl::StatusOr<c10::IValue> decode(const Message& in);
@@ -199,7 +203,6 @@ class Worker {
 
   Future<Message> handle_request(Message request);
   Message process_request(const Message& request);
-  absl::Duration resolve_timeout(absl::Duration timeout) const;
 
   const RpcOptions options_;
   Callables callables_;

@@ -26,11 +26,22 @@ std::string GloballyUniqueId::str() const {
 namespace {
 
 constexpr int kControlAttempts = 6;
+// The longest an owner waits for a value that is not there yet.
+constexpr absl::Duration kMaxValueWait = absl::Seconds(60);
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(20);
 
 bool retryable(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+constexpr char kCreationFailed[] = "RRef creation failed";
+
+// `status` as the failure of an RRef's creation, said once.
+absl::Status creation_failure(const absl::Status& status) {
+  if (absl::StrContains(status.message(), kCreationFailed)) return status;
+  return absl::Status(status.code(), absl::StrCat(kCreationFailed, ": ",
+                                                  status.message()));
 }
 
 c10::IValue ids(std::initializer_list<int64_t> values) {
@@ -236,12 +247,7 @@ class ContextState : public wire::RRefHook,
     if (auto* user = dynamic_cast<UserRRef*>(impl)) {
       Future<bool> confirmation = user->confirmation();
       if (confirmation.is_ready() && !confirmation.result().ok()) {
-        const absl::Status& failed = confirmation.result().status();
-        return absl::Status(
-            failed.code(),
-            absl::StrContains(failed.message(), "RRef creation failed")
-                ? std::string(failed.message())
-                : absl::StrCat("RRef creation failed: ", failed.message()));
+        return creation_failure(confirmation.result().status());
       }
     }
     wire::RRefForkData data;
@@ -486,12 +492,8 @@ class ContextState : public wire::RRefHook,
         get_or_create_owner(id, c10::AnyType::get());
     if (fork.worker >= 0) add_fork(id, fork);
     absl::StatusOr<c10::IValue> result = run_call(*call);
-    if (!result.ok()) {
-      // Every later use of the RRef (fetch, method call) reports this.
-      result = absl::Status(result.status().code(),
-                            absl::StrCat("RRef creation failed: ",
-                                         result.status().message()));
-    }
+    // Every later use of the RRef (fetch, method call) reports a failure.
+    if (!result.ok()) result = creation_failure(result.status());
     owner->set_value(result);
     // A remote() to this worker itself: its caller holds the OwnerRRef, so
     // the table only keeps it while it has forks.
@@ -515,26 +517,53 @@ class ContextState : public wire::RRefHook,
     return Future<Message>::ready(std::move(response));
   }
 
+  // (rref_worker, rref_local, wait_ms): the value, once there. The owner
+  // waits at most wait_ms (the fetcher's own timeout) for a value that is
+  // not there yet; if its REMOTE_CALL never arrived by then, the RRef is
+  // failed and let go, so nothing waits or leaks forever.
   Future<Message> on_fetch(Message request) {
     absl::StatusOr<c10::IValue> payload = wire::decode(request);
     if (!payload.ok()) return Future<Message>::ready(payload.status());
-    absl::StatusOr<std::vector<int64_t>> v = ints_of(*payload, 2, "RREF_FETCH");
+    absl::StatusOr<std::vector<int64_t>> v = ints_of(*payload, 3, "RREF_FETCH");
     if (!v.ok()) return Future<Message>::ready(v.status());
-    c10::intrusive_ptr<OwnerRRef> owner = get_or_create_owner(
-        {static_cast<int32_t>((*v)[0]), (*v)[1]}, c10::AnyType::get());
+    const RRefId id{static_cast<int32_t>((*v)[0]), (*v)[1]};
+    const absl::Duration wait =
+        std::min(absl::Milliseconds(std::max<int64_t>((*v)[2], 0)),
+                 kMaxValueWait);
+    c10::intrusive_ptr<OwnerRRef> owner =
+        get_or_create_owner(id, c10::AnyType::get());
     std::weak_ptr<ContextState> weak = weak_from_this();
-    return owner->value().then(
-        [weak](const absl::StatusOr<c10::IValue>& value)
-            -> absl::StatusOr<Message> {
-          if (!value.ok()) return value.status();
+    Promise<Message> reply;
+    owner->value().on_complete(
+        [weak, reply](const absl::StatusOr<c10::IValue>& value) {
+          if (!value.ok()) {
+            reply.set(value.status());
+            return;
+          }
           auto self = weak.lock();
-          if (self == nullptr) return absl::CancelledError("worker is gone");
+          if (self == nullptr) {
+            reply.set(absl::CancelledError("worker is gone"));
+            return;
+          }
           Message response;
           response.type = MessageType::kCallRet;
           absl::Status encoded = wire::encode(*value, response, self.get());
-          if (!encoded.ok()) return encoded;
-          return response;
+          if (!encoded.ok()) {
+            reply.set(encoded);
+          } else {
+            reply.set(std::move(response));
+          }
         });
+    if (!reply.is_set()) {
+      timers_.schedule(absl::Now() + wait, [weak, id, owner, wait] {
+        absl::Status never = creation_failure(absl::DeadlineExceededError(
+            absl::StrCat("RRef ", id.str(), " has no value after ",
+            absl::FormatDuration(wait), " (its REMOTE_CALL never arrived)")));
+        owner->set_value(never);  // no-op if it came meanwhile
+        if (auto self = weak.lock()) self->release_if_unforked(id);
+      });
+    }
+    return reply.future();
   }
 
   Future<Message> on_user_delete(Message request) {
@@ -788,24 +817,27 @@ absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
   auto* user = static_cast<UserRRef*>(impl_.get());
   Future<bool> confirmation = user->confirmation();
   if (confirmation.is_ready() && !confirmation.result().ok()) {
-    const absl::Status& failed = confirmation.result().status();
-    if (absl::StrContains(failed.message(), "RRef creation failed")) {
-      return failed;
-    }
-    return absl::Status(failed.code(), absl::StrCat("RRef creation failed: ",
-                                                    failed.message()));
+    return rref::creation_failure(confirmation.result().status());
   }
   const std::shared_ptr<ContextState>& context = impl()->context();
   Message request;
   request.type = MessageType::kRRefFetch;
-  absl::Status encoded = wire::encode(
-      c10::ivalue::Tuple::create({c10::IValue(int64_t{impl()->id().worker}),
-                                  c10::IValue(impl()->id().local)}),
-      request);
-  if (!encoded.ok()) return encoded;
   Future<Message> response;
   bool alive = context->with_worker([&](Worker& worker) {
-    response = worker.send(impl()->owner_info(), std::move(request), timeout);
+    const absl::Duration bound = worker.resolve_timeout(timeout);
+    const int64_t wait_ms = bound == absl::InfiniteDuration()
+                                ? absl::ToInt64Milliseconds(rref::kMaxValueWait)
+                                : absl::ToInt64Milliseconds(bound);
+    absl::Status encoded = wire::encode(
+        c10::ivalue::Tuple::create({c10::IValue(int64_t{impl()->id().worker}),
+                                    c10::IValue(impl()->id().local),
+                                    c10::IValue(wait_ms)}),
+        request);
+    if (!encoded.ok()) {
+      response = Future<Message>::ready(encoded);
+      return;
+    }
+    response = worker.send(impl()->owner_info(), std::move(request), bound);
   });
   if (!alive) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -813,8 +845,12 @@ absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
   }
   absl::StatusOr<Message> fetched = response.get();
   if (!fetched.ok()) {
-    if (absl::StrContains(fetched.status().message(), "RRef creation failed")) {
+    if (absl::StrContains(fetched.status().message(), rref::kCreationFailed)) {
       return fetched.status();  // the owner's own report
+    }
+    // The remote() may have failed while the fetch waited.
+    if (confirmation.is_ready() && !confirmation.result().ok()) {
+      return rref::creation_failure(confirmation.result().status());
     }
     return absl::Status(fetched.status().code(),
                         absl::StrCat("to_here() of RRef ", impl()->id().str(),

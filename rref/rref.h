@@ -114,7 +114,9 @@ class RRef {
   WorkerInfo owner() const;
   std::string owner_name() const;
   bool is_owner() const;
-  // True on the owner, and on a user once the owner has registered it.
+  // True on the owner, and on a user once the owner has registered it. May
+  // still be false just after to_here() succeeded: the value can overtake
+  // the owner's acknowledgement.
   bool confirmed_by_owner() const;
 
   // Method calls on the owner's object (see SyncProxy above). The proxy

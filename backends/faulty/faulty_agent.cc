@@ -1,0 +1,413 @@
+#include "backends/faulty/faulty_agent.h"
+
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
+#include <absl/strings/string_view.h>
+#include <absl/strings/strip.h>
+#include <absl/synchronization/mutex.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/internal/timer.h"
+
+namespace tether::backends {
+namespace {
+
+constexpr char kBackendName[] = "faulty";
+constexpr char kInnerKey[] = "faulty.inner";
+constexpr char kFailKey[] = "faulty.fail";
+constexpr char kDropKey[] = "faulty.drop";
+constexpr char kDropBoundKey[] = "faulty.drop_bound_ms";
+constexpr char kDelayKey[] = "faulty.delay";
+constexpr char kPrefix[] = "faulty.";
+constexpr absl::Duration kDefaultDropBound = absl::Seconds(10);
+// Message types are small wire numbers; names are looked up below this.
+constexpr int32_t kMaxTypeValue = 256;
+
+struct Faults {
+  std::string inner;
+  // Sends of a type still to fail or drop.
+  absl::flat_hash_map<MessageType, int64_t> fail;
+  absl::flat_hash_map<MessageType, int64_t> drop;
+  absl::flat_hash_map<MessageType, absl::Duration> delay;
+  absl::Duration drop_bound = kDefaultDropBound;
+};
+
+absl::Status bad_setting(absl::string_view key, absl::string_view value,
+                         absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("setting ", key, ": '", value, "' ", why));
+}
+
+std::vector<std::string> type_names() {
+  std::vector<std::string> names;
+  for (int32_t v = 0; v < kMaxTypeValue; ++v) {
+    absl::string_view name = message_type_name(static_cast<MessageType>(v));
+    if (name != "INVALID") names.emplace_back(name);
+  }
+  return names;
+}
+
+std::optional<MessageType> type_named(absl::string_view name) {
+  for (int32_t v = 0; v < kMaxTypeValue; ++v) {
+    const auto type = static_cast<MessageType>(v);
+    absl::string_view known = message_type_name(type);
+    if (known != "INVALID" && known == name) return type;
+  }
+  return std::nullopt;
+}
+
+// Parses "TYPE:N[,TYPE:N...]" with N >= 0.
+absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> parse_type_counts(
+    absl::string_view key, absl::string_view value, absl::string_view unit) {
+  absl::flat_hash_map<MessageType, int64_t> out;
+  for (absl::string_view entry : absl::StrSplit(value, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    std::vector<absl::string_view> parts = absl::StrSplit(entry, ':');
+    if (parts.size() != 2) {
+      return bad_setting(key, value,
+                         absl::StrCat("is not a comma list of TYPE:", unit));
+    }
+    absl::string_view name = absl::StripAsciiWhitespace(parts[0]);
+    std::optional<MessageType> type = type_named(name);
+    if (!type.has_value()) {
+      return bad_setting(
+          key, value,
+          absl::StrCat("names an unknown message type '", name,
+                       "'; known types: ", absl::StrJoin(type_names(), ", ")));
+    }
+    int64_t count = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[1]), &count) ||
+        count < 0) {
+      return bad_setting(key, value,
+                         absl::StrCat("has '", parts[1], "' for ", name,
+                                      ", not a non-negative integer ", unit));
+    }
+    if (!out.emplace(*type, count).second) {
+      return bad_setting(key, value,
+                         absl::StrCat("names ", name, " more than once"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Faults> parse_faults(
+    const absl::flat_hash_map<std::string, std::string>& settings) {
+  Faults faults;
+  bool has_inner = false;
+  for (const auto& [key, value] : settings) {
+    if (key.rfind(kPrefix, 0) != 0) continue;  // another backend's
+    if (key == kInnerKey) {
+      if (value.empty()) return bad_setting(key, value, "is empty");
+      if (value == kBackendName) {
+        return bad_setting(key, value, "cannot wrap the faulty backend itself");
+      }
+      faults.inner = value;
+      has_inner = true;
+    } else if (key == kFailKey || key == kDropKey) {
+      absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> counts =
+          parse_type_counts(key, value, "N");
+      if (!counts.ok()) return counts.status();
+      (key == kFailKey ? faults.fail : faults.drop) = *std::move(counts);
+    } else if (key == kDelayKey) {
+      absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> millis =
+          parse_type_counts(key, value, "MILLIS");
+      if (!millis.ok()) return millis.status();
+      for (const auto& [type, ms] : *millis) {
+        faults.delay[type] = absl::Milliseconds(ms);
+      }
+    } else if (key == kDropBoundKey) {
+      int64_t ms = 0;
+      if (!absl::SimpleAtoi(value, &ms) || ms <= 0) {
+        return bad_setting(key, value, "is not a positive integer");
+      }
+      faults.drop_bound = absl::Milliseconds(ms);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown setting '", key, "'; the faulty backend knows ",
+          absl::StrJoin(
+              {kInnerKey, kFailKey, kDropKey, kDropBoundKey, kDelayKey},
+              ", ")));
+    }
+  }
+  if (!has_inner) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the faulty backend needs setting ", kInnerKey,
+                     " (the name of the backend it wraps)"));
+  }
+  return faults;
+}
+
+class FaultyAgent final : public Agent {
+ public:
+  FaultyAgent(std::unique_ptr<Agent> inner, Faults faults)
+      : inner_(std::move(inner)),
+        fail_(std::move(faults.fail)),
+        drop_(std::move(faults.drop)),
+        delay_(std::move(faults.delay)),
+        drop_bound_(faults.drop_bound),
+        timers_(this) {}
+
+  ~FaultyAgent() override { shutdown(); }
+
+  absl::Status start(RequestHandler handler) override {
+    return inner_->start(std::move(handler));
+  }
+
+  Future<Message> send(const WorkerInfo& to, Message request,
+                       absl::Duration timeout) override {
+    const MessageType type = request.type;
+    enum class Fault { kNone, kFail, kDrop, kDelay } fault = Fault::kNone;
+    absl::Duration delay = absl::ZeroDuration();
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        return Future<Message>::ready(absl::CancelledError(absl::StrCat(
+            "worker '", inner_->self().name, "' has shut down; cannot send ",
+            message_type_name(type), " to '", to.name, "'")));
+      }
+      if (take_one(fail_, type)) {
+        fault = Fault::kFail;
+      } else if (take_one(drop_, type)) {
+        fault = Fault::kDrop;
+      } else if (auto it = delay_.find(type); it != delay_.end()) {
+        fault = Fault::kDelay;
+        delay = it->second;
+      }
+    }
+    switch (fault) {
+      case Fault::kNone:
+        return inner_->send(to, std::move(request), timeout);
+      case Fault::kFail:
+        return Future<Message>::ready(absl::UnavailableError(
+            absl::StrCat(message_type_name(type), " to '", to.name,
+                         "' failed by the faulty agent (", kFailKey, ")")));
+      case Fault::kDrop:
+        return drop(to, timeout);
+      case Fault::kDelay:
+        return hold_then_send(to, std::move(request), timeout, delay);
+    }
+    return Future<Message>::ready(absl::InternalError("unreachable"));
+  }
+
+  const WorkerInfo& self() const override { return inner_->self(); }
+
+  const std::vector<WorkerInfo>& worker_infos() const override {
+    return inner_->worker_infos();
+  }
+
+  absl::Status join(absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    {
+      absl::MutexLock lock(&mu_);
+      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return held_.empty();
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&drained), deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "join timed out after ", absl::FormatDuration(timeout), ": ",
+            held_.size(), " requests still held (dropped or delayed) by the ",
+            "faulty agent of '", inner_->self().name, "'"));
+      }
+    }
+    return inner_->join(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
+
+  void shutdown() override {
+    absl::flat_hash_map<int64_t, Held> held;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      held.swap(held_);
+    }
+    for (auto& [id, entry] : held) {
+      timers_.cancel(entry.timer);
+      entry.promise.set(absl::CancelledError(
+          absl::StrCat("worker '", inner_->self().name,
+                       "' shut down with the request pending")));
+    }
+    inner_->shutdown();
+  }
+
+ private:
+  // A send this agent keeps: dropped (its timer fails it) or delayed (its
+  // timer sends it on).
+  struct Held {
+    Promise<Message> promise;
+    internal::TimerQueue::Id timer = 0;
+    std::optional<Message> message;  // delayed sends only
+    WorkerInfo to;
+    absl::Duration timeout;  // the sender's
+    absl::Time deadline;     // the sender's, for a delayed send
+    std::string why;         // for the error of a send that never left
+  };
+
+  static bool take_one(absl::flat_hash_map<MessageType, int64_t>& counts,
+                       MessageType type) {
+    auto it = counts.find(type);
+    if (it == counts.end() || it->second == 0) return false;
+    --it->second;
+    return true;
+  }
+
+  // Registers a held send that `fire` ends at `when`. The timer is set
+  // under the lock so that shutdown() finds it with its timer.
+  Future<Message> hold(Held entry, absl::Time when,
+                       void (FaultyAgent::*fire)(int64_t id)) {
+    Future<Message> future = entry.promise.future();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closed_) {
+        const int64_t id = next_id_++;
+        // Runs on the timer thread; `this` outlives it (timers_ is
+        // destroyed first, joining that thread).
+        entry.timer =
+            timers_.schedule(when, [this, id, fire] { (this->*fire)(id); });
+        held_.emplace(id, std::move(entry));
+        return future;
+      }
+    }
+    entry.promise.set(absl::CancelledError(
+        absl::StrCat("worker '", inner_->self().name, "' has shut down")));
+    return future;
+  }
+
+  std::optional<Held> take(int64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return std::nullopt;  // shut down meanwhile
+    Held entry = std::move(it->second);
+    held_.erase(it);
+    return entry;
+  }
+
+  Future<Message> drop(const WorkerInfo& to, absl::Duration timeout) {
+    Held entry;
+    entry.to = to;
+    entry.timeout = timeout;
+    entry.why = "dropped by the faulty agent";
+    const absl::Duration wait =
+        timeout == absl::InfiniteDuration() ? drop_bound_ : timeout;
+    return hold(std::move(entry), absl::Now() + wait, &FaultyAgent::expire);
+  }
+
+  // The timer of a send that never left: the sender's timeout, or the drop
+  // bound.
+  void expire(int64_t id) {
+    std::optional<Held> entry = take(id);
+    if (!entry.has_value()) return;
+    if (entry->timeout == absl::InfiniteDuration()) {
+      entry->promise.set(absl::DeadlineExceededError(absl::StrCat(
+          "request to '", entry->to.name, "' was ", entry->why,
+          " and, sent without a timeout, failed after ",
+          absl::FormatDuration(drop_bound_), " (", kDropBoundKey, ")")));
+      return;
+    }
+    entry->promise.set(absl::DeadlineExceededError(absl::StrCat(
+        "request to '", entry->to.name, "' timed out after ",
+        absl::FormatDuration(entry->timeout), " (", entry->why, ")")));
+  }
+
+  Future<Message> hold_then_send(const WorkerInfo& to, Message request,
+                                 absl::Duration timeout, absl::Duration delay) {
+    Held entry;
+    entry.to = to;
+    if (timeout != absl::InfiniteDuration() && delay >= timeout) {
+      // The sender gives up before the message would leave.
+      entry.timeout = timeout;
+      entry.why = absl::StrCat("delayed by the faulty agent by ",
+                               absl::FormatDuration(delay));
+      return hold(std::move(entry), absl::Now() + timeout,
+                  &FaultyAgent::expire);
+    }
+    entry.timeout = timeout;
+    entry.deadline = absl::Now() + timeout;
+    entry.message = std::move(request);
+    return hold(std::move(entry), absl::Now() + delay, &FaultyAgent::send_late);
+  }
+
+  // A delayed send's timer. It stays held until the inner agent has it, so
+  // that join() does not see a gap.
+  void send_late(int64_t id) {
+    Message message;
+    WorkerInfo to;
+    absl::Time deadline;
+    Promise<Message> promise;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = held_.find(id);
+      if (it == held_.end()) return;  // shut down meanwhile
+      message = std::move(*it->second.message);
+      to = it->second.to;
+      deadline = it->second.deadline;
+      promise = it->second.promise;
+    }
+    // What is left of the sender's timeout (the timer may have run late).
+    const absl::Duration left =
+        deadline == absl::InfiniteFuture()
+            ? absl::InfiniteDuration()
+            : std::max(deadline - absl::Now(), absl::Nanoseconds(1));
+    inner_->send(to, std::move(message), left)
+        .on_complete([promise](const absl::StatusOr<Message>& response) {
+          promise.set(response);
+        });
+    absl::MutexLock lock(&mu_);
+    held_.erase(id);
+  }
+
+  const std::unique_ptr<Agent> inner_;
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<MessageType, int64_t> fail_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<MessageType, int64_t> drop_ ABSL_GUARDED_BY(mu_);
+  const absl::flat_hash_map<MessageType, absl::Duration> delay_;
+  const absl::Duration drop_bound_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<int64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+  // Last: destroyed first, so no timer runs on a half-destroyed agent.
+  internal::TimerQueue timers_;
+};
+
+}  // namespace
+
+Backend faulty_backend(const BackendRegistry* inner_backends) {
+  Backend backend;
+  backend.name = kBackendName;
+  // Whether the wrapped backend can run is known only from the settings,
+  // at creation.
+  backend.viable = [] { return absl::OkStatus(); };
+  backend.create =
+      [inner_backends](
+          AgentSetup setup) -> absl::StatusOr<std::unique_ptr<Agent>> {
+    absl::StatusOr<Faults> faults = parse_faults(setup.settings);
+    if (!faults.ok()) return faults.status();
+    absl::StatusOr<const Backend*> inner = inner_backends->find(faults->inner);
+    if (!inner.ok()) {
+      return absl::Status(
+          inner.status().code(),
+          absl::StrCat("setting ", kInnerKey, ": ", inner.status().message()));
+    }
+    if (absl::Status viable = (*inner)->viable(); !viable.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("backend '", faults->inner, "' (", kInnerKey,
+                       ") cannot run here: ", viable.message()));
+    }
+    absl::StatusOr<std::unique_ptr<Agent>> agent =
+        (*inner)->create(std::move(setup));
+    if (!agent.ok()) return agent.status();
+    return std::make_unique<FaultyAgent>(*std::move(agent), *std::move(faults));
+  };
+  return backend;
+}
+
+}  // namespace tether::backends
