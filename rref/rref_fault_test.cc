@@ -49,7 +49,8 @@ class RRefFaults : public ::testing::Test {
  protected:
   // Three workers over faulty(loopback) with `faults` (faulty.* settings);
   // `default_timeout` bounds control messages and unbounded calls.
-  void start(Settings faults, absl::Duration default_timeout = kBound) {
+  void start(Settings faults, absl::Duration default_timeout = kBound,
+             RRefOptions rref_options = RRefOptions()) {
     static std::atomic<int> counter{0};
     BackendRegistry registry;
     ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
@@ -63,8 +64,8 @@ class RRefFaults : public ::testing::Test {
     options.shutdown_timeout = kBound;
     options.backend_settings = std::move(faults);
     options.backend_settings["faulty.inner"] = "loopback";
-    workers_ = ::tether::testing::start_workers(registry, options,
-                                                {"alice", "bob", "carol"});
+    workers_ = ::tether::testing::start_workers(
+        registry, options, {"alice", "bob", "carol"}, rref_options);
     for (const auto& w : workers_) ASSERT_NE(w, nullptr);
   }
 
@@ -261,6 +262,32 @@ TEST_F(RRefFaults, ToHereRacingADroppedRemoteCall) {
                        HasSubstr("RRef creation failed")));
   *r = RRef();
   expect_all_released();
+}
+
+TEST_F(RRefFaults, LeakCheckNamesAnRRefWhoseUserNeverLeft) {
+  RRefOptions leak_check;
+  leak_check.leak_check = true;
+  // Every RREF_USER_DELETE is lost, beyond what retries can mend.
+  ASSERT_NO_FATAL_FAILURE(start({{"faulty.drop", "RREF_USER_DELETE:1000"}},
+                                kControlTimeout, leak_check));
+  absl::StatusOr<RRef> r = remote(alice(), "bob", "aten::add.Tensor",
+                                  {at::ones({2}), at::ones({2})}, {}, kBound);
+  ASSERT_THAT(r, IsOk());
+  ASSERT_THAT(r->to_here(kBound), IsOk());
+  *r = RRef();  // its deletion never reaches bob
+  std::vector<absl::Status> results(workers_.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = workers_[i]->shutdown(); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(results[0], IsOk());
+  EXPECT_THAT(results[1],
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::AllOf(HasSubstr("leaked RRefs"),
+                                        HasSubstr("'bob'"),
+                                        HasSubstr("RRef 0:1"))));
+  EXPECT_THAT(results[2], IsOk());
 }
 
 TEST_F(RRefFaults, DeletionOfUsersRacingWithForks) {

@@ -51,7 +51,8 @@ inline constexpr char kDebugCounts[] = "tether_rref_testing::debug_counts";
 // test failure, and the slots of the workers that failed stay null.
 std::vector<std::unique_ptr<Worker>> start_workers(
     const BackendRegistry& registry, const RpcOptions& options,
-    const std::vector<std::string>& names);
+    const std::vector<std::string>& names,
+    const RRefOptions& rref_options = RRefOptions());
 
 // Shuts every (non-null) worker down gracefully and concurrently, expecting
 // success.

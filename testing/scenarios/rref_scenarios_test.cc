@@ -12,6 +12,8 @@
 #include <absl/strings/str_join.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
 
 #include <cstdlib>
 #include <string>
@@ -24,6 +26,25 @@
 #include "rref/rref_testing.h"
 #include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
+
+namespace {
+
+// A remote object for the proxy scenario.
+struct Counter : torch::CustomClassHolder {
+  explicit Counter(int64_t start) : value(start) {}
+  int64_t add(int64_t n) { return value += n; }
+  at::Tensor scale(const at::Tensor& t) { return t * value; }
+  int64_t value;
+};
+
+TORCH_LIBRARY(tether_rref_scenario, m) {
+  m.class_<Counter>("Counter")
+      .def(torch::init<int64_t>())
+      .def("add", &Counter::add)
+      .def("scale", &Counter::scale);
+}
+
+}  // namespace
 
 namespace tether {
 namespace {
@@ -296,6 +317,37 @@ TEST(RRefScenarios, TwoHundredCreatedAndDroppedConcurrently) {
         EXPECT_THAT(shutdown(), IsOk());
       },
       absl::Seconds(180));
+}
+
+TEST(RRefScenarios, ProxiesDriveARemoteObject) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    {
+      absl::StatusOr<RRef> counter =
+          remote(name_of(rank + 1),
+                 "__torch__.torch.classes.tether_rref_scenario.Counter",
+                 {int64_t{rank}});
+      ASSERT_THAT(counter, IsOk());
+      absl::StatusOr<c10::IValue> one =
+          counter->rpc_sync().call("add", {int64_t{1}});
+      ASSERT_THAT(one, IsOk());
+      EXPECT_EQ(one->toInt(), rank + 1);
+      absl::StatusOr<c10::IValue> two =
+          counter->rpc_async().call("add", {int64_t{1}}).get();
+      ASSERT_THAT(two, IsOk());
+      EXPECT_EQ(two->toInt(), rank + 2);
+      absl::StatusOr<RRef> scaled =
+          counter->remote().call("scale", {at::ones({2})});
+      ASSERT_THAT(scaled, IsOk());
+      absl::StatusOr<c10::IValue> v = scaled->to_here();
+      ASSERT_THAT(v, IsOk());
+      EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, double(rank + 2))));
+      EXPECT_THAT(counter->rpc_sync().call("no_such_method"),
+                  StatusIs(absl::StatusCode::kNotFound,
+                           HasSubstr("no_such_method")));
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  });
 }
 
 }  // namespace
