@@ -285,13 +285,32 @@ TEST(RRefScenarios, RRefsInsideLists) {
   });
 }
 
-TEST(RRefScenarios, TwoHundredCreatedAndDroppedConcurrently) {
+TEST(RRefScenarios, LocalRRefsPassedToOtherProcesses) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    {
+      absl::StatusOr<RRef> mine = RRef::local(at::full({2}, double(rank)));
+      ASSERT_THAT(mine, IsOk());
+      for (int hop = 1; hop < world; ++hop) {
+        absl::StatusOr<c10::IValue> v =
+            call(name_of(rank + hop), ::tether::testing::kValueOf, {*mine});
+        ASSERT_THAT(v, IsOk());
+        EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, double(rank))));
+      }
+    }
+    expect_all_released(world);
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+// 4 processes x 4 threads x 63: about a thousand RRefs in all.
+TEST(RRefScenarios, ThousandCreatedAndDroppedConcurrently) {
   ::tether::testing::run_in_processes(
       kWorld,
       [](int rank, int world) {
         init(rank, world);
         constexpr int kThreads = 4;
-        constexpr int kPerThread = 50;
+        constexpr int kPerThread = 63;
         std::vector<std::thread> threads;
         for (int t = 0; t < kThreads; ++t) {
           threads.emplace_back([rank, t] {
