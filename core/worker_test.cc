@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <thread>
@@ -13,53 +12,7 @@
 #include "backends/builtin.h"
 #include "core/rpc.h"
 #include "testing/status_matchers.h"
-
-namespace {
-
-// User operators, registered the way users register theirs.
-at::Tensor scale(const at::Tensor& x, double factor) { return x * factor; }
-
-at::Tensor fail(const at::Tensor& x) {
-  TORCH_CHECK(false, "fail was asked to fail on a tensor of ", x.numel(),
-              " elements");
-}
-
-int64_t slow(int64_t millis) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(millis));
-  return millis;
-}
-
-// Runs on the worker that serves it and calls onward to `to`.
-at::Tensor add_via(const std::string& to, const at::Tensor& a,
-                   const at::Tensor& b) {
-  absl::StatusOr<c10::IValue> sum =
-      tether::rpc_sync(to, "aten::add.Tensor", {a, b});
-  TORCH_CHECK(sum.ok(), "onward call failed: ", sum.status().ToString());
-  return sum->toTensor();
-}
-
-// Sleeps so that the caller's group starts shutting down, then calls onward.
-at::Tensor slow_then_add_via(const std::string& to) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  return add_via(to, at::ones({2}), at::ones({2}));
-}
-
-std::string whoami() {
-  absl::StatusOr<tether::WorkerInfo> me = tether::get_current_worker_info();
-  TORCH_CHECK(me.ok(), me.status().ToString());
-  return me->name;
-}
-
-TORCH_LIBRARY(tether_test, m) {
-  m.def("scale(Tensor x, float factor) -> Tensor", &scale);
-  m.def("fail(Tensor x) -> Tensor", &fail);
-  m.def("slow(int millis) -> int", &slow);
-  m.def("add_via(str to, Tensor a, Tensor b) -> Tensor", &add_via);
-  m.def("whoami() -> str", &whoami);
-  m.def("slow_then_add_via(str to) -> Tensor", &slow_then_add_via);
-}
-
-}  // namespace
+#include "testing/test_ops.h"
 
 namespace tether {
 namespace {

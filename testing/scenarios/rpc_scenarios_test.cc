@@ -6,11 +6,9 @@
 // through env:// and shut down gracefully at the end.
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
-#include <absl/synchronization/notification.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <torch/library.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,64 +18,7 @@
 #include "core/rpc.h"
 #include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
-
-namespace {
-
-at::Tensor scale(const at::Tensor& x, double factor) { return x * factor; }
-
-at::Tensor fail(const at::Tensor&) { TORCH_CHECK(false, "scenario failure"); }
-
-int64_t slow(int64_t millis) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(millis));
-  return millis;
-}
-
-at::Tensor add_via(const std::string& to, const at::Tensor& a,
-                   const at::Tensor& b) {
-  absl::StatusOr<c10::IValue> sum =
-      tether::rpc_sync(to, "aten::add.Tensor", {a, b});
-  TORCH_CHECK(sum.ok(), "onward call failed: ", sum.status().ToString());
-  return sum->toTensor();
-}
-
-at::Tensor identity(const at::Tensor& x) { return x; }
-
-// Lets a worker wait, with a deadline, until a peer says it may stop.
-absl::Notification& released() {
-  static auto* notification = new absl::Notification;
-  return *notification;
-}
-
-int64_t release() {
-  released().Notify();
-  return 0;
-}
-
-// Fires the next hop asynchronously and returns at once: the chain outlives
-// the call that started it, and graceful shutdown must still drain it.
-int64_t chain(int64_t hops) {
-  if (hops <= 0) return 0;
-  tether::Worker* worker = tether::current_worker();
-  TORCH_CHECK(worker != nullptr, "chain: no worker");
-  const int world = static_cast<int>(worker->get_all_worker_infos().size());
-  const int next = (worker->get_current_worker_info().id + 1) % world;
-  tether::Future<c10::IValue> onward =
-      worker->rpc_async(next, "tether_scenario::chain", {hops - 1});
-  (void)onward;  // not awaited on purpose
-  return hops;
-}
-
-TORCH_LIBRARY(tether_scenario, m) {
-  m.def("scale(Tensor x, float factor) -> Tensor", &scale);
-  m.def("fail(Tensor x) -> Tensor", &fail);
-  m.def("slow(int millis) -> int", &slow);
-  m.def("add_via(str to, Tensor a, Tensor b) -> Tensor", &add_via);
-  m.def("identity(Tensor x) -> Tensor", &identity);
-  m.def("chain(int hops) -> int", &chain);
-  m.def("release() -> int", &release);
-}
-
-}  // namespace
+#include "testing/test_ops.h"
 
 namespace tether {
 namespace {
@@ -125,12 +66,12 @@ TEST(Scenarios, CallsOfEveryKind) {
     ASSERT_THAT(sum, IsOk());
     EXPECT_TRUE(at::equal(sum->toTensor(), a + b));
     absl::StatusOr<c10::IValue> scaled =
-        rpc_sync(next, "tether_scenario::scale", {a, 3.0});
+        rpc_sync(next, "tether_test::scale", {a, 3.0});
     ASSERT_THAT(scaled, IsOk());
     EXPECT_TRUE(at::allclose(scaled->toTensor(), a * 3));
     EXPECT_THAT(rpc_sync(name_of(rank), "aten::mul.Tensor", {a, b}), IsOk());
     absl::StatusOr<c10::IValue> nested = rpc_sync(
-        next, "tether_scenario::add_via", {after, a, b});
+        next, "tether_test::add_via", {after, a, b});
     ASSERT_THAT(nested, IsOk());
     EXPECT_TRUE(at::equal(nested->toTensor(), a + b));
     // Compiled at init (RpcOptions::scripts), so callable at once.
@@ -140,15 +81,15 @@ TEST(Scenarios, CallsOfEveryKind) {
     EXPECT_THAT(rpc_sync(next, "aten::no_such_op", {a}),
                 StatusIs(absl::StatusCode::kNotFound,
                          AllOf(HasSubstr("aten::no_such_op"), HasSubstr(next))));
-    EXPECT_THAT(rpc_sync(next, "tether_scenario::scale",
+    EXPECT_THAT(rpc_sync(next, "tether_test::scale",
                          {a, std::string("x")}),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("factor")));
-    EXPECT_THAT(rpc_sync(next, "tether_scenario::fail", {a}),
+    EXPECT_THAT(rpc_sync(next, "tether_test::fail", {a}),
                 StatusIs(absl::StatusCode::kUnknown,
-                         AllOf(HasSubstr(next), HasSubstr("tether_scenario::fail"),
-                               HasSubstr("scenario failure"))));
-    EXPECT_THAT(rpc_sync(next, "tether_scenario::slow", {int64_t{2000}}, {},
+                         AllOf(HasSubstr(next), HasSubstr("tether_test::fail"),
+                               HasSubstr("fail was asked to fail"))));
+    EXPECT_THAT(rpc_sync(next, "tether_test::slow", {int64_t{2000}}, {},
                          absl::Milliseconds(200)),
                 StatusIs(absl::StatusCode::kDeadlineExceeded));
     EXPECT_THAT(rpc_sync("nobody", "aten::add.Tensor", {a, b}),
@@ -182,14 +123,14 @@ TEST(Scenarios, TensorsOfManySizes) {
     for (int i = 0; i < 20; ++i) {
       at::Tensor x = at::randn({100, 100});
       absl::StatusOr<c10::IValue> y =
-          rpc_sync(next, "tether_scenario::identity", {x});
+          rpc_sync(next, "tether_test::identity", {x});
       ASSERT_THAT(y, IsOk());
       EXPECT_TRUE(at::equal(y->toTensor(), x));
     }
     if (rank == 0) {
       at::Tensor big = at::arange(int64_t{64} << 20, at::kInt);  // 256 MiB
       absl::StatusOr<c10::IValue> back =
-          rpc_sync(next, "tether_scenario::identity", {big});
+          rpc_sync(next, "tether_test::identity", {big});
       ASSERT_THAT(back, IsOk());
       EXPECT_TRUE(at::equal(back->toTensor(), big));
     }
@@ -203,7 +144,7 @@ TEST(Scenarios, GracefulShutdownDrainsADetachedChain) {
     if (rank == 0) {
       // Returns after the first hop; 19 more run while everyone shuts down.
       absl::StatusOr<c10::IValue> first =
-          rpc_sync(name_of(1), "tether_scenario::chain", {int64_t{20}});
+          rpc_sync(name_of(1), "tether_test::chain", {int64_t{20}});
       ASSERT_THAT(first, IsOk());
       EXPECT_EQ(first->toInt(), 20);
     }
@@ -226,7 +167,7 @@ TEST(Scenarios, UnevenWorkloadIsDrainedBeforeShutdown) {
       calls.clear();
       for (int i = 0; i < 4; ++i) {
         calls.push_back(
-            rpc_async(name_of(2), "tether_scenario::slow", {int64_t{500}}));
+            rpc_async(name_of(2), "tether_test::slow", {int64_t{500}}));
       }
       EXPECT_THAT(shutdown(), IsOk());
       for (auto& call : calls) {
@@ -255,7 +196,7 @@ TEST(Scenarios, KilledWorkerFailsCallsInBoundedTime) {
     if (rank == 0) {
       absl::Time start = absl::Now();
       absl::StatusOr<c10::IValue> r = rpc_sync(
-          name_of(1), "tether_scenario::slow", {int64_t{30000}});
+          name_of(1), "tether_test::slow", {int64_t{30000}});
       absl::Duration took = absl::Now() - start;
       EXPECT_THAT(r, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
       // The call began ~300 ms before the kill; the loss shows at once.
@@ -272,12 +213,12 @@ TEST(Scenarios, KilledWorkerFailsCallsInBoundedTime) {
       // Tell rank 2 it may stop: it serves until this call. It may stop
       // before its answer leaves, so a lost connection is fine here.
       absl::StatusOr<c10::IValue> told =
-          rpc_sync(name_of(2), "tether_scenario::release", {});
+          rpc_sync(name_of(2), "tether_test::release", {});
       EXPECT_TRUE(told.ok() ||
                   told.status().code() == absl::StatusCode::kUnavailable)
           << told.status();
     } else {
-      EXPECT_TRUE(released().WaitForNotificationWithTimeout(absl::Seconds(60)));
+      EXPECT_TRUE(::tether::testing::wait_for_release(absl::Seconds(60)));
     }
     // The group lost a member: the survivors stop without the barrier.
     EXPECT_THAT(shutdown(/*graceful=*/false), IsOk());
