@@ -14,18 +14,20 @@ TEST(TimerQueue, RunsAtTheDeadlineInOrder) {
   Promise<int> second;
   std::vector<int> order;
   absl::Mutex mu;
+  // Deadlines far enough out that both are scheduled before either is due,
+  // even on a slow (sanitized, loaded) run.
   absl::Time start = absl::Now();
-  timers.schedule(start + absl::Milliseconds(60), [&] {
+  timers.schedule(start + absl::Milliseconds(600), [&] {
     absl::MutexLock lock(&mu);
     order.push_back(2);
     second.set(0);
   });
-  timers.schedule(start + absl::Milliseconds(20), [&] {
+  timers.schedule(start + absl::Milliseconds(300), [&] {
     absl::MutexLock lock(&mu);
     order.push_back(1);
   });
   ASSERT_TRUE(second.future().get(absl::Now() + absl::Seconds(10)).ok());
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(60));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(600));
   absl::MutexLock lock(&mu);
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
 }
