@@ -30,6 +30,10 @@ const char* message_type_name(MessageType type) {
       return "ACK";
     case MessageType::kRRefMethodCall:
       return "RREF_METHOD_CALL";
+    case MessageType::kAutogradBackward:
+      return "AUTOGRAD_BACKWARD";
+    case MessageType::kAutogradCleanup:
+      return "AUTOGRAD_CLEANUP";
   }
   return "INVALID";
 }

@@ -46,6 +46,9 @@ enum class MessageType : int32_t {
   kRRefChildAccept = 10, // the owner confirmed a child: its parent may let go
   kAck = 11,             // the empty response of the control messages
   kRRefMethodCall = 12,  // run a method of the object an RRef holds
+  // Distributed autograd (autograd/). Payloads are tuples; see autograd.cc.
+  kAutogradBackward = 13,  // gradients for a send node: run a pass from it
+  kAutogradCleanup = 14,   // a context was left: forget it, tell its peers
 };
 
 // Returns a short name for logs and error messages ("CALL", ...).

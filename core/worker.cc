@@ -145,6 +145,23 @@ void Worker::set_rref_hook(wire::RRefHook* hook) {
   rref_hook_ = hook;
 }
 
+void Worker::set_autograd_hook(AutogradHook* hook) {
+  TETHER_CHECK(building_, "set_autograd_hook after the worker started");
+  autograd_hook_ = hook;
+}
+
+Worker::ServingContext::ServingContext(const Worker& worker,
+                                       const wire::AutogradMeta& request)
+    : hook_(request.in_context() ? worker.autograd_hook() : nullptr) {
+  if (hook_ != nullptr) {
+    previous_ = hook_->exchange_current_context(request.context_id);
+  }
+}
+
+Worker::ServingContext::~ServingContext() {
+  if (hook_ != nullptr) hook_->exchange_current_context(previous_);
+}
+
 void Worker::set_call_gate(
     std::function<absl::Status(const c10::IValue&)> gate) {
   TETHER_CHECK(building_, "set_call_gate after the worker started");
@@ -155,8 +172,50 @@ absl::Status Worker::encode(const c10::IValue& value, Message& out) {
   return wire::encode(value, out, rref_hook_);
 }
 
-absl::StatusOr<c10::IValue> Worker::decode(const Message& in) {
-  return wire::decode(in, wire::Limits(), rref_hook_);
+absl::Status Worker::encode_request(const c10::IValue& value,
+                                    const WorkerInfo& to, Message& out) {
+  wire::AutogradMeta meta;
+  if (autograd_hook_ != nullptr) {
+    const int64_t context = autograd_hook_->current_context();
+    if (context >= 0) {
+      absl::StatusOr<wire::AutogradMeta> sent =
+          autograd_hook_->on_send(context, to, value);
+      if (!sent.ok()) return sent.status();
+      meta = *sent;
+    }
+  }
+  return wire::encode(value, out, rref_hook_, &meta);
+}
+
+absl::Status Worker::encode_response(const c10::IValue& value,
+                                     const wire::AutogradMeta& request,
+                                     Message& out) {
+  wire::AutogradMeta meta;
+  if (autograd_hook_ != nullptr && request.in_context()) {
+    absl::StatusOr<WorkerInfo> to = get_worker_info(To(request.from));
+    if (!to.ok()) return to.status();
+    absl::StatusOr<wire::AutogradMeta> sent =
+        autograd_hook_->on_send(request.context_id, *to, value);
+    if (!sent.ok()) return sent.status();
+    meta = *sent;
+  }
+  return wire::encode(value, out, rref_hook_, &meta);
+}
+
+absl::StatusOr<c10::IValue> Worker::decode(const Message& in,
+                                           wire::AutogradMeta* autograd) {
+  wire::AutogradMeta meta;
+  absl::StatusOr<c10::IValue> value =
+      wire::decode(in, wire::Limits(), rref_hook_, &meta);
+  if (!value.ok()) return value;
+  if (meta.in_context() && autograd_hook_ != nullptr) {
+    if (absl::Status received = autograd_hook_->on_receive(meta, *value);
+        !received.ok()) {
+      return received;
+    }
+  }
+  if (autograd != nullptr) *autograd = meta;
+  return value;
 }
 
 Future<Message> Worker::send(const WorkerInfo& to, Message message,
@@ -270,7 +329,8 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
        c10::IValue(std::move(kwargs_dict))});
   Message request;
   request.type = MessageType::kCall;
-  if (absl::Status encoded = encode(call, request); !encoded.ok()) {
+  if (absl::Status encoded = encode_request(call, *target, request);
+      !encoded.ok()) {
     return Future<c10::IValue>::ready(absl::InvalidArgumentError(
         absl::StrCat("cannot send arguments of '", fn, "' to worker ",
                      describe(*target), ": ", encoded.message())));
@@ -337,7 +397,8 @@ Message Worker::process_request(const Message& request) {
         absl::StrCat("worker ", describe(self), " cannot handle a ",
                      message_type_name(request.type), " request")));
   }
-  absl::StatusOr<c10::IValue> call = decode(request);
+  wire::AutogradMeta autograd;
+  absl::StatusOr<c10::IValue> call = decode(request, &autograd);
   if (!call.ok()) {
     return exception_message(absl::Status(
         call.status().code(),
@@ -365,6 +426,7 @@ Message Worker::process_request(const Message& request) {
     }
     kwargs.emplace(entry.key().toStringRef(), entry.value());
   }
+  ServingContext serving(*this, autograd);
   if (call_gate_) {
     if (absl::Status ready = call_gate_(*call); !ready.ok()) {
       return exception_message(absl::Status(
@@ -382,7 +444,8 @@ Message Worker::process_request(const Message& request) {
   }
   Message response;
   response.type = MessageType::kCallRet;
-  if (absl::Status encoded = encode(*result, response); !encoded.ok()) {
+  if (absl::Status encoded = encode_response(*result, autograd, response);
+      !encoded.ok()) {
     return exception_message(absl::InvalidArgumentError(absl::StrCat(
         "Error on worker ", describe(self), " calling '", fn,
         "': cannot send its result: ", encoded.message())));

@@ -38,6 +38,7 @@ class ThreadPool;
 
 namespace tether::wire {
 class RRefHook;
+struct AutogradMeta;
 }  // namespace tether::wire
 
 namespace tether {
@@ -100,6 +101,42 @@ class WorkerExtension {
     return absl::OkStatus();
   }
 };
+
+// The distributed autograd layer's side of every call and response
+// (autograd/ implements it; core knows no autograd protocol). The Worker
+// calls it on the thread that encodes or decodes a message.
+class AutogradHook {
+ public:
+  virtual ~AutogradHook() = default;
+  // The autograd context of the calling thread, or -1.
+  virtual int64_t current_context() const = 0;
+  // Makes `context` (-1: none) current on this thread; returns the previous.
+  virtual int64_t exchange_current_context(int64_t context) = 0;
+  // `value` leaves for `to` within `context`: records what the layer needs
+  // (a send node for the tensors that require grad) and returns the
+  // metadata the message carries.
+  [[nodiscard]] virtual absl::StatusOr<wire::AutogradMeta> on_send(
+      int64_t context, const WorkerInfo& to, const c10::IValue& value) = 0;
+  // `value` arrived with `meta` (in a context): e.g. gives its tensors that
+  // require grad a recv node as their grad_fn.
+  [[nodiscard]] virtual absl::Status on_receive(const wire::AutogradMeta& meta,
+                                                c10::IValue& value) = 0;
+};
+
+// A RequestHandler that calls `method` on the layer object `weak` points to,
+// or fails with CANCELLED once that object is gone (the worker shut down).
+template <typename T>
+RequestHandler route_to(std::weak_ptr<T> weak,
+                        Future<Message> (T::*method)(Message)) {
+  return [weak = std::move(weak), method](Message request) -> Future<Message> {
+    std::shared_ptr<T> self = weak.lock();
+    if (self == nullptr) {
+      return Future<Message>::ready(
+          absl::CancelledError("the worker is shut down"));
+    }
+    return ((*self).*method)(std::move(request));
+  };
+}
 
 using ExtensionFactory =
     std::function<absl::StatusOr<std::unique_ptr<WorkerExtension>>(Worker&)>;
@@ -172,6 +209,12 @@ class Worker {
   void set_rref_hook(wire::RRefHook* hook);
   wire::RRefHook* rref_hook() const { return rref_hook_; }
 
+  // The autograd layer's side of every request and response this worker
+  // encodes or decodes with encode_request, encode_response and decode.
+  // Only while an ExtensionFactory runs.
+  void set_autograd_hook(AutogradHook* hook);
+  AutogradHook* autograd_hook() const { return autograd_hook_; }
+
   // Runs on the pool thread after a CALL's arguments are decoded and before
   // the function runs; an error fails the call with it. The RRef layer waits
   // here until the owner has confirmed every RRef among the arguments.
@@ -189,9 +232,37 @@ class Worker {
   // (InfiniteDuration).
   absl::Duration resolve_timeout(absl::Duration timeout) const;
 
-  // Encodes `value` with this worker's RRef hook.
+  // Encodes `value` with this worker's RRef hook (a control message: no
+  // autograd metadata).
   [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out);
-  [[nodiscard]] absl::StatusOr<c10::IValue> decode(const Message& in);
+  // Encodes a request to `to`: inside an autograd context (of this thread),
+  // the message belongs to it.
+  [[nodiscard]] absl::Status encode_request(const c10::IValue& value,
+                                            const WorkerInfo& to, Message& out);
+  // Encodes the response to a request that came with `request` metadata:
+  // if that request was in a context, so is the response.
+  [[nodiscard]] absl::Status encode_response(const c10::IValue& value,
+                                             const wire::AutogradMeta& request,
+                                             Message& out);
+  // Decodes with the RRef hook; a message in an autograd context goes
+  // through the autograd hook, and `autograd` (if given) receives its
+  // metadata.
+  [[nodiscard]] absl::StatusOr<c10::IValue> decode(
+      const Message& in, wire::AutogradMeta* autograd = nullptr);
+
+  // Serves a request in the autograd context it came with: while it lives,
+  // that context is current on this thread (nested calls belong to it).
+  class ServingContext {
+   public:
+    ServingContext(const Worker& worker, const wire::AutogradMeta& request);
+    ~ServingContext();
+    ServingContext(const ServingContext&) = delete;
+    ServingContext& operator=(const ServingContext&) = delete;
+
+   private:
+    AutogradHook* hook_;
+    int64_t previous_ = -1;
+  };
 
   // An EXCEPTION message carrying `status`.
   static Message exception_message(const absl::Status& status);
@@ -210,6 +281,7 @@ class Worker {
   std::vector<std::unique_ptr<WorkerExtension>> extensions_;
   absl::flat_hash_map<MessageType, RequestHandler> handlers_;
   wire::RRefHook* rref_hook_ = nullptr;
+  AutogradHook* autograd_hook_ = nullptr;
   std::function<absl::Status(const c10::IValue&)> call_gate_;
   bool building_ = true;
   std::unique_ptr<c10::ThreadPool> pool_;

@@ -7,10 +7,12 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <utility>
 
+#include "autograd/autograd.h"
 #include "core/internal/timer.h"
 #include "core/rpc.h"
 #include "core/wire/codec.h"
@@ -480,7 +482,8 @@ class ContextState : public wire::RRefHook,
   }
 
   Future<Message> on_remote_call(Message request) {
-    absl::StatusOr<c10::IValue> call = decode_with_hook(request);
+    wire::AutogradMeta autograd;
+    absl::StatusOr<c10::IValue> call = decode_with_hook(request, &autograd);
     if (!call.ok()) return Future<Message>::ready(call.status());
     if (absl::Status ok = check_call(*call, 7, "REMOTE_CALL"); !ok.ok()) {
       return Future<Message>::ready(ok);
@@ -491,7 +494,7 @@ class ContextState : public wire::RRefHook,
     c10::intrusive_ptr<OwnerRRef> owner =
         get_or_create_owner(id, c10::AnyType::get());
     if (fork.worker >= 0) add_fork(id, fork);
-    absl::StatusOr<c10::IValue> result = run_call(*call);
+    absl::StatusOr<c10::IValue> result = run_call_serving(*call, autograd);
     // Every later use of the RRef (fetch, method call) reports a failure.
     if (!result.ok()) result = creation_failure(result.status());
     owner->set_value(result);
@@ -503,16 +506,17 @@ class ContextState : public wire::RRefHook,
   }
 
   Future<Message> on_method_call(Message request) {
-    absl::StatusOr<c10::IValue> call = decode_with_hook(request);
+    wire::AutogradMeta autograd;
+    absl::StatusOr<c10::IValue> call = decode_with_hook(request, &autograd);
     if (!call.ok()) return Future<Message>::ready(call.status());
     if (absl::Status ok = check_call(*call, 3, "RREF_METHOD_CALL"); !ok.ok()) {
       return Future<Message>::ready(ok);
     }
-    absl::StatusOr<c10::IValue> result = run_call(*call);
+    absl::StatusOr<c10::IValue> result = run_call_serving(*call, autograd);
     if (!result.ok()) return Future<Message>::ready(result.status());
     Message response;
     response.type = MessageType::kCallRet;
-    absl::Status encoded = wire::encode(*result, response, this);
+    absl::Status encoded = encode_response(*result, autograd, response);
     if (!encoded.ok()) return Future<Message>::ready(encoded);
     return Future<Message>::ready(std::move(response));
   }
@@ -522,7 +526,8 @@ class ContextState : public wire::RRefHook,
   // not there yet; if its REMOTE_CALL never arrived by then, the RRef is
   // failed and let go, so nothing waits or leaks forever.
   Future<Message> on_fetch(Message request) {
-    absl::StatusOr<c10::IValue> payload = wire::decode(request);
+    wire::AutogradMeta autograd;
+    absl::StatusOr<c10::IValue> payload = decode_with_hook(request, &autograd);
     if (!payload.ok()) return Future<Message>::ready(payload.status());
     absl::StatusOr<std::vector<int64_t>> v = ints_of(*payload, 3, "RREF_FETCH");
     if (!v.ok()) return Future<Message>::ready(v.status());
@@ -535,7 +540,7 @@ class ContextState : public wire::RRefHook,
     std::weak_ptr<ContextState> weak = weak_from_this();
     Promise<Message> reply;
     owner->value().on_complete(
-        [weak, reply](const absl::StatusOr<c10::IValue>& value) {
+        [weak, reply, autograd](const absl::StatusOr<c10::IValue>& value) {
           if (!value.ok()) {
             reply.set(value.status());
             return;
@@ -547,7 +552,8 @@ class ContextState : public wire::RRefHook,
           }
           Message response;
           response.type = MessageType::kCallRet;
-          absl::Status encoded = wire::encode(*value, response, self.get());
+          absl::Status encoded =
+              self->encode_response(*value, autograd, response);
           if (!encoded.ok()) {
             reply.set(encoded);
           } else {
@@ -618,8 +624,36 @@ class ContextState : public wire::RRefHook,
     return absl::OkStatus();
   }
 
-  absl::StatusOr<c10::IValue> decode_with_hook(const Message& message) {
-    return wire::decode(message, wire::Limits(), this);
+  // Decodes through the worker: RRefs with this hook, and a message in a
+  // distributed autograd context through the autograd hook.
+  absl::StatusOr<c10::IValue> decode_with_hook(
+      const Message& message, wire::AutogradMeta* autograd = nullptr) {
+    absl::StatusOr<c10::IValue> value =
+        absl::CancelledError("the worker is shut down");
+    with_worker([&](Worker& w) { value = w.decode(message, autograd); });
+    return value;
+  }
+
+  // The response to a request that came with `request` autograd metadata.
+  absl::Status encode_response(const c10::IValue& value,
+                               const wire::AutogradMeta& request,
+                               Message& out) {
+    absl::Status encoded = absl::CancelledError("the worker is shut down");
+    with_worker(
+        [&](Worker& w) { encoded = w.encode_response(value, request, out); });
+    return encoded;
+  }
+
+  // run_call in the autograd context the request came with.
+  absl::StatusOr<c10::IValue> run_call_serving(
+      const c10::IValue& call, const wire::AutogradMeta& autograd) {
+    absl::StatusOr<c10::IValue> result =
+        absl::CancelledError("the worker shut down before the call ran");
+    with_worker([&](Worker& w) {
+      Worker::ServingContext serving(w, autograd);
+      result = run_call(call);
+    });
+    return result;
   }
 
   RRefDebugInfo debug_info() {
@@ -828,11 +862,11 @@ absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
     const int64_t wait_ms = bound == absl::InfiniteDuration()
                                 ? absl::ToInt64Milliseconds(rref::kMaxValueWait)
                                 : absl::ToInt64Milliseconds(bound);
-    absl::Status encoded = wire::encode(
+    absl::Status encoded = worker.encode_request(
         c10::ivalue::Tuple::create({c10::IValue(int64_t{impl()->id().worker}),
                                     c10::IValue(impl()->id().local),
                                     c10::IValue(wait_ms)}),
-        request);
+        impl()->owner_info(), request);
     if (!encoded.ok()) {
       response = Future<Message>::ready(encoded);
       return;
@@ -915,7 +949,7 @@ absl::StatusOr<RRef> remote_call(Worker& caller, const To& to,
          c10::IValue(fork.local)});
     Message request;
     request.type = MessageType::kRemoteCall;
-    absl::Status encoded = worker.encode(call, request);
+    absl::Status encoded = worker.encode_request(call, *target, request);
     if (!encoded.ok()) {
       made = absl::InvalidArgumentError(
           absl::StrCat("cannot send arguments of '", fn, "' to worker '",
@@ -962,7 +996,7 @@ absl::StatusOr<Message> method_call_message(Worker& worker, const RRef& rref,
        c10::IValue(std::move(kwargs_dict))});
   Message request;
   request.type = MessageType::kRRefMethodCall;
-  absl::Status encoded = worker.encode(call, request);
+  absl::Status encoded = worker.encode_request(call, rref.owner(), request);
   if (!encoded.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot send arguments of method '", method, "': ", encoded.message()));
@@ -1035,22 +1069,65 @@ absl::StatusOr<RRef> RemoteProxy::call(absl::string_view method,
   return result;
 }
 
+namespace {
+
+// Backward from the value an RRef holds, on its owner (`worker`).
+absl::Status owner_backward(Worker& worker, const RRef& rref,
+                            int64_t context_id, bool retain_graph) {
+  absl::StatusOr<c10::IValue> value = rref.local_value();
+  if (!value.ok()) return value.status();
+  if (!value->isTensor()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward of RRef ", rref.impl()->id().str(),
+        ": its value is a ", value->tagKind(), ", not a scalar tensor"));
+  }
+  return autograd::backward(worker, context_id, {value->toTensor()},
+                            retain_graph);
+}
+
+// tether::rref_backward(Any rref, int context_id, bool retain_graph): the
+// owner's side of RRef::backward.
+void rref_backward_op(const c10::IValue& rref, int64_t context_id,
+                      bool retain_graph) {
+  absl::StatusOr<RRef> r = RRef::from_ivalue(rref);
+  TORCH_CHECK(r.ok(), r.status().ToString());
+  Worker* worker = Worker::serving();
+  TORCH_CHECK(worker != nullptr, "rref_backward must run as an RPC");
+  absl::Status done = owner_backward(*worker, *r, context_id, retain_graph);
+  TORCH_CHECK(done.ok(), done.ToString());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tether, m) {
+  m.def("rref_backward(Any rref, int context_id, bool retain_graph) -> ()",
+        &rref_backward_op);
+}
+
+absl::Status RRef::backward(int64_t context_id, bool retain_graph) const {
+  absl::Status done = absl::FailedPreconditionError(absl::StrCat(
+      "backward() on RRef ", impl()->id().str(), " after its worker shut down"));
+  const RRef self = *this;
+  impl()->context()->with_worker([&](Worker& worker) {
+    if (is_owner()) {
+      done = owner_backward(worker, self, context_id, retain_graph);
+      return;
+    }
+    done = worker
+               .rpc_sync(owner(), "tether::rref_backward",
+                         {to_ivalue(), c10::IValue(context_id),
+                          c10::IValue(retain_graph)})
+               .status();
+  });
+  return done;
+}
+
 ExtensionFactory rref_extension(RRefOptions options) {
   return [options](
              Worker& worker) -> absl::StatusOr<std::unique_ptr<WorkerExtension>> {
     auto extension = std::make_unique<rref::RRefExtension>(worker, options);
     std::shared_ptr<ContextState> state = extension->state();
     std::weak_ptr<ContextState> weak = state;
-    auto route = [weak](Future<Message> (ContextState::*method)(Message)) {
-      return [weak, method](Message request) -> Future<Message> {
-        auto self = weak.lock();
-        if (self == nullptr) {
-          return Future<Message>::ready(
-              absl::CancelledError("the worker is shut down"));
-        }
-        return ((*self).*method)(std::move(request));
-      };
-    };
     const std::pair<MessageType, Future<Message> (ContextState::*)(Message)>
         handlers[] = {
             {MessageType::kRemoteCall, &ContextState::on_remote_call},
@@ -1061,7 +1138,7 @@ ExtensionFactory rref_extension(RRefOptions options) {
             {MessageType::kRRefMethodCall, &ContextState::on_method_call},
         };
     for (const auto& [type, method] : handlers) {
-      absl::Status added = worker.register_handler(type, route(method));
+      absl::Status added = worker.register_handler(type, route_to(weak, method));
       if (!added.ok()) return added;
     }
     worker.set_rref_hook(state.get());

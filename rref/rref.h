@@ -119,6 +119,13 @@ class RRef {
   // the owner's acknowledgement.
   bool confirmed_by_owner() const;
 
+  // Runs distributed autograd's backward of context `context_id` (see
+  // autograd/autograd.h) from the value, a scalar tensor that requires
+  // grad, on its owner: locally there, or by a call to the owner.
+  // Errors as autograd::backward, plus those of the call.
+  [[nodiscard]] absl::Status backward(int64_t context_id,
+                                      bool retain_graph = false) const;
+
   // Method calls on the owner's object (see SyncProxy above). The proxy
   // refers to this RRef: use it within the expression.
   SyncProxy rpc_sync(absl::Duration timeout = kDefaultTimeout) const {

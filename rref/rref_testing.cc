@@ -87,15 +87,17 @@ TORCH_LIBRARY(tether_rref_testing, m) {
 
 std::vector<std::unique_ptr<Worker>> start_workers(
     const BackendRegistry& registry, const RpcOptions& options,
-    const std::vector<std::string>& names, const RRefOptions& rref_options) {
+    const std::vector<std::string>& names, const RRefOptions& rref_options,
+    const std::vector<ExtensionFactory>& more) {
+  std::vector<ExtensionFactory> extensions = {rref_extension(rref_options)};
+  extensions.insert(extensions.end(), more.begin(), more.end());
   std::vector<std::unique_ptr<Worker>> workers(names.size());
   std::vector<std::thread> threads;
   const int size = static_cast<int>(names.size());
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
       absl::StatusOr<std::unique_ptr<Worker>> w = Worker::create(
-          names[rank], rank, size, options, registry,
-          {rref_extension(rref_options)});
+          names[rank], rank, size, options, registry, extensions);
       if (!w.ok()) {
         ADD_FAILURE() << "worker " << names[rank] << ": " << w.status();
         return;

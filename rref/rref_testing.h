@@ -47,12 +47,14 @@ inline constexpr char kSumAll[] = "tether_rref_testing::sum_all";
 inline constexpr char kDebugCounts[] = "tether_rref_testing::debug_counts";
 
 // Workers of one group in this process, one per name (ranks in order), built
-// concurrently from `registry` with `options` and serving RRefs. On error a
-// test failure, and the slots of the workers that failed stay null.
+// concurrently from `registry` with `options` and serving RRefs (plus the
+// `more` extensions). On error a test failure, and the slots of the workers
+// that failed stay null.
 std::vector<std::unique_ptr<Worker>> start_workers(
     const BackendRegistry& registry, const RpcOptions& options,
     const std::vector<std::string>& names,
-    const RRefOptions& rref_options = RRefOptions());
+    const RRefOptions& rref_options = RRefOptions(),
+    const std::vector<ExtensionFactory>& more = {});
 
 // Shuts every (non-null) worker down gracefully and concurrently, expecting
 // success.

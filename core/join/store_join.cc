@@ -1,5 +1,6 @@
 #include "core/join/store_join.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/string_view.h>
 #include <absl/time/clock.h>
@@ -35,17 +36,24 @@ class StoreError : public std::exception {
 // Waits until `key` exists; false if `deadline` came first.
 bool wait_for_key(c10d::Store& store, const std::string& key,
                   absl::Time deadline) {
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return store.check({key});
-  const int64_t ms = std::max<int64_t>(
-      1, absl::ToInt64Milliseconds(std::min(left, kLongestWait)) + 1);
-  try {
-    store.wait({key}, std::chrono::milliseconds(ms));
-    return true;
-  } catch (const std::exception& e) {
-    if (absl::Now() >= deadline) return false;
-    // Failed before the deadline: not a timeout.
-    throw StoreError(e.what());
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return store.check({key});
+    const int64_t ms = std::max<int64_t>(
+        1, absl::ToInt64Milliseconds(std::min(left, kLongestWait)) + 1);
+    try {
+      store.wait({key}, std::chrono::milliseconds(ms));
+      return true;
+    } catch (const std::exception& e) {
+      // The store's own timeout (its socket's) can fire a little before
+      // ours, or at kLongestWait: wait again for what is left.
+      if (absl::Now() >= deadline ||
+          absl::StrContains(e.what(), "imeout")) {
+        continue;
+      }
+      // Failed before the deadline: not a timeout.
+      throw StoreError(e.what());
+    }
   }
 }
 

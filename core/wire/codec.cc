@@ -1148,7 +1148,8 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
 
 }  // namespace
 
-absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs) {
+absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs,
+                    const AutogradMeta* autograd) {
   try {
     google::protobuf::Arena arena;
     auto* envelope =
@@ -1160,6 +1161,12 @@ absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs) {
     encoder.assign_storages();
     envelope->set_version(kWireVersion);
     envelope->set_storage_count(encoder.storages().size());
+    if (autograd != nullptr && autograd->in_context()) {
+      pb::Autograd* meta = envelope->mutable_autograd();
+      meta->set_context_id(autograd->context_id);
+      meta->set_message_id(autograd->message_id);
+      meta->set_from(autograd->from);
+    }
     const size_t size = envelope->ByteSizeLong();
     if (size > static_cast<size_t>(INT_MAX)) {
       return absl::ResourceExhaustedError(
@@ -1182,7 +1189,7 @@ absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs) {
 }
 
 absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
-                                   RRefHook* rrefs) {
+                                   RRefHook* rrefs, AutogradMeta* autograd) {
   const int64_t payload_size = static_cast<int64_t>(in.payload.size());
   if (payload_size > limits.max_payload_bytes || payload_size > INT_MAX) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -1210,7 +1217,8 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
           "payload is not a wire envelope (truncated, corrupt, or nested "
           "deeper than max_depth allows)");
     }
-    if (has_unknown_fields(*envelope)) {
+    if (has_unknown_fields(*envelope) ||
+        (envelope->has_autograd() && has_unknown_fields(envelope->autograd()))) {
       return absl::InvalidArgumentError(
           "envelope has unknown fields (from a newer version?)");
     }
@@ -1227,8 +1235,23 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
     if (!envelope->has_root()) {
       return absl::InvalidArgumentError("envelope has no root value");
     }
+    AutogradMeta meta;
+    if (envelope->has_autograd()) {
+      const pb::Autograd& a = envelope->autograd();
+      if (a.context_id() < 0 || a.message_id() < -1 || a.from() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "malformed autograd metadata: context ", a.context_id(),
+            ", message ", a.message_id(), ", from worker ", a.from()));
+      }
+      meta.context_id = a.context_id();
+      meta.message_id = a.message_id();
+      meta.from = a.from();
+    }
     Decoder decoder(in, limits, rrefs);
-    return decoder.value(envelope->root(), Path::root(), 0);
+    absl::StatusOr<c10::IValue> value =
+        decoder.value(envelope->root(), Path::root(), 0);
+    if (value.ok() && autograd != nullptr) *autograd = meta;
+    return value;
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while decoding");
   } catch (const std::exception& e) {

@@ -86,13 +86,27 @@ class RRefHook {
 
 inline constexpr int kMaxSupportedDepth = 256;
 
+// A message's place in distributed autograd (autograd/ gives it meaning):
+// the context it belongs to, the id pairing the sender's send node with the
+// receiver's recv node (-1 when the message carries no tensor that requires
+// grad), and the sending worker's id. context_id -1: not in a context.
+struct AutogradMeta {
+  int64_t context_id = -1;
+  int64_t message_id = -1;
+  int32_t from = -1;
+
+  bool in_context() const { return context_id >= 0; }
+};
+
 // Encodes `value` into out.payload and out.storages, replacing what they held
 // (out.type and out.id are left alone; `out` is untouched on error).
 // INVALID_ARGUMENT names the unsupported kind and where it sits, e.g.
 // "value at root[1][0]: unsupported IValue kind Object".
-// RRefs in `value` need `rrefs` (INVALID_ARGUMENT without it).
+// RRefs in `value` need `rrefs` (INVALID_ARGUMENT without it). `autograd`,
+// if given and in a context, travels in the envelope.
 [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out,
-                                  RRefHook* rrefs = nullptr);
+                                  RRefHook* rrefs = nullptr,
+                                  const AutogradMeta* autograd = nullptr);
 
 // Decodes what encode produced. Never crashes on any input: malformed,
 // truncated, inconsistent input is INVALID_ARGUMENT, a limit exceeded is
@@ -100,9 +114,11 @@ inline constexpr int kMaxSupportedDepth = 256;
 // (e.g. "tensor at root[1]: storage index 3 out of range (2 storages)").
 // The decoded tensors are views of in.storages (shared, not copied).
 // RRefs in the payload need `rrefs` (INVALID_ARGUMENT without it).
+// `autograd`, if given, receives the envelope's autograd metadata (left
+// default when the message has none).
 [[nodiscard]] absl::StatusOr<c10::IValue> decode(
     const Message& in, const Limits& limits = Limits(),
-    RRefHook* rrefs = nullptr);
+    RRefHook* rrefs = nullptr, AutogradMeta* autograd = nullptr);
 
 }  // namespace tether::wire
 

@@ -1,0 +1,118 @@
+// Distributed autograd: backward passes that cross workers, on LibTorch's
+// own autograd engine (ARCHITECTURE.md section 6).
+//
+// A Context scopes one forward and backward pass. While it is current on a
+// thread, every request that thread sends (rpc_sync/rpc_async, remote,
+// to_here, RRef proxy calls) belongs to it, and so does the response. A
+// message that carries tensors requiring grad records a send node on its
+// sender (whose next edges are those tensors' gradient edges) and gives the
+// tensors on the receiver a recv node as grad_fn; the two are paired by an
+// autograd message id. A request served in a context runs in it, so nested
+// calls (A -> B -> C) join the same context.
+//
+//   tether::BackendRegistry registry;  // ... init_rpc(..., {rref_extension(),
+//                                      //     autograd::autograd_extension()})
+//   absl::StatusOr<autograd::Context> context = autograd::Context::enter();
+//   at::Tensor y = tether::rpc_sync("w1", "aten::mul.Tensor", {x, x})
+//                      ->toTensor();
+//   absl::Status done = autograd::backward(context->id(), {y.sum()});
+//   auto grads = autograd::get_gradients(context->id());  // {x: 2x}
+//
+// Backward (FAST mode, see docs/autograd.md): the root runs the engine from
+// its roots; each gradient reaching a recv node travels back to the worker
+// that sent the tensor (a BACKWARD message), which runs the engine from the
+// paired send node, and so on. backward() returns once every pass it caused,
+// on every worker, is done. Gradients of leaf tensors accumulate in the
+// context of the worker that holds the leaf (get_gradients), never in .grad.
+//
+// Ownership: a Context is movable, not copyable; it must be destroyed on the
+// thread that entered it. Destroying it releases the context on every worker
+// that took part (bounded by the RPC timeout).
+//
+// Thread safety: every function may be called from any thread; a context is
+// current only on the thread that entered it (and on the threads serving its
+// requests).
+#ifndef TETHER_AUTOGRAD_AUTOGRAD_H_
+#define TETHER_AUTOGRAD_AUTOGRAD_H_
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/worker.h"
+
+namespace tether::autograd {
+
+namespace internal {
+class AutogradState;
+}  // namespace internal
+
+// The extension that makes a Worker take part in distributed autograd; pass
+// it to init_rpc / Worker::create on every worker of the group.
+ExtensionFactory autograd_extension();
+
+// A distributed autograd context, current on the entering thread while it
+// lives. Ids carry the creating worker's id in their top 16 bits.
+class Context {
+ public:
+  // Enters a new context on this thread, on `worker` (or current_worker()).
+  // FAILED_PRECONDITION if a context is already current on this thread
+  // (contexts do not nest) or the worker does not serve distributed
+  // autograd.
+  [[nodiscard]] static absl::StatusOr<Context> enter(Worker& worker);
+  [[nodiscard]] static absl::StatusOr<Context> enter();
+
+  Context(Context&& other) noexcept;
+  Context& operator=(Context&& other) noexcept;
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  ~Context();
+
+  int64_t id() const { return id_; }
+
+ private:
+  Context(std::weak_ptr<internal::AutogradState> state, int64_t id)
+      : state_(std::move(state)), id_(id) {}
+  void release();
+
+  std::weak_ptr<internal::AutogradState> state_;
+  int64_t id_ = -1;
+};
+
+// The context current on this thread; FAILED_PRECONDITION if none.
+[[nodiscard]] absl::StatusOr<int64_t> current_context_id();
+
+// Runs the distributed backward pass of `context_id` from `roots` (scalar
+// tensors that require grad), on `worker` (or current_worker()), and
+// returns when it is done everywhere. Errors: NOT_FOUND for a context this
+// worker does not know, INVALID_ARGUMENT for a bad root, and a failure
+// anywhere in the pass as "Error on worker N (name): ...". Without
+// retain_graph the graph's saved tensors on this worker are freed, so a
+// second backward through it fails as in LibTorch.
+[[nodiscard]] absl::Status backward(Worker& worker, int64_t context_id,
+                                    const std::vector<at::Tensor>& roots,
+                                    bool retain_graph = false);
+[[nodiscard]] absl::Status backward(int64_t context_id,
+                                    const std::vector<at::Tensor>& roots,
+                                    bool retain_graph = false);
+
+// The gradients accumulated in `context_id` on `worker` (or
+// current_worker()): each leaf tensor of this worker that got a gradient,
+// mapped (by identity) to its gradient. NOT_FOUND for an unknown context.
+[[nodiscard]] absl::StatusOr<c10::Dict<at::Tensor, at::Tensor>> get_gradients(
+    Worker& worker, int64_t context_id);
+[[nodiscard]] absl::StatusOr<c10::Dict<at::Tensor, at::Tensor>> get_gradients(
+    int64_t context_id);
+
+// How many contexts `worker` holds (its own and those it took part in);
+// for tests and leak checks. FAILED_PRECONDITION without the extension.
+[[nodiscard]] absl::StatusOr<int64_t> live_contexts(Worker& worker);
+
+}  // namespace tether::autograd
+
+#endif  // TETHER_AUTOGRAD_AUTOGRAD_H_
