@@ -9,8 +9,8 @@
 // serves it as a TorchScript function compiled at init. The driver pushes
 // micro-batches through the stages with rpc_async, several in flight, checks
 // every output against the same network run locally, and prints progress and
-// a summary. Distributed training replaces this with the autograd and
-// optimizer issues.
+// a summary. examples/train.cc is the training counterpart (the README's
+// main job).
 #include <ATen/ATen.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>

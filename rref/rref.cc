@@ -181,7 +181,9 @@ class ContextState : public wire::RRefHook,
     if (it->second.empty()) {
       forks_.erase(it);
       auto owner = owners_.find(id);
-      if (owner != owners_.end()) {
+      // Without a value yet, its REMOTE_CALL has not run: that handler looks
+      // the owner up by id (and lets it go once it has set the value).
+      if (owner != owners_.end() && owner->second->value().is_ready()) {
         released = std::move(owner->second);
         owners_.erase(owner);
       }
@@ -260,7 +262,11 @@ class ContextState : public wire::RRefHook,
     data.fork_worker = fork.worker;
     data.fork_local = fork.local;
     data.parent = self_.id;
-    data.type = impl->type();
+    // An object's class has no wire form (the codec moves data, not
+    // classes): its users see the type Any, as for a remote() result.
+    data.type = impl->type()->kind() == c10::TypeKind::ClassType
+                    ? c10::AnyType::get()
+                    : impl->type();
     absl::MutexLock lock(&mu_);
     if (impl->isOwner()) {
       // The receiver is a confirmed user from the moment it arrives.

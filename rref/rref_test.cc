@@ -281,6 +281,23 @@ TEST_F(RRefs, CreationFailureIsReportedOnFirstUse) {
 
 constexpr char kCounter[] = "__torch__.torch.classes.tether_rref_test.Counter";
 
+// A remote() to the caller itself, used at once through a proxy: the
+// method call's message may be handled before the REMOTE_CALL's, and must
+// still find the value the REMOTE_CALL sets (a race the training example
+// hit).
+TEST_F(RRefs, RemoteToSelfThenProxyAtOnce) {
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<RRef> counter =
+        remote(*workers_[0], "alice", kCounter, {int64_t{i}});
+    ASSERT_THAT(counter, IsOk());
+    absl::StatusOr<c10::IValue> v =
+        counter->rpc_sync(absl::Seconds(5)).call("add", {int64_t{1}});
+    ASSERT_THAT(v, IsOk()) << "round " << i;
+    EXPECT_EQ(v->toInt(), i + 1);
+  }
+  expect_all_released();
+}
+
 TEST_F(RRefs, ProxiesRunMethodsOnTheOwnersObject) {
   absl::StatusOr<RRef> counter =
       remote(*workers_[0], "bob", kCounter, {int64_t{5}});

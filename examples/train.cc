@@ -1,0 +1,221 @@
+// The main job: model-parallel training across worker processes.
+//
+// Run by the launcher, which sets RANK, WORLD_SIZE and MASTER_ADDR/PORT:
+//
+//   bazel run //examples:run_training -- --nproc 3 [--steps=200] ...
+//
+// Rank 0 is the parameter server ("ps"): it holds the embedding table and the
+// decoder of the model in examples/ps_model.h. Every other rank is a trainer
+// ("trainer1", ...) that runs the LSTM in the middle locally; its forward
+// pass goes through RRef proxies to the parameter server, its backward
+// through distributed autograd, its updates through a DistributedOptimizer.
+// With two or more trainers they train the shared embedding and decoder
+// concurrently. Each trainer shows progress (step, loss, steps per second)
+// and a summary; with a single trainer it also trains the same model in
+// this process with plain LibTorch and checks that every step's loss is the
+// same. Exits non-zero if training fails, the loss does not go down, or the
+// check does not hold.
+//
+// Flags: --steps=N (200), --backend=NAME (tensorpipe), --world_size=N (must
+// match the launcher's), --optimizer=sgd|adam, --lr=X, --seed=N.
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/time/clock.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "backends/builtin.h"
+#include "core/rpc.h"
+#include "examples/ps_model.h"
+#include "rref/rref.h"
+
+namespace {
+
+using tether::examples::ModelConfig;
+
+struct Flags {
+  int64_t steps = 200;
+  std::string backend = "tensorpipe";
+  int world_size = -1;
+  ModelConfig model;
+};
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  int out;
+  return value != nullptr && absl::SimpleAtoi(value, &out) ? out : fallback;
+}
+
+bool parse_flags(int argc, char** argv, Flags& flags) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    bool ok = eq != std::string::npos;
+    if (name == "--steps") {
+      ok = ok && absl::SimpleAtoi(value, &flags.steps) && flags.steps > 0;
+    } else if (name == "--backend") {
+      flags.backend = value;
+    } else if (name == "--world_size") {
+      ok = ok && absl::SimpleAtoi(value, &flags.world_size);
+    } else if (name == "--optimizer") {
+      if (value == "sgd") {
+        flags.model.optimizer = tether::optim::Kind::kSGD;
+      } else if (value == "adam") {
+        flags.model.optimizer = tether::optim::Kind::kAdam;
+        flags.model.lr = 0.01;
+      } else {
+        ok = false;
+      }
+    } else if (name == "--lr") {
+      ok = ok && absl::SimpleAtod(value, &flags.model.lr) && flags.model.lr > 0;
+    } else if (name == "--seed") {
+      ok = ok && absl::SimpleAtoi(value, &flags.model.seed);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "train: bad flag '%s' (see examples/train.cc)\n",
+                   arg.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// One line of progress: a bar, the step, the loss and the rate.
+void progress(const std::string& who, int64_t step, int64_t steps, double loss,
+              double rate) {
+  constexpr int kWidth = 24;
+  const int filled = static_cast<int>(kWidth * step / steps);
+  std::string bar(filled, '#');
+  bar.resize(kWidth, '.');
+  std::printf("%s [%s] step %4lld/%lld  loss %.4f  %6.1f steps/s\n",
+              who.c_str(), bar.c_str(), static_cast<long long>(step),
+              static_cast<long long>(steps), loss, rate);
+  std::fflush(stdout);
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+  double sum = 0;
+  for (size_t i = from; i < to; ++i) sum += v[i];
+  return sum / static_cast<double>(to - from);
+}
+
+// Trains and reports; false if anything failed.
+bool run_trainer(const Flags& flags, int rank, int world) {
+  const std::string who = absl::StrCat("trainer", rank);
+  absl::StatusOr<tether::examples::Trainer> trainer =
+      tether::examples::Trainer::create(flags.model, "ps");
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who.c_str(),
+                 trainer.status().ToString().c_str());
+    return false;
+  }
+  std::vector<double> losses;
+  const int64_t every = std::max<int64_t>(1, flags.steps / 20);
+  const absl::Time start = absl::Now();
+  for (int64_t step = 1; step <= flags.steps; ++step) {
+    absl::StatusOr<double> loss =
+        trainer->step(tether::examples::make_batch(flags.model, rank, step));
+    if (!loss.ok()) {
+      std::fprintf(stderr, "%s: step %lld: %s\n", who.c_str(),
+                   static_cast<long long>(step),
+                   loss.status().ToString().c_str());
+      return false;
+    }
+    losses.push_back(*loss);
+    if (step % every == 0 || step == flags.steps) {
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      progress(who, step, flags.steps, *loss, step / seconds);
+    }
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const size_t window = std::min<size_t>(10, losses.size());
+  const double first = mean(losses, 0, window);
+  const double last = mean(losses, losses.size() - window, losses.size());
+  std::printf(
+      "%s summary: %lld steps in %.2f s (%.1f steps/s), loss %.4f -> %.4f "
+      "(mean of first and last %zu steps), %d trainer(s) on backend %s\n",
+      who.c_str(), static_cast<long long>(flags.steps), seconds,
+      flags.steps / seconds, first, last, window, world - 1,
+      flags.backend.c_str());
+  bool good = last < first;
+  if (!good) std::fprintf(stderr, "%s: the loss did not go down\n", who.c_str());
+  if (world == 2) {
+    // One trainer: the same training in this process with LibTorch alone.
+    std::vector<double> local =
+        tether::examples::reference_losses(flags.model, flags.steps);
+    double worst = 0;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      worst = std::max(worst,
+                       std::abs(losses[i] - local[i]) / std::abs(local[i]));
+    }
+    const bool same = worst <= 1e-5;
+    std::printf("%s check: every step's loss %s single-process LibTorch "
+                "training (max relative difference %.2e)\n",
+                who.c_str(), same ? "matches" : "DIFFERS FROM", worst);
+    good = good && same;
+  }
+  return good;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (!parse_flags(argc, argv, flags)) return 2;
+  const int rank = env_int("RANK", -1);
+  const int world = env_int("WORLD_SIZE", -1);
+  if (rank < 0 || world < 2) {
+    std::fprintf(stderr,
+                 "train: run me with the launcher and at least 2 processes, "
+                 "e.g. bazel run //examples:run_training -- --nproc 3\n");
+    return 2;
+  }
+  if (flags.world_size > 0 && flags.world_size != world) {
+    std::fprintf(stderr, "train: --world_size=%d but the launcher started %d\n",
+                 flags.world_size, world);
+    return 2;
+  }
+  tether::BackendRegistry registry;
+  if (absl::Status s = tether::backends::register_builtin_backends(registry);
+      !s.ok()) {
+    std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  tether::RpcOptions options;
+  options.backend = flags.backend;
+  const std::string name = rank == 0 ? "ps" : absl::StrCat("trainer", rank);
+  if (absl::Status up = tether::init_rpc(
+          name, rank, world, options, registry,
+          {tether::rref_extension(), tether::autograd::autograd_extension()});
+      !up.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), up.ToString().c_str());
+    return 1;
+  }
+  bool good = true;
+  if (rank == 0) {
+    std::printf("ps: serving the embedding table and decoder to %d trainer(s)\n",
+                world - 1);
+  } else {
+    good = run_trainer(flags, rank, world);
+  }
+  // Graceful: the parameter server waits here until every trainer is done.
+  if (absl::Status down = tether::shutdown(); !down.ok()) {
+    std::fprintf(stderr, "%s: shutdown: %s\n", name.c_str(),
+                 down.ToString().c_str());
+    good = false;
+  }
+  if (rank == 0 && good) std::printf("ps: all trainers done\n");
+  return good ? 0 : 1;
+}
