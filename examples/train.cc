@@ -153,8 +153,11 @@ bool run_trainer(const Flags& flags, int rank, int world) {
   if (!good) std::fprintf(stderr, "%s: the loss did not go down\n", who.c_str());
   if (world == 2) {
     // One trainer: the same training in this process with LibTorch alone.
+    const absl::Time local_start = absl::Now();
     std::vector<double> local =
         tether::examples::reference_losses(flags.model, flags.steps);
+    const double local_seconds =
+        absl::ToDoubleSeconds(absl::Now() - local_start);
     double worst = 0;
     for (size_t i = 0; i < losses.size(); ++i) {
       worst = std::max(worst,
@@ -162,8 +165,10 @@ bool run_trainer(const Flags& flags, int rank, int world) {
     }
     const bool same = worst <= 1e-5;
     std::printf("%s check: every step's loss %s single-process LibTorch "
-                "training (max relative difference %.2e)\n",
-                who.c_str(), same ? "matches" : "DIFFERS FROM", worst);
+                "training (max relative difference %.2e; that training ran "
+                "at %.1f steps/s)\n",
+                who.c_str(), same ? "matches" : "DIFFERS FROM", worst,
+                flags.steps / local_seconds);
     good = good && same;
   }
   return good;
