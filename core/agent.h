@@ -93,6 +93,8 @@ struct AgentSetup {
   std::string group_key;
   // Per-backend settings, "key" -> "value" (the backend documents its keys).
   absl::flat_hash_map<std::string, std::string> settings;
+  // What an incoming message may announce (see core/message.h).
+  MessageLimits limits;
 };
 
 using AgentFactory =

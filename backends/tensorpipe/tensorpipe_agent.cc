@@ -304,6 +304,7 @@ class State : public std::enable_shared_from_this<State> {
         workers_(std::move(setup.workers)),
         store_(std::move(setup.store)),
         settings_(std::move(settings)),
+        limits_(setup.limits),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         io_(std::make_unique<SerialExecutor>()),
@@ -447,6 +448,7 @@ class State : public std::enable_shared_from_this<State> {
   const std::vector<WorkerInfo> workers_;
   const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
+  const MessageLimits limits_;
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
   // Per rank, the url a pipe to it connects to (set by init(), then const);
   // nullopt if we share no transport.
@@ -818,7 +820,7 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
     return;
   }
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
-      internal::allocate_frame(descriptor);
+      internal::allocate_frame(descriptor, limits_);
   if (allocated.ok() && (*allocated)->header.kind == FrameKind::kRequest) {
     allocated = absl::InvalidArgumentError("a request on a client pipe");
   }
@@ -970,7 +972,7 @@ void State::on_request_descriptor(
     return;
   }
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
-      internal::allocate_frame(descriptor);
+      internal::allocate_frame(descriptor, limits_);
   if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest) {
     allocated = absl::InvalidArgumentError("a response on a server pipe");
   }

@@ -216,9 +216,30 @@ absl::StatusOr<Message> IncomingFrame::take_result() {
 }
 
 absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
-    const ::tensorpipe::Descriptor& descriptor) {
+    const ::tensorpipe::Descriptor& descriptor, const MessageLimits& limits) {
   absl::StatusOr<FrameHeader> header = decode_header(descriptor.metadata);
   if (!header.ok()) return header.status();
+  if (header->payload_size > static_cast<uint64_t>(limits.max_payload_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a payload of ", header->payload_size, " bytes is over the limit of ",
+        limits.max_payload_bytes));
+  }
+  if (header->storage_sizes.size() >
+      static_cast<uint64_t>(limits.max_storages)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(header->storage_sizes.size(),
+                     " storages are over the limit of ", limits.max_storages));
+  }
+  uint64_t storage_bytes = 0;
+  for (uint64_t size : header->storage_sizes) {
+    if (size > static_cast<uint64_t>(limits.max_storage_bytes) ||
+        (storage_bytes += size) >
+            static_cast<uint64_t>(limits.max_storage_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the storages' bytes are over the limit of ",
+          limits.max_storage_bytes));
+    }
+  }
   if (header->inline_data) {
     if (!descriptor.payloads.empty() || !descriptor.tensors.empty()) {
       return malformed("an inline frame with payloads or tensors");

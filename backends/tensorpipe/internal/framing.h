@@ -105,11 +105,13 @@ struct IncomingFrame {
 };
 
 // Checks `descriptor` against its header (counts, sizes, CPU only) and
-// allocates the payload and one storage per announced size. Errors:
-// INVALID_ARGUMENT for a malformed or inconsistent frame,
-// RESOURCE_EXHAUSTED when the memory cannot be allocated.
+// `limits`, and allocates the payload and one storage per announced size.
+// Errors: INVALID_ARGUMENT for a malformed or inconsistent frame,
+// RESOURCE_EXHAUSTED for one over `limits` (checked before allocating) or
+// when the memory cannot be allocated.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
-    const ::tensorpipe::Descriptor& descriptor);
+    const ::tensorpipe::Descriptor& descriptor,
+    const MessageLimits& limits = MessageLimits());
 
 }  // namespace tether::backends::internal
 
