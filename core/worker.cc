@@ -83,6 +83,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     return absl::FailedPreconditionError(absl::StrCat(
         "backend '", options.backend, "' cannot run here: ", viable.message()));
   }
+  absl::StatusOr<std::optional<auth::Authenticator>> authenticator =
+      auth::Authenticator::from(options.auth_secret);
+  if (!authenticator.ok()) return authenticator.status();
   absl::StatusOr<RendezvousResult> group = rendezvous(
       options.init_method, name, rank, world_size, options.init_timeout);
   if (!group.ok()) return group.status();
@@ -96,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.limits.max_payload_bytes = options.limits.max_payload_bytes;
   setup.limits.max_storages = options.limits.max_storages;
   setup.limits.max_storage_bytes = options.limits.max_storage_bytes;
+  setup.auth = *std::move(authenticator);
   absl::StatusOr<std::unique_ptr<Agent>> agent =
       (*backend)->create(std::move(setup));
   if (!agent.ok()) return agent.status();

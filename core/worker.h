@@ -66,6 +66,10 @@ struct RpcOptions {
   // to its caller) and refuses to take more: a request over them fails at
   // its caller with RESOURCE_EXHAUSTED and this worker keeps serving.
   wire::Limits limits;
+  // The secret peers prove they share when they connect (core/auth); empty:
+  // the environment variable TETHER_AUTH_SECRET, and if that is unset too,
+  // no authentication. Every worker of a group must agree.
+  std::string auth_secret;
   // Calls (rpc_*, remote, to_here, proxy calls) this worker may have in
   // flight at once; more fail at once with RESOURCE_EXHAUSTED. 0: no bound.
   int max_calls_in_flight = 0;

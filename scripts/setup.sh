@@ -18,6 +18,8 @@ packages=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
+  libssl-dev
+  iproute2
 )
 
 missing=()

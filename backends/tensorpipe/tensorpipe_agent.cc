@@ -36,6 +36,7 @@
 
 #include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/serial_executor.h"
+#include "core/auth/auth.h"
 #include "core/internal/pending_requests.h"
 #include "core/internal/timer.h"
 #include "core/join/store_join.h"
@@ -305,6 +306,7 @@ class State : public std::enable_shared_from_this<State> {
         store_(std::move(setup.store)),
         settings_(std::move(settings)),
         limits_(setup.limits),
+        auth_(setup.auth),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         io_(std::make_unique<SerialExecutor>()),
@@ -335,13 +337,33 @@ class State : public std::enable_shared_from_this<State> {
  private:
   struct ClientPipe {
     ClientPipe(int rank, std::shared_ptr<::tensorpipe::Pipe> pipe,
-               PendingRequests::Connection connection)
-        : rank(rank), pipe(std::move(pipe)), connection(connection) {}
+               PendingRequests::Connection connection, bool authenticate)
+        : rank(rank),
+          pipe(std::move(pipe)),
+          connection(connection),
+          ready(!authenticate),
+          server_verified(!authenticate) {}
     const int rank;
     const std::shared_ptr<::tensorpipe::Pipe> pipe;
     // What the requests written (or being written) on this pipe are bound
     // to in pending_.
     const PendingRequests::Connection connection;
+    // Authentication (under State::mu_): requests wait in `queued` until
+    // this side has answered the server's challenge (`ready`); responses are
+    // accepted once the server has answered ours (`server_verified`).
+    bool ready;
+    bool server_verified;
+    std::string own_challenge;
+    std::string server_challenge;
+    std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+  };
+
+  // A server pipe's authentication (under mu_).
+  struct ServerAuth {
+    enum class Stage { kAwaitHello, kAwaitProof } stage = Stage::kAwaitHello;
+    std::string own_challenge;
+    std::string peer;
+    std::string peer_challenge;
   };
 
   // A request that arrived before start().
@@ -406,8 +428,14 @@ class State : public std::enable_shared_from_this<State> {
   void on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
                               const ::tensorpipe::Error& error,
                               const ::tensorpipe::Descriptor& descriptor);
-  void on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
-                            absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
+  void on_client_pipe_error(
+      const std::shared_ptr<ClientPipe>& client, absl::string_view what,
+      absl::StatusCode code = absl::StatusCode::kUnavailable)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void write_on_client(const std::shared_ptr<ClientPipe>& client,
+                       std::shared_ptr<OutgoingFrame> frame);
+  void on_client_auth(const std::shared_ptr<ClientPipe>& client,
+                      const internal::AuthFrame& auth) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Server side.
   void accept_next(std::shared_ptr<::tensorpipe::Listener> listener);
@@ -423,6 +451,14 @@ class State : public std::enable_shared_from_this<State> {
                              const ::tensorpipe::Error& error,
                              const ::tensorpipe::Descriptor& descriptor);
   void drop_server_pipe(const std::shared_ptr<::tensorpipe::Pipe>& pipe)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Handles a frame of a server pipe still authenticating; false if it
+  // was refused (and dropped).
+  bool on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                      IncomingFrame& frame) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells the peer why, logs it, and drops the pipe.
+  void refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+              absl::string_view peer, absl::string_view why)
       ABSL_LOCKS_EXCLUDED(mu_);
   void on_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
                   Message request) ABSL_LOCKS_EXCLUDED(mu_);
@@ -449,6 +485,7 @@ class State : public std::enable_shared_from_this<State> {
   const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
   const MessageLimits limits_;
+  const std::optional<auth::Authenticator> auth_;
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
   // Per rank, the url a pipe to it connects to (set by init(), then const);
   // nullopt if we share no transport.
@@ -466,6 +503,9 @@ class State : public std::enable_shared_from_this<State> {
       ABSL_GUARDED_BY(mu_);
   PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<std::shared_ptr<::tensorpipe::Pipe>> server_pipes_
+      ABSL_GUARDED_BY(mu_);
+  // Server pipes still authenticating.
+  absl::flat_hash_map<const ::tensorpipe::Pipe*, ServerAuth> server_auth_
       ABSL_GUARDED_BY(mu_);
   // Requests received and not yet answered (for join).
   int64_t incoming_active_ ABSL_GUARDED_BY(mu_) = 0;
@@ -742,6 +782,10 @@ void State::write_request(int rank, int64_t id,
         return;  // timed out before it left
       }
       client = it->second;
+      if (!client->ready) {
+        client->queued.emplace_back(id, std::move(frame));
+        return;
+      }
     } else {
       if (!pending_.contains(id)) return;  // timed out before it left
       context = context_;
@@ -778,8 +822,9 @@ void State::write_request(int rank, int64_t id,
       if (!closed_) {
         auto [it, added] = client_pipes_.emplace(rank, nullptr);
         if (added) {
-          it->second =
-              std::make_shared<ClientPipe>(rank, pipe, next_connection_++);
+          it->second = std::make_shared<ClientPipe>(
+              rank, pipe, next_connection_++, auth_.has_value());
+          if (auth_) it->second->own_challenge = auth_->challenge();
         }
         inserted = added;
         client = it->second;
@@ -788,9 +833,34 @@ void State::write_request(int rank, int64_t id,
     }
     if (!inserted) pipe->close();
     if (client == nullptr) return;  // shut down meanwhile
-    if (inserted) read_responses(client);
+    if (inserted) {
+      read_responses(client);
+      if (auth_) {
+        // Our challenge goes first; the requests wait for the server's.
+        std::string challenge;
+        {
+          absl::MutexLock lock(&mu_);
+          challenge = client->own_challenge;
+        }
+        write_on_client(client, internal::make_auth_frame(
+                                    {internal::AuthStep::kHello, self_.name,
+                                     std::move(challenge)}));
+      }
+    }
     if (!still_pending) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!client->ready) {
+        client->queued.emplace_back(id, std::move(frame));
+        return;
+      }
+    }
   }
+  write_on_client(client, std::move(frame));
+}
+
+void State::write_on_client(const std::shared_ptr<ClientPipe>& client,
+                            std::shared_ptr<OutgoingFrame> frame) {
   ::tensorpipe::Message message = frame->to_tensorpipe();
   client->pipe->write(std::move(message),
                       [weak = weak_from_this(), client,
@@ -799,6 +869,75 @@ void State::write_request(int rank, int64_t id,
                         if (!state || !error) return;
                         state->on_client_pipe_error(client, error.what());
                       });
+}
+
+void State::on_client_auth(const std::shared_ptr<ClientPipe>& client,
+                           const internal::AuthFrame& auth) {
+  const std::string& peer = workers_[client->rank].name;
+  auto fail = [&](const std::string& why) {
+    on_client_pipe_error(client, why, absl::StatusCode::kUnauthenticated);
+  };
+  switch (auth.step) {
+    case internal::AuthStep::kRefused:
+      fail(absl::StrCat("worker '", peer, "' refused the connection: ",
+                        auth.data));
+      return;
+    case internal::AuthStep::kHello: {
+      if (!auth_) {
+        fail(absl::StrCat(
+            "worker '", peer, "' requires authentication and worker '",
+            self_.name, "' has no secret (RpcOptions::auth_secret or ",
+            auth::kSecretEnv, ")"));
+        return;
+      }
+      if (auth.name != peer) {
+        fail(absl::StrCat("the server at worker '", peer,
+                          "' says it is '", auth.name, "'"));
+        return;
+      }
+      std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+      std::string own;
+      {
+        absl::MutexLock lock(&mu_);
+        if (client->ready) {
+          fail(absl::StrCat("worker '", peer, "' sent a second challenge"));
+          return;
+        }
+        client->server_challenge = auth.data;
+        own = client->own_challenge;
+      }
+      write_on_client(
+          client, internal::make_auth_frame(
+                      {internal::AuthStep::kProof, self_.name,
+                       auth_->prove(auth::Role::kClient, self_.name, peer,
+                                    auth.data, own)}));
+      {
+        absl::MutexLock lock(&mu_);
+        client->ready = true;
+        queued.swap(client->queued);
+      }
+      for (auto& [id, frame] : queued) write_on_client(client, std::move(frame));
+      return;
+    }
+    case internal::AuthStep::kProof: {
+      std::string own, theirs;
+      {
+        absl::MutexLock lock(&mu_);
+        own = client->own_challenge;
+        theirs = client->server_challenge;
+      }
+      if (!auth_ || theirs.empty() ||
+          !auth_->verify(auth.data, auth::Role::kServer, peer, self_.name, own,
+                         theirs)) {
+        fail(absl::StrCat("worker '", peer,
+                          "' failed to authenticate (a different secret?)"));
+        return;
+      }
+      absl::MutexLock lock(&mu_);
+      client->server_verified = true;
+      return;
+    }
+  }
 }
 
 void State::read_responses(std::shared_ptr<ClientPipe> client) {
@@ -838,6 +977,27 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
           state->on_client_pipe_error(client, error.what());
           return;
         }
+        if (frame->header.kind == FrameKind::kAuth) {
+          absl::StatusOr<internal::AuthFrame> auth = frame->take_auth();
+          if (!auth.ok()) {
+            state->on_client_pipe_error(client, auth.status().ToString());
+            return;
+          }
+          state->read_responses(client);
+          state->on_client_auth(client, *auth);
+          return;
+        }
+        bool verified;
+        {
+          absl::MutexLock lock(&state->mu_);
+          verified = client->server_verified;
+        }
+        if (!verified) {
+          state->on_client_pipe_error(
+              client, "a response before the server authenticated",
+              absl::StatusCode::kUnauthenticated);
+          return;
+        }
         state->read_responses(client);
         // A response for an id no longer pending (timed out) is dropped.
         state->pending_.complete(frame->header.id, frame->take_result());
@@ -845,7 +1005,8 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
 }
 
 void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
-                                 absl::string_view what) {
+                                 absl::string_view what,
+                                 absl::StatusCode code) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;  // shutdown() has failed everything
@@ -857,9 +1018,10 @@ void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
   client->pipe->close();
   pending_.fail_connection(
       client->connection,
-      absl::UnavailableError(absl::StrCat(
-          "lost the connection from worker '", self_.name, "' to worker '",
-          workers_[client->rank].name, "' (rank ", client->rank, "): ", what)));
+      absl::Status(code, absl::StrCat("lost the connection from worker '",
+                                      self_.name, "' to worker '",
+                                      workers_[client->rank].name, "' (rank ",
+                                      client->rank, "): ", what)));
 }
 
 // ------------------------------------------------------------- server side
@@ -878,6 +1040,7 @@ void State::accept_next(std::shared_ptr<::tensorpipe::Listener> listener) {
 void State::on_accept(const std::shared_ptr<::tensorpipe::Listener>& listener,
                       const ::tensorpipe::Error& error,
                       std::shared_ptr<::tensorpipe::Pipe> pipe) {
+  std::shared_ptr<OutgoingFrame> hello;
   {
     absl::MutexLock lock(&mu_);
     if (closed_ || listener != listener_) {
@@ -885,6 +1048,16 @@ void State::on_accept(const std::shared_ptr<::tensorpipe::Listener>& listener,
       return;
     }
     if (!error) server_pipes_.insert(pipe);
+    if (!error && auth_) {
+      ServerAuth& auth = server_auth_[pipe.get()];
+      auth.own_challenge = auth_->challenge();
+      hello = internal::make_auth_frame(
+          {internal::AuthStep::kHello, self_.name, auth.own_challenge});
+    }
+  }
+  if (hello != nullptr) {
+    pipe->write(hello->to_tensorpipe(),
+                [hello](const ::tensorpipe::Error& /*error*/) {});
   }
   if (error) {
     // tensorpipe fails the whole listener when one incoming connection dies
@@ -973,7 +1146,8 @@ void State::on_request_descriptor(
   }
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
       internal::allocate_frame(descriptor, limits_);
-  if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest) {
+  if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest &&
+      (*allocated)->header.kind != FrameKind::kAuth) {
     allocated = absl::InvalidArgumentError("a response on a server pipe");
   }
   if (!allocated.ok()) {
@@ -993,6 +1167,11 @@ void State::on_request_descriptor(
       state->drop_server_pipe(pipe);
       return;
     }
+    if (!state->on_server_auth(pipe, *frame)) return;
+    if (frame->header.kind == FrameKind::kAuth) {
+      state->read_requests(pipe);  // the handshake goes on
+      return;
+    }
     state->read_requests(pipe);
     absl::StatusOr<Message> request = frame->take_result();
     state->on_request(pipe, *std::move(request));
@@ -1003,8 +1182,101 @@ void State::drop_server_pipe(const std::shared_ptr<::tensorpipe::Pipe>& pipe) {
   {
     absl::MutexLock lock(&mu_);
     server_pipes_.erase(pipe);
+    server_auth_.erase(pipe.get());
   }
   pipe->close();
+}
+
+bool State::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                           IncomingFrame& frame) {
+  const bool is_auth = frame.header.kind == FrameKind::kAuth;
+  absl::StatusOr<internal::AuthFrame> auth =
+      is_auth ? frame.take_auth() : absl::StatusOr<internal::AuthFrame>();
+  ServerAuth state;
+  bool authenticating = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = server_auth_.find(pipe.get());
+    if (it != server_auth_.end()) {
+      authenticating = true;
+      state = it->second;
+    }
+  }
+  if (!authenticating) {
+    if (!is_auth) return true;  // authenticated, or no authentication
+    if (auth_) {
+      refuse(pipe, "?", "an authentication frame after the handshake");
+    } else {
+      refuse(pipe, auth.ok() ? auth->name : "?",
+             absl::StrCat("worker '", self_.name,
+                          "' does not authenticate peers (it has no "
+                          "secret); the group must agree on one"));
+    }
+    return false;
+  }
+  if (!is_auth) {
+    refuse(pipe, "?", absl::StrCat("worker '", self_.name,
+                                   "' requires authentication and the peer "
+                                   "sent a request without it"));
+    return false;
+  }
+  if (!auth.ok()) {
+    refuse(pipe, "?", auth.status().message());
+    return false;
+  }
+  if (state.stage == ServerAuth::Stage::kAwaitHello &&
+      auth->step == internal::AuthStep::kHello) {
+    if (!rank_by_name_.contains(auth->name)) {
+      refuse(pipe, auth->name, "not a worker of this group");
+      return false;
+    }
+    std::shared_ptr<OutgoingFrame> proof = internal::make_auth_frame(
+        {internal::AuthStep::kProof, self_.name,
+         auth_->prove(auth::Role::kServer, self_.name, auth->name, auth->data,
+                      state.own_challenge)});
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = server_auth_.find(pipe.get());
+      if (it == server_auth_.end()) return false;
+      it->second.stage = ServerAuth::Stage::kAwaitProof;
+      it->second.peer = auth->name;
+      it->second.peer_challenge = auth->data;
+    }
+    pipe->write(proof->to_tensorpipe(),
+                [proof](const ::tensorpipe::Error& /*error*/) {});
+    return true;
+  }
+  if (state.stage == ServerAuth::Stage::kAwaitProof &&
+      auth->step == internal::AuthStep::kProof) {
+    if (!auth_->verify(auth->data, auth::Role::kClient, state.peer,
+                       self_.name, state.own_challenge,
+                       state.peer_challenge)) {
+      refuse(pipe, state.peer, "authentication failed (a different secret?)");
+      return false;
+    }
+    absl::MutexLock lock(&mu_);
+    server_auth_.erase(pipe.get());
+    return true;
+  }
+  refuse(pipe, state.peer, "an unexpected authentication step");
+  return false;
+}
+
+void State::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                   absl::string_view peer, absl::string_view why) {
+  LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
+               << "' refused a connection from '" << peer << "': " << why;
+  {
+    absl::MutexLock lock(&mu_);
+    server_pipes_.erase(pipe);
+    server_auth_.erase(pipe.get());
+  }
+  std::shared_ptr<OutgoingFrame> refusal = internal::make_auth_frame(
+      {internal::AuthStep::kRefused, self_.name, std::string(why)});
+  pipe->write(refusal->to_tensorpipe(),
+              [pipe, refusal](const ::tensorpipe::Error& /*error*/) {
+                pipe->close();
+              });
 }
 
 void State::on_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
