@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "backends/tensorpipe/internal/framing.h"
-#include "backends/tensorpipe/internal/serial_executor.h"
+#include "core/internal/serial_executor.h"
 #include "core/internal/pending_requests.h"
 #include "core/internal/timer.h"
 #include "core/join/store_join.h"
@@ -46,7 +46,7 @@ namespace {
 using internal::FrameKind;
 using internal::IncomingFrame;
 using internal::OutgoingFrame;
-using internal::SerialExecutor;
+using tether::internal::SerialExecutor;
 using tether::internal::PendingRequests;
 using tether::internal::TimerQueue;
 
