@@ -114,8 +114,9 @@ class Stream {
   // At most one write at a time; `buffer` lives until on_write_done().
   virtual void start_write(const ::grpc::ByteBuffer* buffer) = 0;
   virtual void start_read() = 0;
-  // Ends the call (once); no operation is started after it.
-  virtual void end() = 0;
+  // Ends the call (once), telling the peer `why` where the side allows;
+  // no operation is started after it.
+  virtual void end(const std::string& why) = 0;
 };
 
 // One bidirectional stream with a peer, either side of it: the messages
@@ -124,11 +125,12 @@ class Stream {
 // that arrived on it (weakly).
 class Link : public std::enable_shared_from_this<Link> {
  public:
-  Link(std::weak_ptr<State> state, const void* owner, int rank,
-       PendingRequests::Connection connection, bool is_client,
+  Link(std::weak_ptr<State> state, const void* owner, std::string self_name,
+       int rank, PendingRequests::Connection connection, bool is_client,
        const Settings& settings)
       : state_(std::move(state)),
         owner_(owner),
+        self_name_(std::move(self_name)),
         rank_(rank),
         connection_(connection),
         is_client_(is_client),
@@ -171,6 +173,7 @@ class Link : public std::enable_shared_from_this<Link> {
 
   const std::weak_ptr<State> state_;
   const void* const owner_;
+  const std::string self_name_;  // "worker '<name>'", for the peer
   const int rank_;
   const PendingRequests::Connection connection_;
   const bool is_client_;
@@ -356,7 +359,8 @@ class ClientStream final
     StartWrite(buffer);
   }
   void start_read() override { StartRead(&read_buffer_); }
-  void end() override {
+  void end(const std::string& /*why*/) override {
+    // A client can only cancel; the peer sees its stream cancelled.
     context_.TryCancel();
     RemoveHold();
   }
@@ -397,8 +401,8 @@ class ServerStream final : public ::grpc::ServerGenericBidiReactor,
     StartWrite(buffer);
   }
   void start_read() override { StartRead(&read_buffer_); }
-  void end() override {
-    Finish(::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "stream closed"));
+  void end(const std::string& why) override {
+    Finish(::grpc::Status(::grpc::StatusCode::UNAVAILABLE, why));
   }
 
   void OnReadDone(bool ok) override {
@@ -503,7 +507,7 @@ void Link::close(absl::string_view why) {
 void Link::end_if_closed() {
   if (!closed_ || ended_ || stream_ == nullptr) return;
   ended_ = true;
-  stream_->end();
+  stream_->end(absl::StrCat(self_name_, " ended the stream: ", why_));
 }
 
 void Link::on_write_done(bool ok) {
@@ -750,8 +754,9 @@ std::shared_ptr<::grpc::Channel> State::make_channel(int rank) const {
 }
 
 std::shared_ptr<Link> State::add_link(int rank, bool is_client) {
-  auto link = std::make_shared<Link>(weak_from_this(), this, rank,
-                                     next_connection_++, is_client, settings_);
+  auto link = std::make_shared<Link>(
+      weak_from_this(), this, absl::StrCat("worker '", self_.name, "'"), rank,
+      next_connection_++, is_client, settings_);
   links_[rank].push_back(link);
   ++live_streams_;
   return link;
