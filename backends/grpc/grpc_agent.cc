@@ -9,6 +9,7 @@
 #include <absl/synchronization/notification.h>
 #include <arpa/inet.h>
 #include <c10/util/Logging.h>
+#include <grpc/grpc.h>
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
@@ -42,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/common/agent_support.h"
 #include "backends/grpc/internal/framing.h"
 #include "backends/grpc/internal/settings.h"
 #include "core/internal/pending_requests.h"
@@ -52,6 +54,7 @@
 namespace tether::backends {
 namespace {
 
+using common::ScopedMark;
 using grpc_internal::Assembler;
 using grpc_internal::OutgoingCursor;
 using grpc_internal::OutgoingMessage;
@@ -76,31 +79,19 @@ constexpr absl::Duration kServerShutdownGrace = absl::Seconds(1);
 
 // After a connection fails, how soon a channel tries again (gRPC's default
 // starts at 1 s and grows to 120 s; peers of a group come back fast or not
-// at all).
+// at all). gRPC's "min reconnect backoff" is left alone: it is also the
+// time a connection attempt may take (20 s), which a loaded machine needs.
 constexpr int kReconnectBackoffMs = 100;
 constexpr int kMaxReconnectBackoffMs = 1000;
 
 // ------------------------------------------------------------ thread marks
 
-// Which agent's gRPC reaction, completion-thread task or request handler
-// this thread is running (nullptr: none): shutdown() must not wait for
-// itself. (Timer callbacks are told by TimerQueue::running_owner().)
+// Which agent's gRPC reaction or completion-thread task this thread is
+// running (nullptr: none): shutdown() must not wait for itself. (Request
+// handlers are marked by common::IncomingRequests, timer callbacks by
+// TimerQueue::running_owner().)
 thread_local const void* t_reaction_of = nullptr;
 thread_local const void* t_completion_of = nullptr;
-thread_local const void* t_handler_of = nullptr;
-
-class ScopedMark {
- public:
-  ScopedMark(const void*& slot, const void* owner)
-      : slot_(slot), saved_(std::exchange(slot, owner)) {}
-  ~ScopedMark() { slot_ = saved_; }
-  ScopedMark(const ScopedMark&) = delete;
-  ScopedMark& operator=(const ScopedMark&) = delete;
-
- private:
-  const void*& slot_;
-  const void* const saved_;
-};
 
 class State;
 
@@ -162,9 +153,10 @@ class Link : public std::enable_shared_from_this<Link> {
   void on_write_done(bool ok) ABSL_LOCKS_EXCLUDED(mu_);
   void on_read_done(bool ok, const ::grpc::ByteBuffer& buffer)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The stream is gone (`status`: gRPC's, for client streams).
-  void on_done(const std::optional<::grpc::Status>& status)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream is gone (`status`: gRPC's, for client streams, with the
+  // reactor itself to delete off gRPC's threads).
+  void on_done(const std::optional<::grpc::Status>& status,
+               std::unique_ptr<Stream> client) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void write_next() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -204,6 +196,7 @@ class State : public std::enable_shared_from_this<State> {
         settings_(std::move(settings)),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
+        incoming_(self_.name),
         timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
         pending_(timers_.get()) {
     for (const WorkerInfo& worker : workers_) {
@@ -236,16 +229,14 @@ class State : public std::enable_shared_from_this<State> {
       ::grpc::GenericCallbackServerContext* context) ABSL_LOCKS_EXCLUDED(mu_);
   // For links: a message arrived whole on `link`.
   void on_received(const std::shared_ptr<Link>& link, Received received);
-  // For links: `link`'s stream is gone, `why`.
-  void on_link_done(const std::shared_ptr<Link>& link, absl::string_view why)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // For links: `link`'s stream is gone, `why`. `client` (a client
+  // stream's reactor) is deleted later, off gRPC's threads.
+  void on_link_done(const std::shared_ptr<Link>& link, absl::string_view why,
+                    std::unique_ptr<Stream> client) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // A request that arrived before start().
-  struct Deferred {
-    std::weak_ptr<Link> link;
-    Message request;
-  };
+  // A request's way back: the link it came on.
+  using Incoming = common::IncomingRequests<std::weak_ptr<Link>>;
 
   // What shutdown() closes and joins, outside the lock.
   struct Resources {
@@ -256,8 +247,6 @@ class State : public std::enable_shared_from_this<State> {
     absl::flat_hash_map<int, std::shared_ptr<::grpc::Channel>> channels;
     std::vector<std::unique_ptr<SerialExecutor>> completion;
     std::unique_ptr<TimerQueue> timers;
-    std::shared_ptr<const RequestHandler> handler;
-    std::vector<Deferred> deferred;
   };
 
   bool on_own_thread() const {
@@ -278,19 +267,10 @@ class State : public std::enable_shared_from_this<State> {
                    std::shared_ptr<::grpc::Channel> channel);
   std::shared_ptr<::grpc::Channel> make_channel(int rank) const;
 
-  void on_request(const std::shared_ptr<Link>& link, Message request)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void run_deferred(std::shared_ptr<Deferred> deferred)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Called with handlers_running_ already counted for this call.
-  void run_handler(const RequestHandler& handler, std::weak_ptr<Link> link,
-                   Message request) ABSL_LOCKS_EXCLUDED(mu_);
   void send_response(const std::weak_ptr<Link>& link, int64_t id,
-                     const absl::StatusOr<Message>& result)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                     const absl::StatusOr<Message>& result);
 
   absl::Status start_server();
-  absl::Status exchange_addresses();
   void finish_shutdown(Resources& resources) ABSL_LOCKS_EXCLUDED(mu_);
 
   const WorkerInfo self_;
@@ -303,13 +283,11 @@ class State : public std::enable_shared_from_this<State> {
   std::shared_ptr<::grpc::ChannelCredentials> channel_credentials_;
   join::StoreJoin joiner_;
 
+  Incoming incoming_;
+  common::ShutdownSequence shutdown_sequence_;
+
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
-  // Set when shutdown() had to leave the joins to a thread of its own.
-  std::shared_ptr<absl::Notification> finisher_done_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
-  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
   // Per rank, its links (usually one; two if both sides opened at once).
   absl::flat_hash_map<int, std::vector<std::shared_ptr<Link>>> links_
       ABSL_GUARDED_BY(mu_);
@@ -317,11 +295,12 @@ class State : public std::enable_shared_from_this<State> {
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int, std::shared_ptr<::grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
+  // Reactors of ended client streams. WARNING: gRPC must not destroy a
+  // channel inside one of its callbacks, where streams end, and a reactor
+  // (its context) may hold the last reference to one: they are deleted on a
+  // completion thread, or at shutdown.
+  std::vector<std::unique_ptr<Stream>> retired_streams_ ABSL_GUARDED_BY(mu_);
   PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
-  // Requests received and not yet answered (for join).
-  int64_t incoming_active_ ABSL_GUARDED_BY(mu_) = 0;
-  // Handler calls in progress (shutdown() waits for them).
-  int handlers_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<::grpc::CallbackGenericService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<::grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<SerialExecutor>> completion_ ABSL_GUARDED_BY(mu_);
@@ -374,11 +353,10 @@ class ClientStream final
     link_->on_write_done(ok);
   }
   void OnDone(const ::grpc::Status& status) override {
-    {
-      ScopedMark mark(t_reaction_of, link_->owner());
-      link_->on_done(status);
-    }
-    delete this;
+    // gRPC is done with this reactor: the link hands it to the state to
+    // delete (see State::retired_streams_).
+    ScopedMark mark(t_reaction_of, link_->owner());
+    link_->on_done(status, std::unique_ptr<Stream>(this));
   }
 
  private:
@@ -420,7 +398,7 @@ class ServerStream final : public ::grpc::ServerGenericBidiReactor,
   void OnDone() override {
     {
       ScopedMark mark(t_reaction_of, link_->owner());
-      link_->on_done(std::nullopt);
+      link_->on_done(std::nullopt, nullptr);
     }
     delete this;
   }
@@ -547,7 +525,8 @@ void Link::on_read_done(bool ok, const ::grpc::ByteBuffer& buffer) {
   if (!ended_) stream_->start_read();
 }
 
-void Link::on_done(const std::optional<::grpc::Status>& status) {
+void Link::on_done(const std::optional<::grpc::Status>& status,
+                   std::unique_ptr<Stream> client) {
   std::string why;
   {
     absl::MutexLock lock(&mu_);
@@ -562,8 +541,10 @@ void Link::on_done(const std::optional<::grpc::Status>& status) {
       why = status->error_message();
     }
   }
+  // The link may go with the reactor: keep it for this call.
+  std::shared_ptr<Link> self = shared_from_this();
   if (std::shared_ptr<State> state = state_.lock()) {
-    state->on_link_done(shared_from_this(), why);
+    state->on_link_done(self, why, std::move(client));
   }
 }
 
@@ -634,69 +615,39 @@ absl::Status State::start_server() {
   return absl::OkStatus();
 }
 
-absl::Status State::exchange_addresses() {
-  const std::string& mine = peer_addresses_[self_.id];
-  store_->set(absl::StrCat(kAddressKeyPrefix, self_.id),
-              std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::vector<std::string> keys;
-  for (const WorkerInfo& worker : workers_) {
-    keys.push_back(absl::StrCat(kAddressKeyPrefix, worker.id));
-  }
-  try {
-    store_->wait(keys,
-                 std::chrono::milliseconds(std::max<int64_t>(
-                     1, absl::ToInt64Milliseconds(settings_.init_timeout))));
-  } catch (const std::exception&) {
-    std::vector<std::string> missing;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!store_->check({keys[i]})) missing.push_back(absl::StrCat(i));
-    }
-    if (!missing.empty()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "gRPC agent of worker '", self_.name, "' timed out after ",
-          absl::FormatDuration(settings_.init_timeout),
-          " waiting for the address of rank(s) ",
-          absl::StrJoin(missing, ", ")));
-    }
-  }
-  for (size_t rank = 0; rank < keys.size(); ++rank) {
-    std::vector<uint8_t> bytes = store_->get(keys[rank]);
-    peer_addresses_[rank] = std::string(bytes.begin(), bytes.end());
-  }
+absl::Status State::init() {
+  if (absl::Status started = start_server(); !started.ok()) return started;
+  absl::StatusOr<std::vector<std::string>> addresses =
+      common::exchange_addresses(
+          *store_, kAddressKeyPrefix, self_.id,
+          static_cast<int>(workers_.size()), peer_addresses_[self_.id],
+          settings_.init_timeout,
+          absl::StrCat("gRPC agent of worker '", self_.name, "'"));
+  if (!addresses.ok()) return addresses.status();
+  peer_addresses_ = *std::move(addresses);
   return absl::OkStatus();
 }
 
-absl::Status State::init() {
-  if (absl::Status started = start_server(); !started.ok()) return started;
-  try {
-    return exchange_addresses();
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("gRPC agent of worker '", self_.name,
-                     "': the rendezvous store failed: ", e.what()));
-  }
-}
-
 absl::Status State::start(RequestHandler handler) {
-  std::vector<Deferred> deferred;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
+  absl::StatusOr<std::vector<Incoming::Deferred>> deferred = incoming_.start(
+      std::move(handler),
+      [weak = weak_from_this()](const std::weak_ptr<Link>& link, int64_t id,
+                                const absl::StatusOr<Message>& result) {
+        if (std::shared_ptr<State> state = weak.lock()) {
+          state->send_response(link, id, result);
+        }
+      });
+  if (!deferred.ok()) return deferred.status();
+  for (Incoming::Deferred& entry : *deferred) {
+    std::shared_ptr<Link> link = entry.route.lock();
+    if (link == nullptr) {
+      incoming_.answered();  // its sender has failed it already
+      continue;
     }
-    if (handler_ != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("start() called twice on worker '", self_.name, "'"));
-    }
-    handler_ = std::make_shared<const RequestHandler>(std::move(handler));
-    deferred.swap(deferred_);
-  }
-  for (Deferred& entry : deferred) {
-    std::shared_ptr<Link> link = entry.link.lock();
-    if (link == nullptr) continue;  // its sender has failed it already
-    auto shared = std::make_shared<Deferred>(std::move(entry));
-    post(*link, [shared](State& state) { state.run_deferred(shared); });
+    auto shared = std::make_shared<Incoming::Deferred>(std::move(entry));
+    post(*link, [shared](State& state) {
+      state.incoming_.run_deferred(std::move(*shared));
+    });
   }
   return absl::OkStatus();
 }
@@ -738,7 +689,6 @@ std::shared_ptr<::grpc::Channel> State::make_channel(int rank) const {
   // its backoff) is shared with an earlier channel.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   // Retries would buffer whole streams; proxies from the environment would
   // take traffic off the address the peer published.
@@ -889,67 +839,7 @@ void State::on_received(const std::shared_ptr<Link>& link, Received received) {
   }
   post(*link, [weak = std::weak_ptr<Link>(link),
                request = *std::move(received.result)](State& state) mutable {
-    std::shared_ptr<Link> link = weak.lock();
-    if (link == nullptr) return;
-    state.on_request(link, std::move(request));
-  });
-}
-
-void State::on_request(const std::shared_ptr<Link>& link, Message request) {
-  std::shared_ptr<const RequestHandler> handler;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    ++incoming_active_;
-    if (handler_ == nullptr) {
-      deferred_.push_back(Deferred{link, std::move(request)});
-      return;
-    }
-    handler = handler_;
-    ++handlers_running_;
-  }
-  run_handler(*handler, link, std::move(request));
-}
-
-void State::run_deferred(std::shared_ptr<Deferred> deferred) {
-  std::shared_ptr<const RequestHandler> handler;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    handler = handler_;
-    ++handlers_running_;
-  }
-  run_handler(*handler, deferred->link, std::move(deferred->request));
-}
-
-void State::run_handler(const RequestHandler& handler, std::weak_ptr<Link> link,
-                        Message request) {
-  const int64_t id = request.id;
-  Future<Message> response;
-  {
-    ScopedMark mark(t_handler_of, this);
-    try {
-      response = handler(std::move(request));
-    } catch (const std::exception& e) {
-      response = Future<Message>::ready(
-          absl::InternalError(absl::StrCat("the request handler of worker '",
-                                           self_.name, "' threw: ", e.what())));
-    }
-  }
-  if (!response.valid()) {
-    response = Future<Message>::ready(absl::InternalError(
-        absl::StrCat("the request handler of worker '", self_.name,
-                     "' returned an invalid future")));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    --handlers_running_;
-  }
-  response.on_complete([weak = weak_from_this(), link = std::move(link),
-                        id](const absl::StatusOr<Message>& result) {
-    std::shared_ptr<State> state = weak.lock();
-    if (state == nullptr) return;
-    state->send_response(link, id, result);
+    state.incoming_.arrived(std::move(weak), std::move(request));
   });
 }
 
@@ -967,12 +857,12 @@ void State::send_response(const std::weak_ptr<Link>& weak_link, int64_t id,
   if (std::shared_ptr<Link> link = weak_link.lock()) {
     link->enqueue(std::move(message));
   }
-  absl::MutexLock lock(&mu_);
-  --incoming_active_;
+  incoming_.answered();
 }
 
 void State::on_link_done(const std::shared_ptr<Link>& link,
-                         absl::string_view why) {
+                         absl::string_view why,
+                         std::unique_ptr<Stream> client) {
   bool closed = false;
   {
     absl::MutexLock lock(&mu_);
@@ -983,10 +873,20 @@ void State::on_link_done(const std::shared_ptr<Link>& link,
       auto& list = it->second;
       list.erase(std::remove(list.begin(), list.end(), link), list.end());
     }
-    // The next stream to this peer starts on a fresh channel.
-    if (link->is_client()) channels_.erase(link->rank());
+    if (client != nullptr) {
+      // The next stream to this peer starts on a fresh channel (the
+      // reactor keeps this one alive until it is deleted).
+      channels_.erase(link->rank());
+      retired_streams_.push_back(std::move(client));
+    }
   }
   if (closed) return;  // shutdown() has failed everything
+  post(*link, [](State& state) {
+    std::vector<std::unique_ptr<Stream>> retired;
+    absl::MutexLock lock(&state.mu_);
+    retired.swap(state.retired_streams_);
+    // Deleted after the lock (declared before it).
+  });
   pending_.fail_connection(
       link->connection(),
       absl::UnavailableError(absl::StrCat(
@@ -997,30 +897,13 @@ void State::on_link_done(const std::shared_ptr<Link>& link,
 // --------------------------------------------------------- join, shutdown
 
 absl::Status State::join(absl::Duration timeout) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-  }
-  join::DrainHooks hooks;
-  // shutdown() empties pending_.
-  hooks.wait_outgoing_drained = [this](absl::Time deadline) {
-    return pending_.wait_until_empty(deadline);
-  };
-  hooks.active_count = [this] {
-    // Both counts of one instant: incoming_active_ holds still under mu_.
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(pending_.size()) + incoming_active_;
-  };
-  absl::Status joined = joiner_.join(hooks, timeout);
-  absl::MutexLock lock(&mu_);
-  if (closed_ && joined.ok()) {
-    return absl::CancelledError(
-        absl::StrCat("worker '", self_.name, "' shut down while joining"));
-  }
-  return joined;
+  return common::join_agent(
+      joiner_, pending_, [this] { return incoming_.unanswered(); },
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return closed_;
+      },
+      self_.name, timeout);
 }
 
 void State::finish_shutdown(Resources& resources) {
@@ -1048,119 +931,66 @@ void State::finish_shutdown(Resources& resources) {
   resources.timers.reset();
   resources.links.clear();
   resources.channels.clear();
+  {
+    std::vector<std::unique_ptr<Stream>> retired;
+    absl::MutexLock lock(&mu_);
+    retired.swap(retired_streams_);
+  }
   resources.server.reset();
   resources.service.reset();
 }
 
 void State::shutdown() {
   const bool own_thread = on_own_thread();
-  Resources resources;
-  bool first = false;
-  std::shared_ptr<absl::Notification> earlier_finisher;
+  if (!shutdown_sequence_.begin(own_thread)) return;
+  auto resources = std::make_shared<Resources>();
   {
     absl::MutexLock lock(&mu_);
-    first = !closed_;
-    if (!first && !own_thread) {
-      // Another call is shutting down: return when it is done (unless that
-      // call may be waiting for this very thread).
-      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shutdown_done_;
-      };
-      mu_.Await(absl::Condition(&done));
-      earlier_finisher = finisher_done_;
+    closed_ = true;
+    for (auto& [rank, list] : links_) {
+      for (auto& link : list) resources->links.push_back(link);
     }
-    if (first) {
-      closed_ = true;
-      for (auto& [rank, list] : links_) {
-        for (auto& link : list) resources.links.push_back(link);
-      }
-      resources.channels.swap(channels_);
-      resources.server = std::move(server_);
-      resources.service = std::move(service_);
-      resources.completion.swap(completion_);
-      resources.timers = std::move(timers_);
-      // Destroyed outside the lock: they may hold user objects.
-      resources.handler = std::move(handler_);
-      resources.deferred.swap(deferred_);
-    }
-  }
-  if (!first) {
-    // A first shutdown() from one of our own threads left the joins to a
-    // thread of its own; a later call from elsewhere (the destructor)
-    // waits for them.
-    if (earlier_finisher != nullptr) earlier_finisher->WaitForNotification();
-    return;
+    resources->channels.swap(channels_);
+    resources->server = std::move(server_);
+    resources->service = std::move(service_);
+    resources->completion.swap(completion_);
+    resources->timers = std::move(timers_);
   }
   // Before the timers go (finish_shutdown()).
   pending_.cancel_all(absl::CancelledError(absl::StrCat(
       "worker '", self_.name, "' shut down with the request pending")));
-  for (const auto& link : resources.links) {
+  for (const auto& link : resources->links) {
     link->close(absl::StrCat("worker '", self_.name, "' shut down"));
   }
-  {
-    // Handler calls already started finish before shutdown() returns (the
-    // one this thread may be inside of excepted).
-    const int own = t_handler_of == this ? 1 : 0;
-    absl::MutexLock lock(&mu_);
-    auto idle = [this, own]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return handlers_running_ <= own;
-    };
-    mu_.Await(absl::Condition(&idle));
-  }
-  std::shared_ptr<absl::Notification> finisher;
-  if (own_thread) {
-    // gRPC's server waits for the reaction this thread may be in, and a
-    // completion thread cannot join itself: another thread finishes.
-    // WARNING: it may outlive the agent; it owns everything it touches.
-    finisher = std::make_shared<absl::Notification>();
-    resources.state = shared_from_this();
-    std::thread([resources = std::move(resources), finisher]() mutable {
-      resources.state->finish_shutdown(resources);
-      resources = Resources();
-      finisher->Notify();
-    }).detach();
-  } else {
-    finish_shutdown(resources);
-  }
-  absl::MutexLock lock(&mu_);
-  finisher_done_ = std::move(finisher);
-  shutdown_done_ = true;
+  // Handler calls already started finish first.
+  incoming_.close();
+  // gRPC's server waits for the reaction this thread may be in, and a
+  // completion thread cannot join itself: then another thread finishes.
+  // WARNING: it may outlive the agent; it owns everything it touches.
+  if (own_thread) resources->state = shared_from_this();
+  shutdown_sequence_.finish(own_thread, [this, resources] {
+    finish_shutdown(*resources);
+    *resources = Resources();
+  });
 }
 
 // ------------------------------------------------------------------- agent
 
-class GrpcAgent final : public Agent {
- public:
-  explicit GrpcAgent(std::shared_ptr<State> state) : state_(std::move(state)) {}
-
-  ~GrpcAgent() override { state_->shutdown(); }
-
-  absl::Status start(RequestHandler handler) override {
-    return state_->start(std::move(handler));
-  }
-
-  Future<Message> send(const WorkerInfo& to, Message request,
-                       absl::Duration timeout) override {
-    return state_->send(to, std::move(request), timeout);
-  }
-
-  const WorkerInfo& self() const override { return state_->self(); }
-
-  const std::vector<WorkerInfo>& worker_infos() const override {
-    return state_->workers();
-  }
-
-  absl::Status join(absl::Duration timeout) override {
-    return state_->join(timeout);
-  }
-
-  void shutdown() override { state_->shutdown(); }
-
- private:
-  const std::shared_ptr<State> state_;
-};
+// gRPC counts its users (channels, servers, credentials) and shuts itself
+// down when the last one goes, possibly on one of its own threads through a
+// detached cleanup thread; agents come and go (tests make hundreds), so
+// each would cycle gRPC down and up, and the process may exit while such a
+// cleanup runs. The backend holds gRPC up for the life of the process.
+void keep_grpc_initialized() {
+  static const bool initialized = [] {
+    grpc_init();
+    return true;
+  }();
+  (void)initialized;
+}
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
+  keep_grpc_initialized();
   if (setup.store == nullptr) {
     return absl::InvalidArgumentError(
         "the grpc backend needs the group's rendezvous store");
@@ -1174,7 +1004,7 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
     state->shutdown();
     return initialized;
   }
-  return std::make_unique<GrpcAgent>(std::move(state));
+  return std::make_unique<common::SharedStateAgent<State>>(std::move(state));
 }
 
 // OK if this process can open a TCP listener on loopback, which every

@@ -241,7 +241,7 @@ void TcpProxy::run() {
 
 namespace {
 
-// How a raw stream ended; shared with its reactor, which deletes itself.
+// How a raw stream ended; shared with its reactor.
 struct RawOutcome {
   ::grpc::Status status;
   absl::Notification done;
@@ -250,15 +250,16 @@ struct RawOutcome {
 class RawClient final
     : public ::grpc::ClientBidiReactor<::grpc::ByteBuffer, ::grpc::ByteBuffer> {
  public:
-  RawClient(std::shared_ptr<::grpc::Channel> channel,
-            std::vector<std::string> messages,
+  // `channel` must outlive the call. raw_stream() deletes the reactor and
+  // then the channel after OnDone, on its own thread: gRPC must not destroy
+  // a channel (which the context holds too) in one of its callbacks.
+  RawClient(std::vector<std::string> messages,
             std::shared_ptr<RawOutcome> outcome)
-      : channel_(std::move(channel)),
-        messages_(std::move(messages)),
-        outcome_(std::move(outcome)) {}
+      : messages_(std::move(messages)), outcome_(std::move(outcome)) {}
 
-  void start(const std::map<std::string, std::string>& metadata) {
-    ::grpc::GenericStub stub(channel_);
+  void start(const std::shared_ptr<::grpc::Channel>& channel,
+             const std::map<std::string, std::string>& metadata) {
+    ::grpc::GenericStub stub(channel);
     for (const auto& [key, value] : metadata) context_.AddMetadata(key, value);
     context_.set_deadline(std::chrono::system_clock::now() +
                           std::chrono::seconds(10));
@@ -278,7 +279,6 @@ class RawClient final
   void OnDone(const ::grpc::Status& status) override {
     outcome_->status = status;
     outcome_->done.Notify();
-    delete this;
   }
 
  private:
@@ -294,7 +294,6 @@ class RawClient final
     StartWrite(&write_);
   }
 
-  const std::shared_ptr<::grpc::Channel> channel_;
   const std::vector<std::string> messages_;
   const std::shared_ptr<RawOutcome> outcome_;
   size_t next_ = 0;
@@ -315,9 +314,13 @@ class RawClient final
   std::shared_ptr<::grpc::Channel> channel = ::grpc::CreateCustomChannel(
       absl::StrCat("ipv4:", address), std::move(credentials), args);
   auto outcome = std::make_shared<RawOutcome>();
-  (new RawClient(std::move(channel), messages, outcome))->start(metadata);
+  auto client = std::make_unique<RawClient>(messages, outcome);
+  client->start(channel, metadata);
   if (!outcome->done.WaitForNotificationWithTimeout(kBound)) {
     ADD_FAILURE() << "a raw stream to " << address << " did not end";
+    // Still in gRPC's hands: leaked rather than freed under it.
+    client.release();
+    new std::shared_ptr<::grpc::Channel>(std::move(channel));
     return ::grpc::Status(::grpc::StatusCode::DEADLINE_EXCEEDED, "no end");
   }
   return outcome->status;
