@@ -25,6 +25,7 @@
 #include "backends/grpc/grpc_agent.h"
 #include "backends/grpc/grpc_testing.h"
 #include "core/agent.h"
+#include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
@@ -393,32 +394,13 @@ TEST(GrpcBackend, GarbageOnAStreamClosesItAndNothingElse) {
 TEST(GrpcBackend, RequestsArrivingBeforeStartAreServedAfterIt) {
   Group group(2, {});
   ASSERT_TRUE(group.ok());
-  ASSERT_THAT(group[0].start(echo), IsOk());
-  Future<Message> early = group[0].send(group[1].self(), ping("early"), kBound);
-  EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded));
-  ASSERT_THAT(group[1].start(echo), IsOk());
-  absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
-  ASSERT_THAT(response, IsOk());
-  EXPECT_EQ(response->payload, "early/pong");
+  ::tether::testing::expect_served_after_start(group[0], group[1]);
 }
 
 TEST(GrpcBackend, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
   Group group(2, {});
   ASSERT_TRUE(group.ok());
-  Group* g = &group;
-  ASSERT_THAT(group[0].start(echo), IsOk());
-  ASSERT_THAT(group[1].start([g](Message request) {
-    (*g)[1].shutdown();
-    return echo(std::move(request));
-  }),
-              IsOk());
-  absl::StatusOr<Message> response = call(group[0], group[1], ping("bye"));
-  if (!response.ok()) {
-    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
-  }
-  EXPECT_THAT(call(group[1], group[0], ping("x")),
-              StatusIs(absl::StatusCode::kCancelled));
+  ::tether::testing::expect_shutdown_inside_handler_is_safe(group[0], group[1]);
 }
 
 }  // namespace
