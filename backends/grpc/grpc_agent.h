@@ -53,7 +53,14 @@
 // parse frames and never run user code; the agent's completion threads run
 // the request handler and complete send() futures, each stream's messages on
 // one of them in arrival order; one timer thread bounds requests. join() is
-// the store barrier of core/join.
+// the store barrier of core/join. The Agent's methods may be called from any
+// thread, shutdown() included from the handler or a future's callback (the
+// joins then finish on a thread of their own).
+//
+// Ownership: a request's storages are referenced, not copied, until gRPC has
+// written them (core/message.h: do not write to them meanwhile); received
+// storages are fresh allocations. The first agent made holds gRPC
+// initialised for the rest of the process (see docs/decisions.md).
 #ifndef TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
 #define TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
 

@@ -30,7 +30,9 @@
 // slices that point into it. An Assembler owns the messages it is building.
 //
 // Thread safety: OutgoingCursor and Assembler are thread-compatible (the
-// agent drives each from one stream's callbacks, under the stream's lock).
+// agent moves a stream's cursors under the stream's lock, and feeds its
+// Assembler from the stream's read callbacks, which gRPC runs one at a
+// time).
 #ifndef TETHER_BACKENDS_GRPC_INTERNAL_FRAMING_H_
 #define TETHER_BACKENDS_GRPC_INTERNAL_FRAMING_H_
 
