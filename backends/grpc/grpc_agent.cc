@@ -550,13 +550,6 @@ void Link::on_done(const std::optional<::grpc::Status>& status,
 
 // --------------------------------------------------------------- creation
 
-std::string host_of(const std::string& address) {
-  if (!address.empty() && address[0] == '[') {
-    return address.substr(1, address.find(']') - 1);
-  }
-  return address.substr(0, address.rfind(':'));
-}
-
 absl::Status State::start_server() {
   std::shared_ptr<::grpc::ServerCredentials> credentials;
   const grpc_internal::TlsSettings& tls = settings_.tls;
