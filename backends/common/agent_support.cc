@@ -1,6 +1,7 @@
 #include "backends/common/agent_support.h"
 
 #include <absl/strings/str_join.h>
+#include <absl/time/clock.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,20 +20,24 @@ absl::StatusOr<std::vector<std::string>> exchange_addresses(
   }
   try {
     store.set(keys[rank], std::vector<uint8_t>(mine.begin(), mine.end()));
-    try {
-      store.wait(keys, std::chrono::milliseconds(std::max<int64_t>(
-                           1, absl::ToInt64Milliseconds(timeout))));
-    } catch (const std::exception&) {
-      std::vector<std::string> missing;
-      for (int i = 0; i < world_size; ++i) {
-        if (!store.check({keys[i]})) missing.push_back(absl::StrCat(i));
-      }
-      if (!missing.empty()) {
+    // Polls with check(), as the rendezvous does (core/rendezvous.cc): a
+    // TCPStore wait() across several keys can miss its wake-up under load
+    // and sleep out its whole timeout.
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration backoff = absl::Milliseconds(1);
+    while (!store.check(keys)) {
+      if (absl::Now() >= deadline) {
+        std::vector<std::string> missing;
+        for (int i = 0; i < world_size; ++i) {
+          if (!store.check({keys[i]})) missing.push_back(absl::StrCat(i));
+        }
         return absl::DeadlineExceededError(absl::StrCat(
             who, " timed out after ", absl::FormatDuration(timeout),
             " waiting for the address of rank(s) ",
             absl::StrJoin(missing, ", ")));
       }
+      absl::SleepFor(std::min(backoff, deadline - absl::Now()));
+      backoff = std::min(backoff * 2, absl::Milliseconds(50));
     }
     std::vector<std::string> addresses;
     for (const std::string& key : keys) {
