@@ -205,8 +205,14 @@ TEST(AutogradScenarios, WorkerKilledDuringBackward) {
   ::tether::testing::run_in_processes(3, [](int rank, int world) {
     init(rank, world, /*timeout=*/absl::Seconds(20));
     if (rank == 1) {
+      // The root releases w1 once the forward call is done, just before the
+      // backward pass; 2 s later w1 is inside its 10 s backward however slow
+      // the build (a fixed delay from start-up hit the forward call under
+      // ThreadSanitizer).
       std::thread([] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        if (::tether::testing::wait_for_release(absl::Seconds(60))) {
+          std::this_thread::sleep_for(std::chrono::seconds(2));
+        }
         ::kill(::getpid(), SIGKILL);
       }).detach();
       std::this_thread::sleep_for(std::chrono::seconds(60));
@@ -220,6 +226,7 @@ TEST(AutogradScenarios, WorkerKilledDuringBackward) {
       absl::StatusOr<c10::IValue> y = rpc_sync(
           name_of(1), testing::kSlowBackward, {x, int64_t{10000}});
       ASSERT_THAT(y, IsOk());
+      ASSERT_THAT(rpc_sync(name_of(1), "tether_test::release", {}), IsOk());
       const absl::Time start = absl::Now();
       absl::Status done =
           autograd::backward(context->id(), {y->toTensor().sum()});
