@@ -1,0 +1,39 @@
+#include "bench/layer_bench.h"
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/synchronization/mutex.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "autograd/autograd_testing.h"
+#include "backends/builtin.h"
+
+namespace tether::bench {
+
+Worker* worker_a(const std::string& backend) {
+  static absl::Mutex mu;
+  // Never destroyed: the workers serve until the process exits.
+  static auto* registry = new BackendRegistry;
+  static auto* groups =
+      new absl::flat_hash_map<std::string, std::vector<std::unique_ptr<Worker>>>;
+  absl::MutexLock lock(&mu);
+  if (registry->names().empty()) {
+    if (absl::Status s = backends::register_builtin_backends(*registry); !s.ok()) {
+      std::fprintf(stderr, "registry: %s\n", s.ToString().c_str());
+      return nullptr;
+    }
+  }
+  auto it = groups->find(backend);
+  if (it == groups->end()) {
+    RpcOptions options;
+    options.backend = backend;
+    options.init_method = "memory://bench-" + backend;
+    it = groups->emplace(backend, testing::start_autograd_workers(
+                                      *registry, options, {"a", "b"}))
+             .first;
+  }
+  return it->second.empty() ? nullptr : it->second.front().get();
+}
+
+}  // namespace tether::bench
