@@ -13,8 +13,8 @@ namespace tether::bench {
 namespace {
 
 void BM_AutogradStep(benchmark::State& state, const char* backend) {
-  Worker* a = worker_a(backend);
-  if (a == nullptr) return state.SkipWithError("the workers did not start");
+  Worker* a = worker_a(state, backend);
+  if (a == nullptr) return;
   absl::StatusOr<RRef> linear = make_linear(*a, "b");
   if (!linear.ok()) return state.SkipWithError(linear.status().ToString().c_str());
   const at::Tensor input = linear_input();
@@ -23,8 +23,8 @@ void BM_AutogradStep(benchmark::State& state, const char* backend) {
 
 // A context that no message used: entering and releasing it.
 void BM_ContextOnly(benchmark::State& state, const char* backend) {
-  Worker* a = worker_a(backend);
-  if (a == nullptr) return state.SkipWithError("the workers did not start");
+  Worker* a = worker_a(state, backend);
+  if (a == nullptr) return;
   timed_loop(state, [&] { return autograd::Context::enter(*a).status(); });
 }
 

@@ -3,7 +3,6 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/synchronization/mutex.h>
 
-#include <cstdio>
 #include <memory>
 
 #include "autograd/autograd_testing.h"
@@ -11,7 +10,7 @@
 
 namespace tether::bench {
 
-Worker* worker_a(const std::string& backend) {
+Worker* worker_a(benchmark::State& state, const std::string& backend) {
   static absl::Mutex mu;
   // Never destroyed: the workers serve until the process exits.
   static auto* registry = new BackendRegistry;
@@ -20,7 +19,7 @@ Worker* worker_a(const std::string& backend) {
   absl::MutexLock lock(&mu);
   if (registry->names().empty()) {
     if (absl::Status s = backends::register_builtin_backends(*registry); !s.ok()) {
-      std::fprintf(stderr, "registry: %s\n", s.ToString().c_str());
+      state.SkipWithError(s.ToString().c_str());
       return nullptr;
     }
   }
@@ -33,7 +32,9 @@ Worker* worker_a(const std::string& backend) {
                                       *registry, options, {"a", "b"}))
              .first;
   }
-  return it->second.empty() ? nullptr : it->second.front().get();
+  Worker* a = it->second.empty() ? nullptr : it->second.front().get();
+  if (a == nullptr) state.SkipWithError("the workers did not start");
+  return a;
 }
 
 }  // namespace tether::bench

@@ -22,9 +22,9 @@ namespace tether::bench {
 
 // Workers "a" (rank 0) and "b" (rank 1) on `backend` ("loopback" or
 // "tensorpipe", negotiated), serving RRefs and distributed autograd; made
-// on first use and kept until the process exits. Null (after printing why)
-// if they could not start.
-Worker* worker_a(const std::string& backend);
+// on first use and kept until the process exits. Returns "a", or null
+// after skipping `state` with an error if they could not start.
+Worker* worker_a(benchmark::State& state, const std::string& backend);
 
 // Runs `call` once per iteration, timing it (manual time: register the
 // benchmark with ->UseManualTime()); stops with the call's error. Sets the

@@ -11,16 +11,16 @@ namespace tether::bench {
 namespace {
 
 void BM_RpcSync(benchmark::State& state, const char* backend) {
-  Worker* a = worker_a(backend);
-  if (a == nullptr) return state.SkipWithError("the workers did not start");
+  Worker* a = worker_a(state, backend);
+  if (a == nullptr) return;
   const at::Tensor x = small_tensor();
   timed_loop(state, [&] { return add_sync(*a, "b", x); });
 }
 
 // One iteration: 256 calls, at most 64 in flight.
 void BM_RpcAsync64(benchmark::State& state, const char* backend) {
-  Worker* a = worker_a(backend);
-  if (a == nullptr) return state.SkipWithError("the workers did not start");
+  Worker* a = worker_a(state, backend);
+  if (a == nullptr) return;
   const at::Tensor x = small_tensor();
   constexpr int kCalls = 256;
   timed_loop(state,
@@ -31,8 +31,8 @@ void BM_RpcAsync64(benchmark::State& state, const char* backend) {
 }
 
 void BM_Echo(benchmark::State& state, const char* backend) {
-  Worker* a = worker_a(backend);
-  if (a == nullptr) return state.SkipWithError("the workers did not start");
+  Worker* a = worker_a(state, backend);
+  if (a == nullptr) return;
   const at::Tensor payload = payload_of(state.range(0));
   timed_loop(state, [&] { return echo(*a, "b", payload); });
   // Both ways.

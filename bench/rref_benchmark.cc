@@ -14,16 +14,16 @@ namespace tether::bench {
 namespace {
 
 void BM_RemoteToHere(benchmark::State& state, const char* backend) {
-  Worker* a = worker_a(backend);
-  if (a == nullptr) return state.SkipWithError("the workers did not start");
+  Worker* a = worker_a(state, backend);
+  if (a == nullptr) return;
   const at::Tensor x = small_tensor();
   timed_loop(state, [&] { return add_remote_to_here(*a, "b", x); });
 }
 
 // Linear(256, 256)'s forward on b, through the proxy, without autograd.
 void BM_ProxyForward(benchmark::State& state, const char* backend) {
-  Worker* a = worker_a(backend);
-  if (a == nullptr) return state.SkipWithError("the workers did not start");
+  Worker* a = worker_a(state, backend);
+  if (a == nullptr) return;
   absl::StatusOr<RRef> linear = make_linear(*a, "b");
   if (!linear.ok()) return state.SkipWithError(linear.status().ToString().c_str());
   const at::Tensor input = linear_input().detach();

@@ -25,7 +25,10 @@
 //       input requiring grad; backward; get_gradients; the context's release
 //   sweep                           the echo per payload size, 8 B to 64 MiB
 // With --raw: a TCP ping-pong per size (tcp_pingpong_p50_us at 8 B, the
-// sweep), a one-way TCP stream (tcp_stream_GBps) and memcpy (memcpy_GBps).
+// sweep), a one-way TCP stream (tcp_stream_GBps), memcpy into a reused and
+// into a fresh buffer (memcpy_GBps, memcpy_fresh_GBps), and the autograd
+// step's Linear forward and backward in one process with plain LibTorch
+// (local_autograd_step_p50_us: the compute floor of that workload).
 //
 // A backend that is not registered or not viable here (or a setting it
 // refuses as not available) is not an error: both ranks print
@@ -49,6 +52,7 @@
 #include "backends/builtin.h"
 #include "core/worker.h"
 #include "rref/rref.h"
+#include "tools/internal/launcher_env.h"
 #include "tools/internal/raw_baselines.h"
 #include "tools/internal/samples.h"
 #include "tools/internal/workloads.h"
@@ -360,26 +364,28 @@ absl::Status run_raw(const Flags& flags, int rank, int port, JsonObject& out) {
   out.number("tcp_echo_1MB_GBps", sweep_gbps(rows, int64_t{1} << 20));
   out.number("tcp_echo_64MB_GBps", sweep_gbps(rows, int64_t{64} << 20));
   out.number("tcp_stream_GBps", *stream);
-  out.number("memcpy_GBps",
-             memcpy_gbps(static_cast<size_t>(std::min<int64_t>(flags.max_bytes,
-                                                               int64_t{64} << 20)),
-                         static_cast<int>(flags.count("memcpy_iters"))));
+  const size_t copy_bytes =
+      static_cast<size_t>(std::min<int64_t>(flags.max_bytes, int64_t{64} << 20));
+  const int copies = static_cast<int>(flags.count("memcpy_iters"));
+  out.number("memcpy_GBps", memcpy_gbps(copy_bytes, copies));
+  out.number("memcpy_fresh_GBps", memcpy_gbps(copy_bytes, copies, /*fresh=*/true));
+  // The autograd step's compute alone, in this process.
+  LocalLinear local;
+  const at::Tensor input = linear_input();
+  std::vector<double> steps;
+  const int step_count = static_cast<int>(flags.count("autograd_steps"));
+  (void)time_calls(warmup_of(step_count, 5), step_count, [&] {
+    local.step(input);
+    return absl::OkStatus();
+  }, steps);
+  out.number("local_autograd_step_p50_us", summarize(std::move(steps)).p50_us);
   out.raw("sweep", sweep_json(rows));
   return absl::OkStatus();
 }
 
 // ---- the command line ----
 
-int env_int(const char* name) {
-  const char* value = std::getenv(name);
-  int out = -1;
-  if (value == nullptr || !absl::SimpleAtoi(value, &out)) {
-    std::fprintf(stderr, "bench_worker: %s is not set; run under tether_run --nproc 2\n",
-                 name);
-    std::exit(2);
-  }
-  return out;
-}
+int env_int(const char* name) { return launcher_env("bench_worker", name); }
 
 [[noreturn]] void usage(const std::string& bad) {
   std::fprintf(stderr,

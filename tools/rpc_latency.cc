@@ -26,6 +26,7 @@
 
 #include "backends/builtin.h"
 #include "core/worker.h"
+#include "tools/internal/launcher_env.h"
 #include "tools/internal/raw_baselines.h"
 #include "tools/internal/samples.h"
 
@@ -51,14 +52,7 @@ Result summarize(const std::string& label, std::vector<double> samples_us) {
 }
 
 int env_int(const char* name) {
-  const char* value = std::getenv(name);
-  int out = -1;
-  if (value == nullptr || !absl::SimpleAtoi(value, &out)) {
-    std::fprintf(stderr, "rpc_latency: %s is not set; run under tether_run\n",
-                 name);
-    std::exit(2);
-  }
-  return out;
+  return tether::bench::launcher_env("rpc_latency", name);
 }
 
 void die(const std::string& what, const absl::Status& status) {

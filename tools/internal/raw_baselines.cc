@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -141,14 +142,21 @@ absl::StatusOr<double> tcp_stream(TcpPair& pair, size_t total, size_t chunk) {
   return gbps(static_cast<double>(total), micros_since(start));
 }
 
-double memcpy_gbps(size_t bytes, int iterations) {
+double memcpy_gbps(size_t bytes, int iterations, bool fresh) {
   std::vector<char> from(bytes, 1);
   std::vector<char> to(bytes, 0);
   std::memcpy(to.data(), from.data(), bytes);  // fault the pages in
   std::vector<double> rates;
   for (int i = 0; i < iterations; ++i) {
     const Clock::time_point start = Clock::now();
-    std::memcpy(to.data(), from.data(), bytes);
+    if (fresh) {
+      // What a receiver does per message: allocate, fill, (later) free.
+      std::unique_ptr<char[]> buffer(new char[bytes]);
+      std::memcpy(buffer.get(), from.data(), bytes);
+      to[0] = buffer[bytes - 1];  // the copy is used: not optimised away
+    } else {
+      std::memcpy(to.data(), from.data(), bytes);
+    }
     rates.push_back(gbps(static_cast<double>(bytes), micros_since(start)));
     from[static_cast<size_t>(i) % bytes] = static_cast<char>(to[0] + 1);
   }

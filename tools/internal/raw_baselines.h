@@ -8,7 +8,9 @@
 // - TCP stream: rank 0 writes a stream of chunks, rank 1 reads it and
 //   acknowledges the end with one byte; one-way GB/s.
 // - memcpy: one thread copying a buffer of N bytes (what shared memory and
-//   cross-memory attach copy at best, once per direction).
+//   cross-memory attach copy at best, once per direction); and the same
+//   into a freshly allocated buffer, which pays the page faults a receiver
+//   pays when it allocates each incoming tensor anew.
 //
 // Thread safety: a TcpPair is used by one thread.
 #ifndef TETHER_TOOLS_INTERNAL_RAW_BASELINES_H_
@@ -59,8 +61,9 @@ class TcpPair {
 [[nodiscard]] absl::StatusOr<double> tcp_stream(TcpPair& pair, size_t total,
                                                 size_t chunk);
 
-// The median GB/s of `iterations` single-thread copies of `bytes`.
-double memcpy_gbps(size_t bytes, int iterations);
+// The median GB/s of `iterations` single-thread copies of `bytes`, into one
+// reused buffer or (`fresh`) into a buffer allocated for each copy.
+double memcpy_gbps(size_t bytes, int iterations, bool fresh = false);
 
 }  // namespace tether::bench
 

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <deque>
+#include <tuple>
 #include <utility>
 
 #include "autograd/autograd.h"
@@ -15,11 +16,16 @@ namespace {
 
 at::Tensor identity(const at::Tensor& x) { return x; }
 
+std::pair<at::Tensor, at::Tensor> linear_parameters(int64_t in, int64_t out,
+                                                    int64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return {at::randn({out, in}, gen).div_(16).requires_grad_(true),
+          at::zeros({out}).requires_grad_(true)};
+}
+
 struct Linear : torch::CustomClassHolder {
   Linear(int64_t in, int64_t out, int64_t seed) {
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    weight = at::randn({out, in}, gen).div_(16).requires_grad_(true);
-    bias = at::zeros({out}).requires_grad_(true);
+    std::tie(weight, bias) = linear_parameters(in, out, seed);
   }
   at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
 
@@ -111,6 +117,15 @@ absl::Status autograd_step(Worker& worker, const RRef& linear,
                      grads->size()));
   }
   return absl::OkStatus();  // the context is released on the way out
+}
+
+LocalLinear::LocalLinear() {
+  std::tie(weight_, bias_) =
+      linear_parameters(kLinearFeatures, kLinearFeatures, 1);
+}
+
+void LocalLinear::step(const at::Tensor& input) {
+  at::linear(input, weight_, bias_).sum().backward();
 }
 
 }  // namespace tether::bench

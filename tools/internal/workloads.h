@@ -66,6 +66,19 @@ at::Tensor linear_input();
 [[nodiscard]] absl::Status autograd_step(Worker& worker, const RRef& linear,
                                          const at::Tensor& input);
 
+// The same Linear(256, 256) in this process with plain LibTorch, no RPC:
+// forward, backward of the sum. The compute floor of autograd_step.
+class LocalLinear {
+ public:
+  LocalLinear();
+  // One forward and backward on `input` (its .grad accumulates).
+  void step(const at::Tensor& input);
+
+ private:
+  at::Tensor weight_;
+  at::Tensor bias_;
+};
+
 }  // namespace tether::bench
 
 #endif  // TETHER_TOOLS_INTERNAL_WORKLOADS_H_
