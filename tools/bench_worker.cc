@@ -2,11 +2,12 @@
 // one backend variant, or the raw baselines; one JSON object per run.
 //
 //   bazel build -c opt //tools:tether_run //tools:bench_worker
-//   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/bench_worker \
-//       --backend=tensorpipe --setting=tensorpipe.transports=uv \
-//       --setting=tensorpipe.channels=basic --label="tensorpipe uv" [--quick]
-//   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/bench_worker --raw
-//   bazel-bin/tools/bench_worker --list
+//   cd bazel-bin/tools
+//   ./tether_run --nproc 2 -- ./bench_worker --backend=tensorpipe
+//       --setting=tensorpipe.transports=uv --setting=tensorpipe.channels=basic
+//       --label="tensorpipe uv" [--quick]     (one command line)
+//   ./tether_run --nproc 2 -- ./bench_worker --raw
+//   ./bench_worker --list
 //
 // The bench CLI (tools/bench.py) runs it once per variant and once with
 // --raw, and draws the table and plots; this is the measuring half.
