@@ -582,7 +582,14 @@ def not_available(results):
 
 
 def report(results):
-    parts = ["## Workloads (two processes, rank 0 -> rank 1)", "",
+    host = results.get("host", {})
+    parts = ["%s run, %s, %s CPUs, load average %s at start, %s at end, "
+             "%.0f s." % ("quick" if results["quick"] else "full",
+                          results.get("date", "?"), host.get("cpus", "?"),
+                          fmt(host.get("loadavg_at_start")),
+                          fmt(host.get("loadavg_at_end")),
+                          results.get("seconds", 0)), "",
+             "## Workloads (two processes, rank 0 -> rank 1)", "",
              workload_table(results), "",
              "## Against each backend's own raw baseline", "",
              limit_table(results["limits"]), "",
@@ -711,7 +718,9 @@ def main():
         "command": " ".join(["tools/bench"] + sys.argv[1:]),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "kernel": platform.release()},
+                 "kernel": platform.release(),
+                 # Other work on the machine moves every number.
+                 "loadavg_at_start": os.getloadavg()[0]},
         "quick": args.quick,
     }
     results["variants"] = run_variants(args, log)
@@ -720,6 +729,7 @@ def main():
     results["limits"] = limit_rows(results)
     results["peer_targets"] = peer_rows(results)
     results["seconds"] = time.time() - started
+    results["host"]["loadavg_at_end"] = os.getloadavg()[0]
 
     text = report(results)
     print(text)
