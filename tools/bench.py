@@ -103,6 +103,9 @@ PEER_TARGETS = [
     ("echo_64MB_GBps", 1.5),
     ("dist_autograd_step_p50_us", 5),
 ]
+# Not a target: the autograd step's compute in rank 0 without RPC, measured
+# alternating with the steps (bench_worker and peer_bench both report it).
+LOCAL_STEP = "local_autograd_step_p50_us"
 LIMIT_LATENCY_MAX = 1.5   # small-call p50 within 1.5x of the raw baseline
 LIMIT_BANDWIDTH_MIN = 0.8  # 64 MiB at least 0.8x of the raw baseline
 
@@ -343,14 +346,9 @@ def run_baselines(args, log):
             "memcpy, fresh buffer", bw_GBps=raw["memcpy_fresh_GBps"],
             bw_bytes=BIG, note="into a buffer allocated per copy: the page "
             "faults a receiver pays per new tensor")
-        baselines["local autograd step"] = raw_record(
-            "local autograd step", small_p50_us=raw[
-                "local_autograd_step_p50_us"],
-            note="the step's Linear forward + backward in one process, "
-            "plain LibTorch: its compute floor")
     else:
         for label in ("raw TCP", "raw TCP stream", "memcpy",
-                      "memcpy, fresh buffer", "local autograd step"):
+                      "memcpy, fresh buffer"):
             baselines[label] = raw_record(label, raw.get("status", "failed"))
     log("%-24s %-10s %5.1f s" % ("raw TCP, memcpy", short(raw["status"]),
                                  time.time() - start))
@@ -391,6 +389,40 @@ def run_peers(args, log):
         log("%-24s %-10s %5.1f s" % (label, short(result["status"]),
                                      time.time() - start))
     return peers
+
+
+# ---- repeats ----
+
+def median(values):
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def merge_runs(records):
+    """One record from the same run repeated: each number the median over
+    the repeats that succeeded (sweep rows by size); the first failure's
+    status if none did."""
+    good = [r for r in records if r.get("status") == "ok"]
+    if not good:
+        return records[0]
+    merged = dict(good[0])
+    for key, value in good[0].items():
+        values = [r.get(key) for r in good]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in values):
+            merged[key] = median(values)
+    if good[0].get("sweep"):
+        rows = []
+        for row in good[0]["sweep"]:
+            same = [x for r in good for x in r.get("sweep", [])
+                    if x["bytes"] == row["bytes"]]
+            rows.append(merge_runs([dict(x, status="ok") for x in same]))
+            rows[-1].pop("status")
+        merged["sweep"] = rows
+    if len(records) > 1:
+        merged["repeats_ok"] = "%d of %d" % (len(good), len(records))
+    return merged
 
 
 # ---- tables ----
@@ -446,7 +478,8 @@ def workload_table(results):
     header = ["workload"] + variants + peers + [
         "%s / %s" % (t.replace("tensorpipe ", "tp "), p) for t, p in pairs]
     rows = []
-    for key, label, unit, _ in WORKLOADS:
+    for key, label, unit, _ in WORKLOADS + [
+            (LOCAL_STEP, "(its compute alone, no RPC)", "us", "lower")]:
         row = ["%s (%s)" % (label, unit)]
         row += [fmt(results["variants"][v].get(key), unit) for v in variants]
         row += [fmt(results["peers"][p].get(key), unit) for p in peers]
@@ -528,19 +561,20 @@ def peer_rows(results):
                          "peer_value": pv.get(key) if ok(pv) else None,
                          "gain": g, "target": factor,
                          "met": None if g is None else g >= factor,
-                         "note": peer_note(results, key, pv)})
+                         "note": peer_note(key, tv, pv)})
     return rows
 
 
-def peer_note(results, key, peer):
-    """What bounds a gain whatever tether does: the step's own compute."""
-    floor = results["baselines"].get("local autograd step", {})
-    if key != "dist_autograd_step_p50_us" or not ok(peer) or \
-            floor.get("status") != "ok":
+def peer_note(key, tether, peer):
+    """What bounds a gain whatever tether does: the step's own compute,
+    measured in tether's rank 0 alternating with its steps."""
+    if key != "dist_autograd_step_p50_us" or not ok(tether) or not ok(peer):
+        return ""
+    floor = tether.get(LOCAL_STEP)
+    if not floor:
         return ""
     return "compute alone %s us: at most %.1fx possible" % (
-        fmt(floor["small_p50_us"], "us"),
-        peer[key] / floor["small_p50_us"])
+        fmt(floor, "us"), peer[key] / floor)
 
 
 def peer_table(rows):
@@ -583,8 +617,10 @@ def not_available(results):
 
 def report(results):
     host = results.get("host", {})
-    parts = ["%s run, %s, %s CPUs, load average %s at start, %s at end, "
+    parts = ["%s run%s, %s, %s CPUs, load average %s at start, %s at end, "
              "%.0f s." % ("quick" if results["quick"] else "full",
+                          " (medians of %d rounds)" % results["repeat"]
+                          if results.get("repeat", 1) > 1 else "",
                           results.get("date", "?"), host.get("cpus", "?"),
                           fmt(host.get("loadavg_at_start")),
                           fmt(host.get("loadavg_at_end")),
@@ -678,6 +714,8 @@ def main():
                         help="fewer iterations (under 2 minutes)")
     parser.add_argument("--out", default=None,
                         help="output folder (default: ./bench_results)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run everything N times, report medians")
     parser.add_argument("--only", action="append",
                         help="run only this variant (repeatable)")
     parser.add_argument("--max_bytes", type=int, default=0,
@@ -723,9 +761,19 @@ def main():
                  "loadavg_at_start": os.getloadavg()[0]},
         "quick": args.quick,
     }
-    results["variants"] = run_variants(args, log)
-    results["baselines"] = run_baselines(args, log)
-    results["peers"] = run_peers(args, log)
+    runs = []
+    for repeat in range(args.repeat):
+        if args.repeat > 1:
+            log("round %d of %d" % (repeat + 1, args.repeat))
+        runs.append({"variants": run_variants(args, log),
+                     "baselines": run_baselines(args, log),
+                     "peers": run_peers(args, log)})
+    for group in ("variants", "baselines", "peers"):
+        results[group] = {label: merge_runs([run[group][label] for run in runs])
+                          for label in runs[0][group]}
+    results["repeat"] = args.repeat
+    if args.repeat > 1:
+        results["runs"] = runs
     results["limits"] = limit_rows(results)
     results["peer_targets"] = peer_rows(results)
     results["seconds"] = time.time() - started

@@ -65,6 +65,20 @@ class ParseTest(unittest.TestCase):
         self.assertEqual(record["bw_bytes"], 1 << 20)
 
 
+class RepeatTest(unittest.TestCase):
+
+    def test_medians_over_the_rounds_that_succeeded(self):
+        merged = bench.merge_runs([variant(10.0, 1.0), variant(30.0, 3.0),
+                                   {"status": "failed: boom"},
+                                   variant(20.0, 2.0)])
+        self.assertEqual(merged["status"], "ok")
+        self.assertEqual(merged["builtin_rpc_sync_p50_us"], 20.0)
+        self.assertEqual(merged["sweep"][1]["GBps"], 2.0)
+        self.assertEqual(merged["repeats_ok"], "3 of 4")
+        failed = bench.merge_runs([{"status": "n/a: x"}, {"status": "n/a: x"}])
+        self.assertEqual(failed["status"], "n/a: x")
+
+
 class TablesTest(unittest.TestCase):
 
     def test_targets_against_own_baseline(self):

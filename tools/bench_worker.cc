@@ -24,12 +24,13 @@
 //   dist_autograd_step_p50_us       a context; forward of a remote
 //       Linear(256, 256) (an RRef on rank 1, through its proxy) on a 64x256
 //       input requiring grad; backward; get_gradients; the context's release
+//       (local_autograd_step_p50_us: the same Linear's forward and backward
+//       in rank 0 with plain LibTorch, alternating with the steps: the
+//       floor of the step's compute)
 //   sweep                           the echo per payload size, 8 B to 64 MiB
 // With --raw: a TCP ping-pong per size (tcp_pingpong_p50_us at 8 B, the
 // sweep), a one-way TCP stream (tcp_stream_GBps), memcpy into a reused and
-// into a fresh buffer (memcpy_GBps, memcpy_fresh_GBps), and the autograd
-// step's Linear forward and backward in one process with plain LibTorch
-// (local_autograd_step_p50_us: the compute floor of that workload).
+// into a fresh buffer (memcpy_GBps, memcpy_fresh_GBps).
 //
 // A backend that is not registered or not viable here (or a setting it
 // refuses as not available) is not an error: both ranks print
@@ -244,11 +245,23 @@ absl::Status run_workloads(Worker& worker, const Flags& flags, JsonObject& out) 
     if (!linear.ok()) return step("Linear on rank 1", linear.status());
     const at::Tensor input = linear_input();
     const int steps = static_cast<int>(flags.count("autograd_steps"));
+    // Each step alternates with the same compute here in plain LibTorch:
+    // the step's floor, under the same conditions.
+    LocalLinear local;
+    const at::Tensor local_input = linear_input();
+    std::vector<double> floor;
     samples.clear();
-    s = time_calls(warmup_of(steps, 5), steps,
-                   [&] { return autograd_step(worker, *linear, input); }, samples);
+    s = time_alternating(
+        warmup_of(steps, 5), steps,
+        [&] { return autograd_step(worker, *linear, input); },
+        [&] {
+          local.step(local_input);
+          return absl::OkStatus();
+        },
+        samples, floor);
     if (s = step("dist autograd step", s); !s.ok()) return s;
     out.number("dist_autograd_step_p50_us", summarize(std::move(samples)).p50_us);
+    out.number("local_autograd_step_p50_us", summarize(std::move(floor)).p50_us);
   }
 
   std::vector<SweepRow> rows;
@@ -370,16 +383,6 @@ absl::Status run_raw(const Flags& flags, int rank, int port, JsonObject& out) {
   const int copies = static_cast<int>(flags.count("memcpy_iters"));
   out.number("memcpy_GBps", memcpy_gbps(copy_bytes, copies));
   out.number("memcpy_fresh_GBps", memcpy_gbps(copy_bytes, copies, /*fresh=*/true));
-  // The autograd step's compute alone, in this process.
-  LocalLinear local;
-  const at::Tensor input = linear_input();
-  std::vector<double> steps;
-  const int step_count = static_cast<int>(flags.count("autograd_steps"));
-  (void)time_calls(warmup_of(step_count, 5), step_count, [&] {
-    local.step(input);
-    return absl::OkStatus();
-  }, steps);
-  out.number("local_autograd_step_p50_us", summarize(std::move(steps)).p50_us);
   out.raw("sweep", sweep_json(rows));
   return absl::OkStatus();
 }

@@ -23,7 +23,8 @@ Workloads (rank 0 -> rank 1), as in the issue:
   dist_autograd_step_p50_us          in a context: a remote nn.Linear(256,
                                      256) forward through an RRef proxy on a
                                      64x256 input requiring grad, backward,
-                                     get_gradients
+                                     get_gradients (local_autograd_step_p50_us:
+                                     the same compute in rank 0, no RPC)
   sweep                              echo p50/p99 and GB/s per payload size
 """
 import argparse
@@ -84,6 +85,21 @@ def timed(fn, iterations, warmup):
     return samples
 
 
+def timed_alternating(fn_a, fn_b, iterations, warmup):
+    """Per-call samples of fn_a and fn_b, run alternately."""
+    samples_a, samples_b = [], []
+    for i in range(warmup + iterations):
+        start = time.perf_counter()
+        fn_a()
+        middle = time.perf_counter()
+        fn_b()
+        end = time.perf_counter()
+        if i >= warmup:
+            samples_a.append((middle - start) * 1e6)
+            samples_b.append((end - middle) * 1e6)
+    return sorted(samples_a), sorted(samples_b)
+
+
 def run_rank0(args):
     x = torch.ones(2)
     out = {}
@@ -121,9 +137,15 @@ def run_rank0(args):
             dist_autograd.backward(context, [y.sum()])
             grads = dist_autograd.get_gradients(context)
             assert inputs in grads
-    steps = timed(autograd_step, args.autograd_steps,
-                  max(5, args.autograd_steps // 10))
+
+    # Alternating with the same Linear's compute here (the step's floor).
+    local = torch.nn.Linear(256, 256)
+    local_inputs = torch.randn(64, 256, requires_grad=True)
+    steps, floor = timed_alternating(
+        autograd_step, lambda: local(local_inputs).sum().backward(),
+        args.autograd_steps, max(5, args.autograd_steps // 10))
     out["dist_autograd_step_p50_us"] = percentile(steps, 0.5)
+    out["local_autograd_step_p50_us"] = percentile(floor, 0.5)
 
     sweep = []
     for size in [s for s in SIZES if s <= args.max_bytes]:

@@ -62,6 +62,28 @@ absl::Status time_calls(int warmup, int iterations, Call call,
   return absl::OkStatus();
 }
 
+// Like time_calls for two calls run alternately (a, b, a, b, ...), so that
+// both are measured under the same conditions of a noisy machine.
+template <typename CallA, typename CallB>
+absl::Status time_alternating(int warmup, int iterations, CallA call_a,
+                              CallB call_b, std::vector<double>& samples_a,
+                              std::vector<double>& samples_b) {
+  for (int i = 0; i < warmup + iterations; ++i) {
+    Clock::time_point start = Clock::now();
+    absl::Status s = call_a();
+    const double a_us = micros_since(start);
+    if (!s.ok()) return s;
+    start = Clock::now();
+    s = call_b();
+    const double b_us = micros_since(start);
+    if (!s.ok()) return s;
+    if (i < warmup) continue;
+    samples_a.push_back(a_us);
+    samples_b.push_back(b_us);
+  }
+  return absl::OkStatus();
+}
+
 // GB/s (1e9 bytes per second) of `bytes` moved in `us` microseconds.
 inline double gbps(double bytes, double us) {
   return us > 0 ? bytes / (us * 1e3) : 0;
