@@ -30,7 +30,8 @@ binary (parse_gbench) or prints, from rank 0, one line
 
 Peer: tools/peer_bench.py under Debian's /usr/bin/python3 (python3-torch,
 installed by scripts/bench_setup.sh): its default TensorPipe (shm + cma
-here, like tether's negotiated variant) and uv only (like tether's uv).
+here, like tether's negotiated variant) and, except in quick mode, uv only
+(like tether's uv).
 
 Output: the tables on stdout (Markdown) and in DIR/table.md, every number in
 DIR/results.json, DIR/latency_vs_size.png and DIR/bandwidth_vs_size.png.
@@ -73,10 +74,11 @@ VARIANTS = [
     ("libfabric shm", "libfabric", {"libfabric.provider": "shm"}, {}),
 ]
 
-# Peer runs: (label, peer_bench.py arguments).
+# Peer runs: (label, peer_bench.py arguments, also in quick mode). The
+# peer is slow to start and to run: quick mode keeps its default only.
 PEERS = [
-    ("peer", []),
-    ("peer uv", ["--transports", "uv", "--channels", "basic"]),
+    ("peer", [], True),
+    ("peer uv", ["--transports", "uv", "--channels", "basic"], False),
 ]
 # Which tether variant each peer run is compared with (like for like).
 PEER_PAIRS = [("tensorpipe negotiated", "peer"), ("tensorpipe uv", "peer uv")]
@@ -372,10 +374,13 @@ def run_peers(args, log):
     peers = {}
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           "peer_bench.py")
-    for label, extra in PEERS:
+    for label, extra, in_quick in PEERS:
         start = time.time()
         if args.no_peer:
             peers[label] = {"status": "n/a: --no_peer"}
+            continue
+        if args.quick and not in_quick:
+            peers[label] = {"status": "n/a: not in quick mode"}
             continue
         if not os.path.exists(args.python):
             peers[label] = {"status": "n/a: no %s (scripts/bench_setup.sh "
@@ -473,7 +478,7 @@ def markdown(header, rows):
 
 def workload_table(results):
     variants = [l for l, *_ in VARIANTS if ok(results["variants"].get(l))]
-    peers = [l for l, _ in PEERS if ok(results["peers"].get(l))]
+    peers = [l for l, *_ in PEERS if ok(results["peers"].get(l))]
     pairs = [(t, p) for t, p in PEER_PAIRS if t in variants and p in peers]
     header = ["workload"] + variants + peers + [
         "%s / %s" % (t.replace("tensorpipe ", "tp "), p) for t, p in pairs]

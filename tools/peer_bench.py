@@ -8,11 +8,12 @@ tools/bench_worker.cc, with the same JSON keys, on PyTorch's own RPC
     /usr/bin/python3 tools/peer_bench.py [--quick] [--transports uv]
         [--channels basic] [--max_bytes N]
 
-The parent starts two children (rank 0 and rank 1) of this same script;
-rank 0 times every call and prints one line `JSON {...}`, which the parent
-passes on. Without torch.distributed.rpc (or TensorPipe) it prints
-`JSON {"status": "n/a: ..."}` and exits 0, so the bench CLI shows the peer
-as not available instead of failing.
+The parent (which does not load torch: it is slow to import) starts two
+children (rank 0 and rank 1) of this same script; rank 0 times every call
+and prints one line `JSON {...}`, which the parent passes on. Without
+torch.distributed.rpc (or TensorPipe) the children exit with status 3 and
+the parent prints `JSON {"status": "n/a: ..."}` and exits 0, so the bench
+CLI shows the peer as not available instead of failing.
 
 Workloads (rank 0 -> rank 1), as in the issue:
   builtin_rpc_sync_p50_us / _p99_us  rpc_sync(torch.add, (2-float tensor, 1.0))
@@ -36,14 +37,9 @@ import subprocess
 import sys
 import time
 
-try:
-    import torch
-    import torch.distributed.autograd as dist_autograd
-    import torch.distributed.rpc as rpc
-    _IMPORT_ERROR = None
-except ImportError as error:  # the peer is optional: report, do not fail
-    torch = None
-    _IMPORT_ERROR = error
+# Only the children (--rank) load torch; see load_torch().
+torch = dist_autograd = rpc = None
+NOT_AVAILABLE = 3  # a child's exit status: no usable torch.distributed.rpc
 
 # Iteration counts: (full, quick). Same presets as tools/bench_worker.cc.
 PRESETS = {
@@ -61,10 +57,25 @@ ASYNC_WINDOW = 64
 SIZES = [8] + [4 ** k for k in range(3, 14)]
 
 
-if torch is not None:
+def load_torch():
+    """Imports torch for a child; None, or why the peer cannot run."""
+    global torch, dist_autograd, rpc, identity
+    try:
+        import torch
+        import torch.distributed.autograd as dist_autograd
+        import torch.distributed.rpc as rpc
+    except ImportError as error:  # the peer is optional: report, not fail
+        return ("torch is not importable by %s (%s); scripts/bench_setup.sh "
+                "installs python3-torch" % (sys.executable, error))
+    if not rpc.is_available() or not hasattr(rpc,
+                                             "TensorPipeRpcBackendOptions"):
+        return "this torch has no torch.distributed.rpc with TensorPipe"
+
+    # Defined on both ranks: the peer calls it by its TorchScript name.
     @torch.jit.script
     def identity(x: torch.Tensor) -> torch.Tensor:
         return x
+    return None
 
 
 def percentile(sorted_samples, q):
@@ -166,6 +177,10 @@ def run_rank0(args):
 
 
 def child(args):
+    why = load_torch()
+    if why is not None:
+        print(why, file=sys.stderr, flush=True)
+        sys.exit(NOT_AVAILABLE)
     options = rpc.TensorPipeRpcBackendOptions(
         init_method="tcp://127.0.0.1:%d" % args.port, rpc_timeout=300)
     if args.transports:
@@ -194,13 +209,6 @@ def unavailable(why):
 
 
 def parent(args, argv):
-    if torch is None:
-        return unavailable("torch is not importable by %s (%s); "
-                           "scripts/bench_setup.sh installs python3-torch"
-                           % (sys.executable, _IMPORT_ERROR))
-    if not rpc.is_available() or not hasattr(rpc, "TensorPipeRpcBackendOptions"):
-        return unavailable("this torch has no torch.distributed.rpc "
-                           "with TensorPipe")
     port = free_port()
     children = [
         subprocess.Popen([sys.executable, os.path.abspath(__file__),
@@ -219,6 +227,8 @@ def parent(args, argv):
     if failed:
         rank, code, err = failed[0]
         tail = " | ".join(err.strip().splitlines()[-3:])
+        if code == NOT_AVAILABLE:
+            return unavailable(tail)
         return unavailable("rank %d exited %d: %s" % (rank, code, tail))
     sys.stdout.write(outputs[0][0])
     return 0
