@@ -668,16 +668,19 @@ def plot(results, out_dir):
         for label, sweep, style in series:
             ax.plot([r["bytes"] for r in sweep], [r[key] for r in sweep],
                     style, marker="o", markersize=3, label=label)
-        memcpy = results["baselines"].get("memcpy", {})
-        if key == "GBps" and memcpy.get("status") == "ok":
-            ax.axhline(memcpy["bw_GBps"], color="grey", linestyle=":",
-                       label="memcpy (one thread)")
+        for label, style in (("memcpy", ":"), ("memcpy, fresh buffer", "-.")):
+            copy = results["baselines"].get(label, {})
+            if key == "GBps" and copy.get("status") == "ok":
+                ax.axhline(copy["bw_GBps"], color="grey", linestyle=style,
+                           label="%s, 64 MiB (one thread)" % label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("payload (bytes)")
         ax.set_ylabel(ylabel)
-        ax.set_title("echo of a tensor between two processes (%s)"
-                     % ("quick" if results["quick"] else "full"))
+        ax.set_title("echo of a tensor between two processes (%s%s)"
+                     % ("quick" if results["quick"] else "full",
+                        ", medians of %d rounds" % results["repeat"]
+                        if results.get("repeat", 1) > 1 else ""))
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
