@@ -13,6 +13,7 @@
 #include "autograd/autograd_testing.h"
 #include "backends/builtin.h"
 #include "rref/rref.h"
+#include "rref/rref_testing.h"
 #include "testing/status_matchers.h"
 
 namespace tether::autograd {
@@ -70,14 +71,7 @@ class DistAutograd : public ::testing::Test {
     for (const auto& w : workers_) ASSERT_NE(w, nullptr);
   }
 
-  void TearDown() override {
-    std::vector<std::thread> threads;
-    for (auto& w : workers_) {
-      if (w == nullptr) continue;
-      threads.emplace_back([&w] { EXPECT_THAT(w->shutdown(), IsOk()); });
-    }
-    for (auto& t : threads) t.join();
-  }
+  void TearDown() override { testing::shutdown_workers(workers_); }
 
   Worker& a() { return *workers_[0]; }
   Worker& b() { return *workers_[1]; }

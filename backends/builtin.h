@@ -10,7 +10,8 @@
 namespace tether::backends {
 
 // Adds "loopback" (in-process), "tensorpipe" (the default; TCP and shared
-// memory between processes) and "faulty" (wraps another of `registry`'s
+// memory between processes), "grpc" (gRPC streams, TLS optional;
+// backends/grpc/grpc_agent.h) and "faulty" (wraps another of `registry`'s
 // backends to inject faults, for tests; backends/faulty/faulty_agent.h).
 // Fails only if a name is already taken. `registry` must outlive its use of
 // the faulty backend.

@@ -1,6 +1,7 @@
 // Google Benchmark suite of the agents: a request and its echoed response
 // between two agents of one backend in this process (real transports for
-// TensorPipe: uv and shm between the two agents), by message size.
+// TensorPipe: uv and shm between the two agents; gRPC over loopback TCP), by
+// message size. grpc_baseline_benchmark measures bare gRPC the same way.
 //
 //   bazel run -c opt //bench:agent_benchmark
 #include <benchmark/benchmark.h>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/grpc/grpc_agent.h"
 #include "backends/loopback/loopback_agent.h"
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "testing/agent_testing.h"
@@ -60,12 +62,16 @@ void BM_TensorPipeShm(benchmark::State& state) {
 void BM_TensorPipeNegotiated(benchmark::State& state) {
   round_trips(state, backends::tensorpipe_backend(), {});
 }
+void BM_Grpc(benchmark::State& state) {
+  round_trips(state, backends::grpc_backend(), {});
+}
 
 #define SIZES ->Arg(0)->Arg(8 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()
 BENCHMARK(BM_Loopback) SIZES;
 BENCHMARK(BM_TensorPipeUv) SIZES;
 BENCHMARK(BM_TensorPipeShm) SIZES;
 BENCHMARK(BM_TensorPipeNegotiated) SIZES;
+BENCHMARK(BM_Grpc) SIZES;
 
 }  // namespace
 }  // namespace tether

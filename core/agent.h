@@ -28,9 +28,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/auth/auth.h"
 #include "core/future.h"
 #include "core/message.h"
 
@@ -93,6 +95,12 @@ struct AgentSetup {
   std::string group_key;
   // Per-backend settings, "key" -> "value" (the backend documents its keys).
   absl::flat_hash_map<std::string, std::string> settings;
+  // What an incoming message may announce (see core/message.h).
+  MessageLimits limits;
+  // Set when peers must authenticate (core/auth): the backend runs the
+  // challenge-response when it sets up each connection and refuses, with a
+  // log line, a peer that fails it.
+  std::optional<auth::Authenticator> auth;
 };
 
 using AgentFactory =

@@ -54,6 +54,18 @@ enum class MessageType : int32_t {
 // Returns a short name for logs and error messages ("CALL", ...).
 const char* message_type_name(MessageType type);
 
+// What a worker accepts in one message from a peer. A backend checks an
+// incoming message's announced sizes against these before it allocates
+// anything, and drops the connection of a peer that goes over them (a
+// well-behaved sender is stopped earlier, by its own Worker, with
+// RESOURCE_EXHAUSTED).
+struct MessageLimits {
+  int64_t max_payload_bytes = int64_t{256} << 20;
+  int64_t max_storages = int64_t{1} << 16;
+  // All the storages' bytes together.
+  int64_t max_storage_bytes = int64_t{64} << 30;
+};
+
 struct Message {
   MessageType type = MessageType::kUnknown;
   // Chosen by the sending agent for a request; copied into its response.

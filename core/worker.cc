@@ -67,6 +67,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     const std::string& name, int rank, int world_size,
     const RpcOptions& options, const BackendRegistry& registry,
     const std::vector<ExtensionFactory>& extensions) {
+  if (options.max_calls_in_flight < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_calls_in_flight must not be negative, got ",
+        options.max_calls_in_flight));
+  }
   if (options.num_worker_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_worker_threads must be at least 1, got ",
@@ -78,6 +83,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     return absl::FailedPreconditionError(absl::StrCat(
         "backend '", options.backend, "' cannot run here: ", viable.message()));
   }
+  absl::StatusOr<std::optional<auth::Authenticator>> authenticator =
+      auth::Authenticator::from(options.auth_secret);
+  if (!authenticator.ok()) return authenticator.status();
   absl::StatusOr<RendezvousResult> group = rendezvous(
       options.init_method, name, rank, world_size, options.init_timeout);
   if (!group.ok()) return group.status();
@@ -88,6 +96,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.store = group->store;
   setup.group_key = group->group_key;
   setup.settings = options.backend_settings;
+  setup.limits.max_payload_bytes = options.limits.max_payload_bytes;
+  setup.limits.max_storages = options.limits.max_storages;
+  setup.limits.max_storage_bytes = options.limits.max_storage_bytes;
+  setup.auth = *std::move(authenticator);
   absl::StatusOr<std::unique_ptr<Agent>> agent =
       (*backend)->create(std::move(setup));
   if (!agent.ok()) return agent.status();
@@ -168,8 +180,33 @@ void Worker::set_call_gate(
   call_gate_ = std::move(gate);
 }
 
+absl::Status Worker::check_limits(const Message& message) const {
+  const wire::Limits& limits = options_.limits;
+  if (static_cast<int64_t>(message.payload.size()) > limits.max_payload_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a payload of ", message.payload.size(), " bytes is over the limit of ",
+        limits.max_payload_bytes, " (RpcOptions::limits.max_payload_bytes)"));
+  }
+  if (static_cast<int64_t>(message.storages.size()) > limits.max_storages) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        message.storages.size(), " tensor storages are over the limit of ",
+        limits.max_storages, " (RpcOptions::limits.max_storages)"));
+  }
+  int64_t bytes = 0;
+  for (const c10::Storage& storage : message.storages) {
+    bytes += static_cast<int64_t>(storage.nbytes());
+  }
+  if (bytes > limits.max_storage_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        bytes, " bytes of tensors are over the limit of ",
+        limits.max_storage_bytes, " (RpcOptions::limits.max_storage_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::encode(const c10::IValue& value, Message& out) {
-  return wire::encode(value, out, rref_hook_);
+  if (absl::Status s = wire::encode(value, out, rref_hook_); !s.ok()) return s;
+  return check_limits(out);
 }
 
 absl::Status Worker::encode_request(const c10::IValue& value,
@@ -184,7 +221,10 @@ absl::Status Worker::encode_request(const c10::IValue& value,
       meta = *sent;
     }
   }
-  return wire::encode(value, out, rref_hook_, &meta);
+  if (absl::Status s = wire::encode(value, out, rref_hook_, &meta); !s.ok()) {
+    return s;
+  }
+  return check_limits(out);
 }
 
 absl::Status Worker::encode_response(const c10::IValue& value,
@@ -199,14 +239,17 @@ absl::Status Worker::encode_response(const c10::IValue& value,
     if (!sent.ok()) return sent.status();
     meta = *sent;
   }
-  return wire::encode(value, out, rref_hook_, &meta);
+  if (absl::Status s = wire::encode(value, out, rref_hook_, &meta); !s.ok()) {
+    return s;
+  }
+  return check_limits(out);
 }
 
 absl::StatusOr<c10::IValue> Worker::decode(const Message& in,
                                            wire::AutogradMeta* autograd) {
   wire::AutogradMeta meta;
   absl::StatusOr<c10::IValue> value =
-      wire::decode(in, wire::Limits(), rref_hook_, &meta);
+      wire::decode(in, options_.limits, rref_hook_, &meta);
   if (!value.ok()) return value;
   if (meta.in_context() && autograd_hook_ != nullptr) {
     if (absl::Status received = autograd_hook_->on_receive(meta, *value);
@@ -228,7 +271,7 @@ Future<Message> Worker::send(const WorkerInfo& to, Message message,
           message_type_name(message.type))));
     }
   }
-  return agent_->send(to, std::move(message), resolve_timeout(timeout))
+  return send_counted(to, std::move(message), timeout)
       .then([](const absl::StatusOr<Message>& response)
                 -> absl::StatusOr<Message> {
         if (response.ok() && response->type == MessageType::kException) {
@@ -236,6 +279,35 @@ Future<Message> Worker::send(const WorkerInfo& to, Message message,
         }
         return response;
       });
+}
+
+Future<Message> Worker::send_counted(const WorkerInfo& to, Message message,
+                                     absl::Duration timeout) {
+  const bool call = message.type == MessageType::kCall ||
+                    message.type == MessageType::kRemoteCall ||
+                    message.type == MessageType::kRRefMethodCall ||
+                    message.type == MessageType::kRRefFetch;
+  if (!call || options_.max_calls_in_flight == 0) {
+    return agent_->send(to, std::move(message), resolve_timeout(timeout));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (calls_in_flight_ >= options_.max_calls_in_flight) {
+      return Future<Message>::ready(absl::ResourceExhaustedError(absl::StrCat(
+          "worker ", describe(agent_->self()), " has ", calls_in_flight_,
+          " calls in flight, the limit (RpcOptions::max_calls_in_flight); ",
+          "cannot send a ", message_type_name(message.type), " to worker ",
+          describe(to))));
+    }
+    ++calls_in_flight_;
+  }
+  Future<Message> response =
+      agent_->send(to, std::move(message), resolve_timeout(timeout));
+  response.on_complete([this](const absl::StatusOr<Message>&) {
+    absl::MutexLock lock(&mu_);
+    --calls_in_flight_;
+  });
+  return response;
 }
 
 absl::Status Worker::shutdown(bool graceful) {
@@ -331,13 +403,14 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
   request.type = MessageType::kCall;
   if (absl::Status encoded = encode_request(call, *target, request);
       !encoded.ok()) {
-    return Future<c10::IValue>::ready(absl::InvalidArgumentError(
+    return Future<c10::IValue>::ready(absl::Status(
+        encoded.code(),
         absl::StrCat("cannot send arguments of '", fn, "' to worker ",
                      describe(*target), ": ", encoded.message())));
   }
   std::string fn_name(fn);
   WorkerInfo callee = *target;
-  return agent_->send(callee, std::move(request), resolve_timeout(timeout))
+  return send_counted(callee, std::move(request), timeout)
       .then([this, fn_name, callee](const absl::StatusOr<Message>& response)
                 -> absl::StatusOr<c10::IValue> {
         if (!response.ok()) {
@@ -446,9 +519,10 @@ Message Worker::process_request(const Message& request) {
   response.type = MessageType::kCallRet;
   if (absl::Status encoded = encode_response(*result, autograd, response);
       !encoded.ok()) {
-    return exception_message(absl::InvalidArgumentError(absl::StrCat(
-        "Error on worker ", describe(self), " calling '", fn,
-        "': cannot send its result: ", encoded.message())));
+    return exception_message(absl::Status(
+        encoded.code(),
+        absl::StrCat("Error on worker ", describe(self), " calling '", fn,
+                     "': cannot send its result: ", encoded.message())));
   }
   return response;
 }

@@ -31,15 +31,12 @@
 #include "core/backend_registry.h"
 #include "core/callables.h"
 #include "core/future.h"
+#include "core/wire/codec.h"
 
 namespace c10 {
 class ThreadPool;
 }  // namespace c10
 
-namespace tether::wire {
-class RRefHook;
-struct AutogradMeta;
-}  // namespace tether::wire
 
 namespace tether {
 
@@ -64,6 +61,18 @@ struct RpcOptions {
   // TorchScript sources compiled at init, before this worker serves: peers
   // may call their functions as soon as their own init_rpc returns.
   std::vector<std::string> scripts;
+  // What one message may hold (payload bytes, tensors, tensor bytes, nesting
+  // depth, values). This worker refuses to send more (RESOURCE_EXHAUSTED
+  // to its caller) and refuses to take more: a request over them fails at
+  // its caller with RESOURCE_EXHAUSTED and this worker keeps serving.
+  wire::Limits limits;
+  // The secret peers prove they share when they connect (core/auth); empty:
+  // the environment variable TETHER_AUTH_SECRET, and if that is unset too,
+  // no authentication. Every worker of a group must agree.
+  std::string auth_secret;
+  // Calls (rpc_*, remote, to_here, proxy calls) this worker may have in
+  // flight at once; more fail at once with RESOURCE_EXHAUSTED. 0: no bound.
+  int max_calls_in_flight = 0;
 };
 
 // Who to call: a worker's name, its rank, or its WorkerInfo.
@@ -273,6 +282,12 @@ class Worker {
   Worker(RpcOptions options, std::unique_ptr<Agent> agent);
 
   Future<Message> handle_request(Message request);
+  // Sends through the agent; a user-level call counts against
+  // max_calls_in_flight until it completes.
+  Future<Message> send_counted(const WorkerInfo& to, Message message,
+                               absl::Duration timeout);
+  // RESOURCE_EXHAUSTED if `message` is over options_.limits.
+  absl::Status check_limits(const Message& message) const;
   Message process_request(const Message& request);
 
   const RpcOptions options_;
@@ -292,6 +307,7 @@ class Worker {
   // drain waits for those calls too.
   enum class State { kRunning, kDraining, kStopped };
   State state_ ABSL_GUARDED_BY(mu_) = State::kRunning;
+  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tether

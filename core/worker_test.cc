@@ -346,3 +346,94 @@ TEST(FreeFunctions, ActOnTheDefaultWorker) {
 
 }  // namespace
 }  // namespace tether
+
+namespace tether {
+namespace {
+
+// Two workers with different limits: what a worker refuses to take fails at
+// its caller with RESOURCE_EXHAUSTED, and it keeps serving; what a worker
+// refuses to send fails before it leaves.
+TEST(WorkerLimits, OverTheLimitsIsResourceExhaustedAndTheReceiverStaysUp) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  const std::string init = unique_init_method();
+  RpcOptions generous = loopback_options(init);
+  RpcOptions tight = loopback_options(init);
+  tight.limits.max_payload_bytes = 4096;
+  tight.limits.max_storages = 4;
+  tight.limits.max_storage_bytes = 1 << 20;
+  tight.limits.max_depth = 8;
+  absl::StatusOr<std::unique_ptr<Worker>> sender, strict;
+  std::thread t0([&] {
+    sender = Worker::create("sender", 0, 2, generous, registry);
+  });
+  std::thread t1([&] { strict = Worker::create("strict", 1, 2, tight, registry); });
+  t0.join();
+  t1.join();
+  ASSERT_THAT(sender, IsOk());
+  ASSERT_THAT(strict, IsOk());
+
+  auto refused = [&](const char* fn, std::vector<c10::IValue> args,
+                     const char* limit) {
+    EXPECT_THAT((*sender)->rpc_sync("strict", fn, std::move(args)),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("Error on worker 1 (strict)"),
+                               HasSubstr(limit))))
+        << fn;
+  };
+  refused("aten::len.str", {std::string(10000, 'x')}, "payload of");
+  std::vector<at::Tensor> many;
+  for (int i = 0; i < 10; ++i) many.push_back(at::full({2}, i));
+  refused("aten::cat", {c10::IValue(many), int64_t{0}}, "storages");
+  refused("aten::neg", {at::ones({1 << 19})}, "bytes of tensors");
+  c10::IValue nested = c10::IValue(std::vector<int64_t>{1});
+  for (int i = 0; i < 20; ++i) {
+    c10::impl::GenericList outer(c10::AnyType::get());
+    outer.push_back(nested);
+    nested = outer;
+  }
+  refused("aten::len.any", {nested}, "nest");
+  // Still serving.
+  absl::StatusOr<c10::IValue> fine = (*sender)->rpc_sync(
+      "strict", "aten::add.Tensor", {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(fine, IsOk());
+  // The strict worker does not send what it would not take.
+  EXPECT_THAT((*strict)->rpc_sync("sender", "aten::neg", {at::ones({1 << 19})}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("RpcOptions::limits.max_storage_bytes")));
+  std::thread s0([&] { EXPECT_THAT((*sender)->shutdown(), IsOk()); });
+  std::thread s1([&] { EXPECT_THAT((*strict)->shutdown(), IsOk()); });
+  s0.join();
+  s1.join();
+}
+
+TEST(WorkerLimits, CallsInFlightAreBounded) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  RpcOptions options = loopback_options(unique_init_method());
+  options.max_calls_in_flight = 2;
+  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> workers =
+      make_workers({"a", "b"}, options, 2);
+  for (auto& w : workers) ASSERT_THAT(w, IsOk());
+  Worker& a = **workers[0];
+  Future<c10::IValue> first = a.rpc_async("b", testing::kSlow, {int64_t{300}});
+  Future<c10::IValue> second = a.rpc_async("b", testing::kSlow, {int64_t{300}});
+  EXPECT_THAT(a.rpc_sync("b", testing::kSlow, {int64_t{1}}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_calls_in_flight")));
+  ASSERT_THAT(first.get(), IsOk());
+  ASSERT_THAT(second.get(), IsOk());
+  EXPECT_THAT(a.rpc_sync("b", testing::kSlow, {int64_t{1}}), IsOk());
+  options.max_calls_in_flight = -1;
+  EXPECT_THAT(Worker::create("x", 0, 1, options, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_calls_in_flight")));
+  std::vector<std::thread> threads;
+  for (auto& w : workers) {
+    threads.emplace_back([&w] { EXPECT_THAT((*w)->shutdown(), IsOk()); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace tether

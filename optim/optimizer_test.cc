@@ -15,6 +15,7 @@
 #include "autograd/autograd.h"
 #include "autograd/autograd_testing.h"
 #include "backends/builtin.h"
+#include "rref/rref_testing.h"
 #include "testing/status_matchers.h"
 
 namespace tether::optim {
@@ -74,14 +75,7 @@ class DistOptimizer : public ::testing::Test {
     for (const auto& w : workers_) ASSERT_NE(w, nullptr);
   }
 
-  void TearDown() override {
-    std::vector<std::thread> threads;
-    for (auto& w : workers_) {
-      if (w == nullptr) continue;
-      threads.emplace_back([&w] { EXPECT_THAT(w->shutdown(), IsOk()); });
-    }
-    for (auto& t : threads) t.join();
-  }
+  void TearDown() override { testing::shutdown_workers(workers_); }
 
   Worker& trainer() { return *workers_[0]; }
 

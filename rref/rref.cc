@@ -957,7 +957,8 @@ absl::StatusOr<RRef> remote_call(Worker& caller, const To& to,
     request.type = MessageType::kRemoteCall;
     absl::Status encoded = worker.encode_request(call, *target, request);
     if (!encoded.ok()) {
-      made = absl::InvalidArgumentError(
+      made = absl::Status(
+          encoded.code(),
           absl::StrCat("cannot send arguments of '", fn, "' to worker '",
                        target->name, "': ", encoded.message()));
       return;
@@ -1004,8 +1005,9 @@ absl::StatusOr<Message> method_call_message(Worker& worker, const RRef& rref,
   request.type = MessageType::kRRefMethodCall;
   absl::Status encoded = worker.encode_request(call, rref.owner(), request);
   if (!encoded.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot send arguments of method '", method, "': ", encoded.message()));
+    return absl::Status(encoded.code(),
+                        absl::StrCat("cannot send arguments of method '",
+                                     method, "': ", encoded.message()));
   }
   return request;
 }

@@ -1,6 +1,6 @@
 // The RRef protocol under lost, failed and late messages: three workers in
-// one process over the faulty backend wrapping loopback
-// (backends/faulty/faulty_agent.h). Control messages (RREF_USER_DELETE,
+// one process over the faulty backend (backends/faulty/faulty_agent.h)
+// wrapping each real backend in turn (the test parameter). Control messages (RREF_USER_DELETE,
 // RREF_FORK_REQUEST, RREF_CHILD_ACCEPT) are retried with backoff, so values
 // stay right and every count returns to zero; a lost REMOTE_CALL is never
 // retried and surfaces as the RRef's creation failure.
@@ -45,9 +45,9 @@ using Settings = absl::flat_hash_map<std::string, std::string>;
 // Short, so that a dropped control message is retried quickly.
 constexpr absl::Duration kControlTimeout = absl::Milliseconds(300);
 
-class RRefFaults : public ::testing::Test {
+class RRefFaults : public ::testing::TestWithParam<std::string> {
  protected:
-  // Three workers over faulty(loopback) with `faults` (faulty.* settings);
+  // Three workers over faulty(GetParam()) with `faults` (faulty.* settings);
   // `default_timeout` bounds control messages and unbounded calls.
   void start(Settings faults, absl::Duration default_timeout = kBound,
              RRefOptions rref_options = RRefOptions()) {
@@ -63,7 +63,7 @@ class RRefFaults : public ::testing::Test {
     options.default_timeout = default_timeout;
     options.shutdown_timeout = kBound;
     options.backend_settings = std::move(faults);
-    options.backend_settings["faulty.inner"] = "loopback";
+    options.backend_settings["faulty.inner"] = GetParam();
     workers_ = ::tether::testing::start_workers(
         registry, options, {"alice", "bob", "carol"}, rref_options);
     for (const auto& w : workers_) ASSERT_NE(w, nullptr);
@@ -142,26 +142,26 @@ class RRefFaults : public ::testing::Test {
 constexpr char kEveryControlType[] =
     "RREF_USER_DELETE:2,RREF_FORK_REQUEST:2,RREF_CHILD_ACCEPT:2";
 
-TEST_F(RRefFaults, NoFaultsBaseline) {
+TEST_P(RRefFaults, NoFaultsBaseline) {
   ASSERT_NO_FATAL_FAILURE(start({}));
   exercise_every_path();
   expect_all_released();
 }
 
-TEST_F(RRefFaults, FailedControlMessagesAreRetried) {
+TEST_P(RRefFaults, FailedControlMessagesAreRetried) {
   ASSERT_NO_FATAL_FAILURE(start({{"faulty.fail", kEveryControlType}}));
   exercise_every_path();
   expect_all_released();
 }
 
-TEST_F(RRefFaults, DroppedControlMessagesAreRetriedAfterTheirTimeout) {
+TEST_P(RRefFaults, DroppedControlMessagesAreRetriedAfterTheirTimeout) {
   ASSERT_NO_FATAL_FAILURE(
       start({{"faulty.drop", kEveryControlType}}, kControlTimeout));
   exercise_every_path();
   expect_all_released();
 }
 
-TEST_F(RRefFaults, FailedAndDroppedControlMessagesTogether) {
+TEST_P(RRefFaults, FailedAndDroppedControlMessagesTogether) {
   ASSERT_NO_FATAL_FAILURE(start({{"faulty.fail",
                                   "RREF_USER_DELETE:1,RREF_FORK_REQUEST:1,"
                                   "RREF_CHILD_ACCEPT:1"},
@@ -173,7 +173,7 @@ TEST_F(RRefFaults, FailedAndDroppedControlMessagesTogether) {
   expect_all_released();
 }
 
-TEST_F(RRefFaults, DroppedUserDeleteStillReleasesTheOwner) {
+TEST_P(RRefFaults, DroppedUserDeleteStillReleasesTheOwner) {
   ASSERT_NO_FATAL_FAILURE(
       start({{"faulty.drop", "RREF_USER_DELETE:3"}}, kControlTimeout));
   for (int i = 0; i < 3; ++i) {
@@ -188,7 +188,7 @@ TEST_F(RRefFaults, DroppedUserDeleteStillReleasesTheOwner) {
   expect_all_released();
 }
 
-TEST_F(RRefFaults, DelayedForkRequestMakesTheChildWaitForConfirmation) {
+TEST_P(RRefFaults, DelayedForkRequestMakesTheChildWaitForConfirmation) {
   const absl::Duration delay = absl::Milliseconds(50);
   ASSERT_NO_FATAL_FAILURE(start({{"faulty.delay", "RREF_FORK_REQUEST:50"}}));
   absl::StatusOr<RRef> r = remote(alice(), "bob", "aten::add.Tensor",
@@ -214,7 +214,7 @@ TEST_F(RRefFaults, DelayedForkRequestMakesTheChildWaitForConfirmation) {
   expect_all_released();
 }
 
-TEST_F(RRefFaults, DelayedDeletesAndAcceptsStillReleaseEverything) {
+TEST_P(RRefFaults, DelayedDeletesAndAcceptsStillReleaseEverything) {
   ASSERT_NO_FATAL_FAILURE(start(
       {{"faulty.delay",
         "RREF_USER_DELETE:30,RREF_CHILD_ACCEPT:30,RREF_FORK_REQUEST:10"}}));
@@ -222,7 +222,7 @@ TEST_F(RRefFaults, DelayedDeletesAndAcceptsStillReleaseEverything) {
   expect_all_released();
 }
 
-TEST_F(RRefFaults, DroppedRemoteCallReportsCreationFailureOnToHere) {
+TEST_P(RRefFaults, DroppedRemoteCallReportsCreationFailureOnToHere) {
   ASSERT_NO_FATAL_FAILURE(start({{"faulty.drop", "REMOTE_CALL:1"}}));
   absl::StatusOr<RRef> r =
       remote(alice(), "bob", "aten::add.Tensor", {at::ones({2}), at::ones({2})},
@@ -248,7 +248,7 @@ TEST_F(RRefFaults, DroppedRemoteCallReportsCreationFailureOnToHere) {
   expect_all_released();
 }
 
-TEST_F(RRefFaults, ToHereRacingADroppedRemoteCall) {
+TEST_P(RRefFaults, ToHereRacingADroppedRemoteCall) {
   // Regression: the owner once waited forever for the value of a fetch
   // that overtook a REMOTE_CALL which never came.
   ASSERT_NO_FATAL_FAILURE(start({{"faulty.drop", "REMOTE_CALL:1"}}));
@@ -264,7 +264,7 @@ TEST_F(RRefFaults, ToHereRacingADroppedRemoteCall) {
   expect_all_released();
 }
 
-TEST_F(RRefFaults, LeakCheckNamesAnRRefWhoseUserNeverLeft) {
+TEST_P(RRefFaults, LeakCheckNamesAnRRefWhoseUserNeverLeft) {
   RRefOptions leak_check;
   leak_check.leak_check = true;
   // Every RREF_USER_DELETE is lost, beyond what retries can mend.
@@ -290,7 +290,7 @@ TEST_F(RRefFaults, LeakCheckNamesAnRRefWhoseUserNeverLeft) {
   EXPECT_THAT(results[2], IsOk());
 }
 
-TEST_F(RRefFaults, DeletionOfUsersRacingWithForks) {
+TEST_P(RRefFaults, DeletionOfUsersRacingWithForks) {
   ASSERT_NO_FATAL_FAILURE(
       start({{"faulty.delay", "RREF_FORK_REQUEST:5,RREF_CHILD_ACCEPT:3"},
              {"faulty.fail", "RREF_CHILD_ACCEPT:3,RREF_USER_DELETE:3"}}));
@@ -337,6 +337,12 @@ TEST_F(RRefFaults, DeletionOfUsersRacingWithForks) {
   for (std::thread& thread : threads) thread.join();
   expect_all_released();
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, RRefFaults,
+                         ::testing::Values("loopback", "tensorpipe"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace tether

@@ -19,6 +19,8 @@ packages=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
+  libssl-dev
+  iproute2
   "$@"
 )
 

@@ -115,4 +115,38 @@ void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
   from.shutdown();  // idempotent
 }
 
+void expect_served_after_start(Agent& sender, Agent& receiver) {
+  ASSERT_THAT(sender.start(echo), IsOk());
+  Future<Message> early = sender.send(receiver.self(), ping("early"), kBound);
+  // Not answered while the receiver has no handler.
+  EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_THAT(receiver.start(echo), IsOk());
+  absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->payload, "early/pong");
+  EXPECT_THAT(receiver.start(echo),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+void expect_shutdown_inside_handler_is_safe(Agent& caller, Agent& callee) {
+  ASSERT_THAT(caller.start(echo), IsOk());
+  Agent* agent = &callee;
+  ASSERT_THAT(callee.start([agent](Message request) {
+    agent->shutdown();
+    return echo(std::move(request));
+  }),
+              IsOk());
+  absl::StatusOr<Message> response =
+      caller.send(callee.self(), ping("bye"), kBound).get(absl::Now() + kBound);
+  // The response may or may not have left before the connection closed.
+  if (!response.ok()) {
+    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
+  }
+  EXPECT_THAT(
+      callee.send(caller.self(), ping("x"), kBound).get(absl::Now() + kBound),
+      StatusIs(absl::StatusCode::kCancelled));
+  callee.shutdown();
+}
+
 }  // namespace tether::testing

@@ -49,6 +49,21 @@ void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
 void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
                              HeldControl& held);
 
+// Checks of the backends whose peers may reach an agent before it has
+// started (multi-process backends: tensorpipe, grpc), not of the
+// conformance suite (loopback refuses such requests).
+
+// `sender` has started, `receiver` has not: a request is held until
+// receiver.start(echo), then answered; a second start() is
+// INVALID_ARGUMENT.
+void expect_served_after_start(Agent& sender, Agent& receiver);
+
+// Neither has started. `callee` shuts itself down from inside its handler,
+// serving a request of `caller` (which succeeds or fails with UNAVAILABLE);
+// later sends from `callee` fail with CANCELLED; nothing deadlocks (the
+// caller shuts `callee` down again at the end, which waits for the first).
+void expect_shutdown_inside_handler_is_safe(Agent& caller, Agent& callee);
+
 }  // namespace tether::testing
 
 #endif  // TETHER_TESTING_AGENT_CHECKS_H_

@@ -3,6 +3,7 @@
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/strings/numbers.h>
+#include <absl/random/random.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
@@ -29,6 +30,7 @@ constexpr char kFailKey[] = "faulty.fail";
 constexpr char kDropKey[] = "faulty.drop";
 constexpr char kDropBoundKey[] = "faulty.drop_bound_ms";
 constexpr char kDelayKey[] = "faulty.delay";
+constexpr char kJitterKey[] = "faulty.jitter_ms";
 constexpr char kPrefix[] = "faulty.";
 constexpr absl::Duration kDefaultDropBound = absl::Seconds(10);
 // Message types are small wire numbers; names are looked up below this.
@@ -40,6 +42,7 @@ struct Faults {
   absl::flat_hash_map<MessageType, int64_t> fail;
   absl::flat_hash_map<MessageType, int64_t> drop;
   absl::flat_hash_map<MessageType, absl::Duration> delay;
+  absl::Duration jitter = absl::ZeroDuration();
   absl::Duration drop_bound = kDefaultDropBound;
 };
 
@@ -126,6 +129,12 @@ absl::StatusOr<Faults> parse_faults(
       for (const auto& [type, ms] : *millis) {
         faults.delay[type] = absl::Milliseconds(ms);
       }
+    } else if (key == kJitterKey) {
+      int64_t ms = 0;
+      if (!absl::SimpleAtoi(value, &ms) || ms <= 0) {
+        return bad_setting(key, value, "is not a positive integer");
+      }
+      faults.jitter = absl::Milliseconds(ms);
     } else if (key == kDropBoundKey) {
       int64_t ms = 0;
       if (!absl::SimpleAtoi(value, &ms) || ms <= 0) {
@@ -136,7 +145,8 @@ absl::StatusOr<Faults> parse_faults(
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown setting '", key, "'; the faulty backend knows ",
           absl::StrJoin(
-              {kInnerKey, kFailKey, kDropKey, kDropBoundKey, kDelayKey},
+              {kInnerKey, kFailKey, kDropKey, kDropBoundKey, kDelayKey,
+               kJitterKey},
               ", ")));
     }
   }
@@ -155,6 +165,7 @@ class FaultyAgent final : public Agent {
         fail_(std::move(faults.fail)),
         drop_(std::move(faults.drop)),
         delay_(std::move(faults.delay)),
+        jitter_(faults.jitter),
         drop_bound_(faults.drop_bound),
         timers_(this) {}
 
@@ -180,9 +191,13 @@ class FaultyAgent final : public Agent {
         fault = Fault::kFail;
       } else if (take_one(drop_, type)) {
         fault = Fault::kDrop;
-      } else if (auto it = delay_.find(type); it != delay_.end()) {
-        fault = Fault::kDelay;
-        delay = it->second;
+      } else {
+        if (auto it = delay_.find(type); it != delay_.end()) delay = it->second;
+        if (jitter_ > absl::ZeroDuration()) {
+          delay += absl::Microseconds(absl::Uniform<int64_t>(
+              random_, 0, absl::ToInt64Microseconds(jitter_) + 1));
+        }
+        if (delay > absl::ZeroDuration()) fault = Fault::kDelay;
       }
     }
     switch (fault) {
@@ -371,6 +386,8 @@ class FaultyAgent final : public Agent {
   absl::flat_hash_map<MessageType, int64_t> fail_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<MessageType, int64_t> drop_ ABSL_GUARDED_BY(mu_);
   const absl::flat_hash_map<MessageType, absl::Duration> delay_;
+  const absl::Duration jitter_;
+  absl::BitGen random_ ABSL_GUARDED_BY(mu_);
   const absl::Duration drop_bound_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<int64_t, Held> held_ ABSL_GUARDED_BY(mu_);

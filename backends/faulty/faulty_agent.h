@@ -19,6 +19,9 @@
 //                        faulty.drop_bound_ms instead, so nothing hangs
 //                        forever.
 //   faulty.drop_bound_ms that bound, in milliseconds (default 10000)
+//   faulty.jitter_ms     N: every send that is neither failed nor dropped
+//                        waits a further random 0..N ms (uniform), so
+//                        messages overtake each other (soak tests)
 //   faulty.delay         TYPE:MILLIS[,TYPE:MILLIS...]: every send of TYPE
 //                        that is sent waits MILLIS first. The sender's
 //                        timeout counts from send(): a delay that outlasts it

@@ -34,20 +34,23 @@
 #include <utility>
 #include <vector>
 
+#include "backends/common/agent_support.h"
 #include "backends/tensorpipe/internal/framing.h"
-#include "backends/tensorpipe/internal/serial_executor.h"
+#include "core/auth/auth.h"
 #include "core/internal/pending_requests.h"
+#include "core/internal/serial_executor.h"
 #include "core/internal/timer.h"
 #include "core/join/store_join.h"
 
 namespace tether::backends {
 namespace {
 
+using common::ScopedMark;
 using internal::FrameKind;
 using internal::IncomingFrame;
 using internal::OutgoingFrame;
-using internal::SerialExecutor;
 using tether::internal::PendingRequests;
+using tether::internal::SerialExecutor;
 using tether::internal::TimerQueue;
 
 constexpr char kBackendName[] = "tensorpipe";
@@ -271,27 +274,12 @@ std::map<std::string, std::string> decode_addresses(absl::string_view text) {
 
 // ------------------------------------------------------------ thread marks
 
-// Which agent's tensorpipe callback, io task or request handler this thread
-// is running (nullptr: none). They decide whether a call may go straight to
-// tensorpipe and what shutdown() can wait for. (Timer callbacks are told by
-// TimerQueue::running_owner().)
+// Which agent's tensorpipe callback or io task this thread is running
+// (nullptr: none). They decide whether a call may go straight to tensorpipe
+// and what shutdown() can wait for. (Request handlers are marked by
+// common::IncomingRequests, timer callbacks by TimerQueue::running_owner().)
 thread_local const void* t_tp_callback_of = nullptr;
 thread_local const void* t_io_task_of = nullptr;
-thread_local const void* t_handler_of = nullptr;
-
-class Mark {
- public:
-  Mark(const void*& slot, const void* value) : slot_(slot), previous_(slot) {
-    slot_ = value;
-  }
-  ~Mark() { slot_ = previous_; }
-  Mark(const Mark&) = delete;
-  Mark& operator=(const Mark&) = delete;
-
- private:
-  const void*& slot_;
-  const void* const previous_;
-};
 
 // ------------------------------------------------------------------- state
 
@@ -304,8 +292,11 @@ class State : public std::enable_shared_from_this<State> {
         workers_(std::move(setup.workers)),
         store_(std::move(setup.store)),
         settings_(std::move(settings)),
+        limits_(setup.limits),
+        auth_(setup.auth),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
+        incoming_(self_.name),
         io_(std::make_unique<SerialExecutor>()),
         timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
         pending_(timers_.get()) {
@@ -334,20 +325,37 @@ class State : public std::enable_shared_from_this<State> {
  private:
   struct ClientPipe {
     ClientPipe(int rank, std::shared_ptr<::tensorpipe::Pipe> pipe,
-               PendingRequests::Connection connection)
-        : rank(rank), pipe(std::move(pipe)), connection(connection) {}
+               PendingRequests::Connection connection, bool authenticate)
+        : rank(rank),
+          pipe(std::move(pipe)),
+          connection(connection),
+          ready(!authenticate),
+          server_verified(!authenticate) {}
     const int rank;
     const std::shared_ptr<::tensorpipe::Pipe> pipe;
     // What the requests written (or being written) on this pipe are bound
     // to in pending_.
     const PendingRequests::Connection connection;
+    // Authentication (under State::mu_): requests wait in `queued` until
+    // this side has answered the server's challenge (`ready`); responses are
+    // accepted once the server has answered ours (`server_verified`).
+    bool ready;
+    bool server_verified;
+    std::string own_challenge;
+    std::string server_challenge;
+    std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
   };
 
-  // A request that arrived before start().
-  struct Deferred {
-    std::weak_ptr<::tensorpipe::Pipe> pipe;
-    Message request;
+  // A server pipe's authentication (under mu_).
+  struct ServerAuth {
+    enum class Stage { kAwaitHello, kAwaitProof } stage = Stage::kAwaitHello;
+    std::string own_challenge;
+    std::string peer;
+    std::string peer_challenge;
   };
+
+  // A request's way back: the pipe it came on.
+  using Incoming = common::IncomingRequests<std::weak_ptr<::tensorpipe::Pipe>>;
 
   // What shutdown() closes and joins, outside the lock.
   struct Resources {
@@ -356,8 +364,6 @@ class State : public std::enable_shared_from_this<State> {
     std::vector<std::shared_ptr<::tensorpipe::Pipe>> pipes;
     std::unique_ptr<SerialExecutor> io;
     std::unique_ptr<TimerQueue> timers;
-    std::shared_ptr<const RequestHandler> handler;
-    std::vector<Deferred> deferred;
 
     void close() {
       if (listener) listener->close();
@@ -387,7 +393,7 @@ class State : public std::enable_shared_from_this<State> {
 
    private:
     const std::shared_ptr<State> state_;
-    const Mark mark_;
+    const ScopedMark mark_;
   };
 
   // True inside one of this agent's tensorpipe callbacks: tensorpipe runs
@@ -405,8 +411,14 @@ class State : public std::enable_shared_from_this<State> {
   void on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
                               const ::tensorpipe::Error& error,
                               const ::tensorpipe::Descriptor& descriptor);
-  void on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
-                            absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
+  void on_client_pipe_error(
+      const std::shared_ptr<ClientPipe>& client, absl::string_view what,
+      absl::StatusCode code = absl::StatusCode::kUnavailable)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void write_on_client(const std::shared_ptr<ClientPipe>& client,
+                       std::shared_ptr<OutgoingFrame> frame);
+  void on_client_auth(const std::shared_ptr<ClientPipe>& client,
+                      const internal::AuthFrame& auth) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Server side.
   void accept_next(std::shared_ptr<::tensorpipe::Listener> listener);
@@ -423,13 +435,13 @@ class State : public std::enable_shared_from_this<State> {
                              const ::tensorpipe::Descriptor& descriptor);
   void drop_server_pipe(const std::shared_ptr<::tensorpipe::Pipe>& pipe)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void on_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
-                  Message request) ABSL_LOCKS_EXCLUDED(mu_);
-  void run_deferred(std::shared_ptr<Deferred> deferred)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Called with handlers_running_ already counted for this call.
-  void run_handler(const RequestHandler& handler,
-                   std::weak_ptr<::tensorpipe::Pipe> pipe, Message request)
+  // Handles a frame of a server pipe still authenticating; false if it
+  // was refused (and dropped).
+  bool on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                      IncomingFrame& frame) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells the peer why, logs it, and drops the pipe.
+  void refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+              absl::string_view peer, absl::string_view why)
       ABSL_LOCKS_EXCLUDED(mu_);
   void send_response(std::weak_ptr<::tensorpipe::Pipe> pipe, int64_t id,
                      const absl::StatusOr<Message>& result)
@@ -437,7 +449,6 @@ class State : public std::enable_shared_from_this<State> {
   void write_response(const std::weak_ptr<::tensorpipe::Pipe>& pipe,
                       std::shared_ptr<OutgoingFrame> frame)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void finish_incoming() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status register_transports_and_channels(std::vector<std::string>& urls);
   absl::Status exchange_addresses(
@@ -447,28 +458,26 @@ class State : public std::enable_shared_from_this<State> {
   const std::vector<WorkerInfo> workers_;
   const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
+  const MessageLimits limits_;
+  const std::optional<auth::Authenticator> auth_;
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
   // Per rank, the url a pipe to it connects to (set by init(), then const);
   // nullopt if we share no transport.
   std::vector<std::optional<std::string>> peer_urls_;
   join::StoreJoin joiner_;
+  Incoming incoming_;
+  common::ShutdownSequence shutdown_sequence_;
 
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
-  // Set when shutdown() had to leave the joins to a thread of its own.
-  std::shared_ptr<absl::Notification> finisher_done_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
-  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::shared_ptr<ClientPipe>> client_pipes_
       ABSL_GUARDED_BY(mu_);
   PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<std::shared_ptr<::tensorpipe::Pipe>> server_pipes_
       ABSL_GUARDED_BY(mu_);
-  // Requests received and not yet answered (for join).
-  int64_t incoming_active_ ABSL_GUARDED_BY(mu_) = 0;
-  // Handler calls in progress (shutdown() waits for them).
-  int handlers_running_ ABSL_GUARDED_BY(mu_) = 0;
+  // Server pipes still authenticating.
+  absl::flat_hash_map<const ::tensorpipe::Pipe*, ServerAuth> server_auth_
+      ABSL_GUARDED_BY(mu_);
   std::shared_ptr<::tensorpipe::Context> context_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<::tensorpipe::Listener> listener_ ABSL_GUARDED_BY(mu_);
   // The urls listener_ listens on, with the addresses peers know (set by
@@ -564,34 +573,16 @@ absl::Status State::register_transports_and_channels(
 
 absl::Status State::exchange_addresses(
     const std::map<std::string, std::string>& mine) {
-  const std::string text = encode_addresses(mine);
-  store_->set(absl::StrCat(kAddressKeyPrefix, self_.id),
-              std::vector<uint8_t>(text.begin(), text.end()));
-  std::vector<std::string> keys;
-  for (const WorkerInfo& worker : workers_) {
-    keys.push_back(absl::StrCat(kAddressKeyPrefix, worker.id));
-  }
-  try {
-    store_->wait(keys,
-                 std::chrono::milliseconds(std::max<int64_t>(
-                     1, absl::ToInt64Milliseconds(settings_.init_timeout))));
-  } catch (const std::exception&) {
-    std::vector<std::string> missing;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!store_->check({keys[i]})) missing.push_back(absl::StrCat(i));
-    }
-    if (!missing.empty()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "tensorpipe agent of worker '", self_.name, "' timed out after ",
-          absl::FormatDuration(settings_.init_timeout),
-          " waiting for the address of rank(s) ",
-          absl::StrJoin(missing, ", ")));
-    }
-  }
-  for (size_t rank = 0; rank < keys.size(); ++rank) {
-    std::vector<uint8_t> bytes = store_->get(keys[rank]);
+  absl::StatusOr<std::vector<std::string>> addresses =
+      common::exchange_addresses(
+          *store_, kAddressKeyPrefix, self_.id,
+          static_cast<int>(workers_.size()), encode_addresses(mine),
+          settings_.init_timeout,
+          absl::StrCat("tensorpipe agent of worker '", self_.name, "'"));
+  if (!addresses.ok()) return addresses.status();
+  for (size_t rank = 0; rank < addresses->size(); ++rank) {
     std::map<std::string, std::string> theirs =
-        decode_addresses(std::string(bytes.begin(), bytes.end()));
+        decode_addresses((*addresses)[rank]);
     // Any shared transport will do for the first connection: TensorPipe then
     // moves the pipe to the best one both sides have.
     for (const char* transport : {"uv", "shm"}) {
@@ -638,33 +629,25 @@ absl::Status State::init() {
     listener_ = listener;
   }
   accept_next(listener);
-  try {
-    return exchange_addresses(addresses);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("tensorpipe agent of worker '", self_.name,
-                     "': the rendezvous store failed: ", e.what()));
-  }
+  return exchange_addresses(addresses);
 }
 
 absl::Status State::start(RequestHandler handler) {
-  std::vector<Deferred> deferred;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-    if (handler_ != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("start() called twice on worker '", self_.name, "'"));
-    }
-    handler_ = std::make_shared<const RequestHandler>(std::move(handler));
-    deferred.swap(deferred_);
-  }
-  for (Deferred& entry : deferred) {
-    auto shared = std::make_shared<Deferred>(std::move(entry));
-    post_io([shared](State& state) { state.run_deferred(shared); });
+  absl::StatusOr<std::vector<Incoming::Deferred>> deferred =
+      incoming_.start(std::move(handler),
+                      [weak = weak_from_this()](
+                          const std::weak_ptr<::tensorpipe::Pipe>& pipe,
+                          int64_t id, const absl::StatusOr<Message>& result) {
+                        if (std::shared_ptr<State> state = weak.lock()) {
+                          state->send_response(pipe, id, result);
+                        }
+                      });
+  if (!deferred.ok()) return deferred.status();
+  for (Incoming::Deferred& entry : *deferred) {
+    auto shared = std::make_shared<Incoming::Deferred>(std::move(entry));
+    post_io([shared](State& state) {
+      state.incoming_.run_deferred(std::move(*shared));
+    });
   }
   return absl::OkStatus();
 }
@@ -675,7 +658,7 @@ bool State::post_io(std::function<void(State&)> task) {
   return io_->post([weak = weak_from_this(), task = std::move(task)] {
     std::shared_ptr<State> state = weak.lock();
     if (state == nullptr) return;
-    Mark mark(t_io_task_of, state.get());
+    ScopedMark mark(t_io_task_of, state.get());
     task(*state);
   });
 }
@@ -740,6 +723,10 @@ void State::write_request(int rank, int64_t id,
         return;  // timed out before it left
       }
       client = it->second;
+      if (!client->ready) {
+        client->queued.emplace_back(id, std::move(frame));
+        return;
+      }
     } else {
       if (!pending_.contains(id)) return;  // timed out before it left
       context = context_;
@@ -776,8 +763,9 @@ void State::write_request(int rank, int64_t id,
       if (!closed_) {
         auto [it, added] = client_pipes_.emplace(rank, nullptr);
         if (added) {
-          it->second =
-              std::make_shared<ClientPipe>(rank, pipe, next_connection_++);
+          it->second = std::make_shared<ClientPipe>(
+              rank, pipe, next_connection_++, auth_.has_value());
+          if (auth_) it->second->own_challenge = auth_->challenge();
         }
         inserted = added;
         client = it->second;
@@ -786,9 +774,34 @@ void State::write_request(int rank, int64_t id,
     }
     if (!inserted) pipe->close();
     if (client == nullptr) return;  // shut down meanwhile
-    if (inserted) read_responses(client);
+    if (inserted) {
+      read_responses(client);
+      if (auth_) {
+        // Our challenge goes first; the requests wait for the server's.
+        std::string challenge;
+        {
+          absl::MutexLock lock(&mu_);
+          challenge = client->own_challenge;
+        }
+        write_on_client(client, internal::make_auth_frame(
+                                    {internal::AuthStep::kHello, self_.name,
+                                     std::move(challenge)}));
+      }
+    }
     if (!still_pending) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!client->ready) {
+        client->queued.emplace_back(id, std::move(frame));
+        return;
+      }
+    }
   }
+  write_on_client(client, std::move(frame));
+}
+
+void State::write_on_client(const std::shared_ptr<ClientPipe>& client,
+                            std::shared_ptr<OutgoingFrame> frame) {
   ::tensorpipe::Message message = frame->to_tensorpipe();
   client->pipe->write(std::move(message),
                       [weak = weak_from_this(), client,
@@ -797,6 +810,75 @@ void State::write_request(int rank, int64_t id,
                         if (!state || !error) return;
                         state->on_client_pipe_error(client, error.what());
                       });
+}
+
+void State::on_client_auth(const std::shared_ptr<ClientPipe>& client,
+                           const internal::AuthFrame& auth) {
+  const std::string& peer = workers_[client->rank].name;
+  auto fail = [&](const std::string& why) {
+    on_client_pipe_error(client, why, absl::StatusCode::kUnauthenticated);
+  };
+  switch (auth.step) {
+    case internal::AuthStep::kRefused:
+      fail(absl::StrCat("worker '", peer, "' refused the connection: ",
+                        auth.data));
+      return;
+    case internal::AuthStep::kHello: {
+      if (!auth_) {
+        fail(absl::StrCat(
+            "worker '", peer, "' requires authentication and worker '",
+            self_.name, "' has no secret (RpcOptions::auth_secret or ",
+            auth::kSecretEnv, ")"));
+        return;
+      }
+      if (auth.name != peer) {
+        fail(absl::StrCat("the server at worker '", peer,
+                          "' says it is '", auth.name, "'"));
+        return;
+      }
+      std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+      std::string own;
+      {
+        absl::MutexLock lock(&mu_);
+        if (client->ready) {
+          fail(absl::StrCat("worker '", peer, "' sent a second challenge"));
+          return;
+        }
+        client->server_challenge = auth.data;
+        own = client->own_challenge;
+      }
+      write_on_client(
+          client, internal::make_auth_frame(
+                      {internal::AuthStep::kProof, self_.name,
+                       auth_->prove(auth::Role::kClient, self_.name, peer,
+                                    auth.data, own)}));
+      {
+        absl::MutexLock lock(&mu_);
+        client->ready = true;
+        queued.swap(client->queued);
+      }
+      for (auto& [id, frame] : queued) write_on_client(client, std::move(frame));
+      return;
+    }
+    case internal::AuthStep::kProof: {
+      std::string own, theirs;
+      {
+        absl::MutexLock lock(&mu_);
+        own = client->own_challenge;
+        theirs = client->server_challenge;
+      }
+      if (!auth_ || theirs.empty() ||
+          !auth_->verify(auth.data, auth::Role::kServer, peer, self_.name, own,
+                         theirs)) {
+        fail(absl::StrCat("worker '", peer,
+                          "' failed to authenticate (a different secret?)"));
+        return;
+      }
+      absl::MutexLock lock(&mu_);
+      client->server_verified = true;
+      return;
+    }
+  }
 }
 
 void State::read_responses(std::shared_ptr<ClientPipe> client) {
@@ -818,7 +900,7 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
     return;
   }
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
-      internal::allocate_frame(descriptor);
+      internal::allocate_frame(descriptor, limits_);
   if (allocated.ok() && (*allocated)->header.kind == FrameKind::kRequest) {
     allocated = absl::InvalidArgumentError("a request on a client pipe");
   }
@@ -836,6 +918,27 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
           state->on_client_pipe_error(client, error.what());
           return;
         }
+        if (frame->header.kind == FrameKind::kAuth) {
+          absl::StatusOr<internal::AuthFrame> auth = frame->take_auth();
+          if (!auth.ok()) {
+            state->on_client_pipe_error(client, auth.status().ToString());
+            return;
+          }
+          state->read_responses(client);
+          state->on_client_auth(client, *auth);
+          return;
+        }
+        bool verified;
+        {
+          absl::MutexLock lock(&state->mu_);
+          verified = client->server_verified;
+        }
+        if (!verified) {
+          state->on_client_pipe_error(
+              client, "a response before the server authenticated",
+              absl::StatusCode::kUnauthenticated);
+          return;
+        }
         state->read_responses(client);
         // A response for an id no longer pending (timed out) is dropped.
         state->pending_.complete(frame->header.id, frame->take_result());
@@ -843,7 +946,8 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
 }
 
 void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
-                                 absl::string_view what) {
+                                 absl::string_view what,
+                                 absl::StatusCode code) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;  // shutdown() has failed everything
@@ -855,9 +959,10 @@ void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
   client->pipe->close();
   pending_.fail_connection(
       client->connection,
-      absl::UnavailableError(absl::StrCat(
-          "lost the connection from worker '", self_.name, "' to worker '",
-          workers_[client->rank].name, "' (rank ", client->rank, "): ", what)));
+      absl::Status(code, absl::StrCat("lost the connection from worker '",
+                                      self_.name, "' to worker '",
+                                      workers_[client->rank].name, "' (rank ",
+                                      client->rank, "): ", what)));
 }
 
 // ------------------------------------------------------------- server side
@@ -876,6 +981,7 @@ void State::accept_next(std::shared_ptr<::tensorpipe::Listener> listener) {
 void State::on_accept(const std::shared_ptr<::tensorpipe::Listener>& listener,
                       const ::tensorpipe::Error& error,
                       std::shared_ptr<::tensorpipe::Pipe> pipe) {
+  std::shared_ptr<OutgoingFrame> hello;
   {
     absl::MutexLock lock(&mu_);
     if (closed_ || listener != listener_) {
@@ -883,6 +989,16 @@ void State::on_accept(const std::shared_ptr<::tensorpipe::Listener>& listener,
       return;
     }
     if (!error) server_pipes_.insert(pipe);
+    if (!error && auth_) {
+      ServerAuth& auth = server_auth_[pipe.get()];
+      auth.own_challenge = auth_->challenge();
+      hello = internal::make_auth_frame(
+          {internal::AuthStep::kHello, self_.name, auth.own_challenge});
+    }
+  }
+  if (hello != nullptr) {
+    pipe->write(hello->to_tensorpipe(),
+                [hello](const ::tensorpipe::Error& /*error*/) {});
   }
   if (error) {
     // tensorpipe fails the whole listener when one incoming connection dies
@@ -970,8 +1086,9 @@ void State::on_request_descriptor(
     return;
   }
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
-      internal::allocate_frame(descriptor);
-  if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest) {
+      internal::allocate_frame(descriptor, limits_);
+  if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest &&
+      (*allocated)->header.kind != FrameKind::kAuth) {
     allocated = absl::InvalidArgumentError("a response on a server pipe");
   }
   if (!allocated.ok()) {
@@ -991,9 +1108,14 @@ void State::on_request_descriptor(
       state->drop_server_pipe(pipe);
       return;
     }
+    if (!state->on_server_auth(pipe, *frame)) return;
+    if (frame->header.kind == FrameKind::kAuth) {
+      state->read_requests(pipe);  // the handshake goes on
+      return;
+    }
     state->read_requests(pipe);
     absl::StatusOr<Message> request = frame->take_result();
-    state->on_request(pipe, *std::move(request));
+    state->incoming_.arrived(pipe, *std::move(request));
   });
 }
 
@@ -1001,68 +1123,101 @@ void State::drop_server_pipe(const std::shared_ptr<::tensorpipe::Pipe>& pipe) {
   {
     absl::MutexLock lock(&mu_);
     server_pipes_.erase(pipe);
+    server_auth_.erase(pipe.get());
   }
   pipe->close();
 }
 
-void State::on_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
-                       Message request) {
-  std::shared_ptr<const RequestHandler> handler;
+bool State::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                           IncomingFrame& frame) {
+  const bool is_auth = frame.header.kind == FrameKind::kAuth;
+  absl::StatusOr<internal::AuthFrame> auth =
+      is_auth ? frame.take_auth() : absl::StatusOr<internal::AuthFrame>();
+  ServerAuth state;
+  bool authenticating = false;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    ++incoming_active_;
-    if (handler_ == nullptr) {
-      deferred_.push_back(Deferred{pipe, std::move(request)});
-      return;
-    }
-    handler = handler_;
-    ++handlers_running_;
-  }
-  run_handler(*handler, pipe, std::move(request));
-}
-
-void State::run_deferred(std::shared_ptr<Deferred> deferred) {
-  std::shared_ptr<const RequestHandler> handler;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    handler = handler_;
-    ++handlers_running_;
-  }
-  run_handler(*handler, deferred->pipe, std::move(deferred->request));
-}
-
-void State::run_handler(const RequestHandler& handler,
-                        std::weak_ptr<::tensorpipe::Pipe> pipe,
-                        Message request) {
-  const int64_t id = request.id;
-  Future<Message> response;
-  {
-    Mark mark(t_handler_of, this);
-    try {
-      response = handler(std::move(request));
-    } catch (const std::exception& e) {
-      response = Future<Message>::ready(
-          absl::InternalError(absl::StrCat("the request handler of worker '",
-                                           self_.name, "' threw: ", e.what())));
+    auto it = server_auth_.find(pipe.get());
+    if (it != server_auth_.end()) {
+      authenticating = true;
+      state = it->second;
     }
   }
-  if (!response.valid()) {
-    response = Future<Message>::ready(absl::InternalError(
-        absl::StrCat("the request handler of worker '", self_.name,
-                     "' returned an invalid future")));
+  if (!authenticating) {
+    if (!is_auth) return true;  // authenticated, or no authentication
+    if (auth_) {
+      refuse(pipe, "?", "an authentication frame after the handshake");
+    } else {
+      refuse(pipe, auth.ok() ? auth->name : "?",
+             absl::StrCat("worker '", self_.name,
+                          "' does not authenticate peers (it has no "
+                          "secret); the group must agree on one"));
+    }
+    return false;
   }
+  if (!is_auth) {
+    refuse(pipe, "?", absl::StrCat("worker '", self_.name,
+                                   "' requires authentication and the peer "
+                                   "sent a request without it"));
+    return false;
+  }
+  if (!auth.ok()) {
+    refuse(pipe, "?", auth.status().message());
+    return false;
+  }
+  if (state.stage == ServerAuth::Stage::kAwaitHello &&
+      auth->step == internal::AuthStep::kHello) {
+    if (!rank_by_name_.contains(auth->name)) {
+      refuse(pipe, auth->name, "not a worker of this group");
+      return false;
+    }
+    std::shared_ptr<OutgoingFrame> proof = internal::make_auth_frame(
+        {internal::AuthStep::kProof, self_.name,
+         auth_->prove(auth::Role::kServer, self_.name, auth->name, auth->data,
+                      state.own_challenge)});
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = server_auth_.find(pipe.get());
+      if (it == server_auth_.end()) return false;
+      it->second.stage = ServerAuth::Stage::kAwaitProof;
+      it->second.peer = auth->name;
+      it->second.peer_challenge = auth->data;
+    }
+    pipe->write(proof->to_tensorpipe(),
+                [proof](const ::tensorpipe::Error& /*error*/) {});
+    return true;
+  }
+  if (state.stage == ServerAuth::Stage::kAwaitProof &&
+      auth->step == internal::AuthStep::kProof) {
+    if (!auth_->verify(auth->data, auth::Role::kClient, state.peer,
+                       self_.name, state.own_challenge,
+                       state.peer_challenge)) {
+      refuse(pipe, state.peer, "authentication failed (a different secret?)");
+      return false;
+    }
+    absl::MutexLock lock(&mu_);
+    server_auth_.erase(pipe.get());
+    return true;
+  }
+  refuse(pipe, state.peer, "an unexpected authentication step");
+  return false;
+}
+
+void State::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                   absl::string_view peer, absl::string_view why) {
+  LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
+               << "' refused a connection from '" << peer << "': " << why;
   {
     absl::MutexLock lock(&mu_);
-    --handlers_running_;
+    server_pipes_.erase(pipe);
+    server_auth_.erase(pipe.get());
   }
-  response.on_complete([weak = weak_from_this(), pipe = std::move(pipe),
-                        id](const absl::StatusOr<Message>& result) {
-    std::shared_ptr<State> state = weak.lock();
-    if (state == nullptr) return;
-    state->send_response(pipe, id, result);
-  });
+  std::shared_ptr<OutgoingFrame> refusal = internal::make_auth_frame(
+      {internal::AuthStep::kRefused, self_.name, std::string(why)});
+  pipe->write(refusal->to_tensorpipe(),
+              [pipe, refusal](const ::tensorpipe::Error& /*error*/) {
+                pipe->close();
+              });
 }
 
 void State::send_response(std::weak_ptr<::tensorpipe::Pipe> pipe, int64_t id,
@@ -1083,7 +1238,7 @@ void State::write_response(const std::weak_ptr<::tensorpipe::Pipe>& weak_pipe,
   std::shared_ptr<::tensorpipe::Pipe> pipe = weak_pipe.lock();
   if (pipe == nullptr) {
     // The pipe broke; the sender has failed the request already.
-    finish_incoming();
+    incoming_.answered();
     return;
   }
   ::tensorpipe::Message message = frame->to_tensorpipe();
@@ -1092,153 +1247,58 @@ void State::write_response(const std::weak_ptr<::tensorpipe::Pipe>& weak_pipe,
     // On error the pipe is broken: its read loop notices and drops it.
     CallbackScope state(weak);
     if (!state) return;
-    state->finish_incoming();
+    state->incoming_.answered();
   });
-}
-
-void State::finish_incoming() {
-  absl::MutexLock lock(&mu_);
-  --incoming_active_;
 }
 
 // --------------------------------------------------------- join, shutdown
 
 absl::Status State::join(absl::Duration timeout) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-  }
-  join::DrainHooks hooks;
-  // shutdown() empties pending_.
-  hooks.wait_outgoing_drained = [this](absl::Time deadline) {
-    return pending_.wait_until_empty(deadline);
-  };
-  hooks.active_count = [this] {
-    // Both counts of one instant: incoming_active_ holds still under mu_.
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(pending_.size()) + incoming_active_;
-  };
-  absl::Status joined = joiner_.join(hooks, timeout);
-  absl::MutexLock lock(&mu_);
-  if (closed_ && joined.ok()) {
-    return absl::CancelledError(
-        absl::StrCat("worker '", self_.name, "' shut down while joining"));
-  }
-  return joined;
+  return common::join_agent(
+      joiner_, pending_, [this] { return incoming_.unanswered(); },
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return closed_;
+      },
+      self_.name, timeout);
 }
 
 void State::shutdown() {
-  const bool on_own_thread = t_tp_callback_of == this || t_io_task_of == this ||
-                             TimerQueue::running_owner() == this;
-  Resources resources;
-  bool first = false;
-  std::shared_ptr<absl::Notification> earlier_finisher;
+  const bool own_thread = t_tp_callback_of == this || t_io_task_of == this ||
+                          TimerQueue::running_owner() == this;
+  if (!shutdown_sequence_.begin(own_thread)) return;
+  auto resources = std::make_shared<Resources>();
   {
     absl::MutexLock lock(&mu_);
-    first = !closed_;
-    if (!first && !on_own_thread) {
-      // Another call is shutting down: return when it is done (unless that
-      // call may be waiting for this very thread).
-      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shutdown_done_;
-      };
-      mu_.Await(absl::Condition(&done));
-      earlier_finisher = finisher_done_;
+    closed_ = true;
+    for (auto& [rank, client] : client_pipes_) {
+      resources->pipes.push_back(client->pipe);
     }
-    if (first) {
-      closed_ = true;
-      for (auto& [rank, client] : client_pipes_) {
-        resources.pipes.push_back(client->pipe);
-      }
-      client_pipes_.clear();
-      for (const auto& pipe : server_pipes_) resources.pipes.push_back(pipe);
-      server_pipes_.clear();
-      resources.context = std::move(context_);
-      resources.listener = std::move(listener_);
-      resources.io = std::move(io_);
-      resources.timers = std::move(timers_);
-      // Destroyed outside the lock: they may hold user objects.
-      resources.handler = std::move(handler_);
-      resources.deferred.swap(deferred_);
-    }
+    client_pipes_.clear();
+    for (const auto& pipe : server_pipes_) resources->pipes.push_back(pipe);
+    server_pipes_.clear();
+    resources->context = std::move(context_);
+    resources->listener = std::move(listener_);
+    resources->io = std::move(io_);
+    resources->timers = std::move(timers_);
   }
-  if (!first) {
-    // A first shutdown() from one of our own threads left the joins to a
-    // thread of their own; a later call from elsewhere (the destructor)
-    // waits for them.
-    if (earlier_finisher != nullptr) earlier_finisher->WaitForNotification();
-    return;
-  }
-  // Before the timers go (resources.join()).
+  // Before the timers go (resources->join()).
   pending_.cancel_all(absl::CancelledError(absl::StrCat(
       "worker '", self_.name, "' shut down with the request pending")));
   // From here on every pending tensorpipe operation fails; our callbacks see
   // closed_ and do nothing.
-  resources.close();
-  {
-    // Handler calls already started finish before shutdown() returns (the
-    // one this thread may be inside of excepted).
-    const int own = t_handler_of == this ? 1 : 0;
-    absl::MutexLock lock(&mu_);
-    auto idle = [this, own]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return handlers_running_ <= own;
-    };
-    mu_.Await(absl::Condition(&idle));
-  }
-  std::shared_ptr<absl::Notification> finisher;
-  if (on_own_thread) {
-    // A thread cannot join itself: another one finishes the job.
-    // WARNING: it may outlive the agent; it owns everything it touches.
-    finisher = std::make_shared<absl::Notification>();
-    std::thread([resources = std::move(resources), finisher]() mutable {
-      resources.join();
-      resources = Resources();
-      finisher->Notify();
-    }).detach();
-  } else {
-    resources.join();
-  }
-  absl::MutexLock lock(&mu_);
-  finisher_done_ = std::move(finisher);
-  shutdown_done_ = true;
+  resources->close();
+  // Handler calls already started finish first.
+  incoming_.close();
+  // A thread of ours cannot join itself: then another thread finishes.
+  // WARNING: it may outlive the agent; it owns everything it touches.
+  shutdown_sequence_.finish(own_thread, [resources] {
+    resources->join();
+    *resources = Resources();
+  });
 }
 
 // ------------------------------------------------------------------- agent
-
-class TensorPipeAgent final : public Agent {
- public:
-  explicit TensorPipeAgent(std::shared_ptr<State> state)
-      : state_(std::move(state)) {}
-
-  ~TensorPipeAgent() override { state_->shutdown(); }
-
-  absl::Status start(RequestHandler handler) override {
-    return state_->start(std::move(handler));
-  }
-
-  Future<Message> send(const WorkerInfo& to, Message request,
-                       absl::Duration timeout) override {
-    return state_->send(to, std::move(request), timeout);
-  }
-
-  const WorkerInfo& self() const override { return state_->self(); }
-
-  const std::vector<WorkerInfo>& worker_infos() const override {
-    return state_->workers();
-  }
-
-  absl::Status join(absl::Duration timeout) override {
-    return state_->join(timeout);
-  }
-
-  void shutdown() override { state_->shutdown(); }
-
- private:
-  const std::shared_ptr<State> state_;
-};
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   if (setup.store == nullptr) {
@@ -1253,7 +1313,7 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
     state->shutdown();
     return initialized;
   }
-  return std::make_unique<TensorPipeAgent>(std::move(state));
+  return std::make_unique<common::SharedStateAgent<State>>(std::move(state));
 }
 
 }  // namespace

@@ -30,6 +30,17 @@
 //   tensorpipe.init_timeout_ms  how long creation waits for every rank's
 //                             address (default 60000)
 //
+// Authentication (AgentSetup::auth, from RpcOptions::auth_secret or
+// TETHER_AUTH_SECRET): on each new pipe both ends send a random challenge
+// (an auth frame, internal/framing.h) and answer the other's with an
+// HMAC-SHA256 proof (core/auth). The client holds its requests until it has
+// answered and takes no response before the server has; the server reads no
+// request before the client's proof checks out. A peer that fails, or has
+// no secret when this agent has one (or the reverse), gets a refusal with
+// the reason and its connection is closed; the refusal is logged, and the
+// peer's calls fail with UNAUTHENTICATED. Nothing is encrypted: the
+// transports carry plain bytes (docs/security.md).
+//
 // Threads: tensorpipe's own threads run the request handler and complete
 // send() futures; the agent adds one thread that makes the calls into
 // tensorpipe for its callers (so tensorpipe never borrows a user's thread)

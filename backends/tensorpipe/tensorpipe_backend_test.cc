@@ -17,6 +17,7 @@
 
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "core/agent.h"
+#include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
@@ -182,17 +183,7 @@ TEST(TensorPipeBackend, LostPeerFailsPendingRequestsWithUnavailable) {
 TEST(TensorPipeBackend, RequestsArrivingBeforeStartAreServedAfterIt) {
   Group group(2, {});
   ASSERT_TRUE(group.ok());
-  ASSERT_THAT(group[0].start(echo), IsOk());
-  Future<Message> early = group[0].send(group[1].self(), ping("early"), kBound);
-  // Not answered while agent1 has no handler.
-  EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded));
-  ASSERT_THAT(group[1].start(echo), IsOk());
-  absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
-  ASSERT_THAT(response, IsOk());
-  EXPECT_EQ(response->payload, "early/pong");
-  EXPECT_THAT(group[1].start(echo),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tether::testing::expect_served_after_start(group[0], group[1]);
 }
 
 TEST(TensorPipeBackend, HandlerMaySendNestedRequests) {
@@ -234,25 +225,8 @@ TEST(TensorPipeBackend, HandlerMaySendNestedRequests) {
 TEST(TensorPipeBackend, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
   Group group(2, {});
   ASSERT_TRUE(group.ok());
-  Group* g = &group;
-  ASSERT_THAT(group[0].start(echo), IsOk());
-  ASSERT_THAT(group[1].start([g](Message request) {
-    (*g)[1].shutdown();
-    return echo(std::move(request));
-  }),
-              IsOk());
-  absl::StatusOr<Message> response =
-      group[0]
-          .send(group[1].self(), ping("bye"), kBound)
-          .get(absl::Now() + kBound);
-  // The response may or may not have left before the pipe closed.
-  if (!response.ok()) {
-    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
-  }
-  EXPECT_THAT(group[1]
-                  .send(group[0].self(), ping("x"), kBound)
-                  .get(absl::Now() + kBound),
-              StatusIs(absl::StatusCode::kCancelled));
+  ::tether::testing::expect_shutdown_inside_handler_is_safe(group[0],
+                                                            group[1]);
   // ~Group shuts agent1 down again: it waits for the first shutdown's joins.
 }
 

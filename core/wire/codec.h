@@ -52,6 +52,9 @@ struct Limits {
   int64_t max_storages = int64_t{1} << 16;
   int64_t max_payload_bytes = int64_t{256} << 20;
   int64_t max_tensor_dims = 64;
+  // All the storages' bytes together (checked by the Worker and the
+  // backends, which see the sizes before the codec does).
+  int64_t max_storage_bytes = int64_t{64} << 30;
 };
 
 // The deepest nesting either direction handles; encode refuses deeper values

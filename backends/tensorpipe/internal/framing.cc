@@ -72,7 +72,7 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   FrameHeader header;
   const uint8_t kind = get<uint8_t>(metadata, 4);
   if (kind < static_cast<uint8_t>(FrameKind::kRequest) ||
-      kind > static_cast<uint8_t>(FrameKind::kError)) {
+      kind > static_cast<uint8_t>(FrameKind::kAuth)) {
     return malformed(absl::StrCat("unknown kind ", kind));
   }
   header.kind = static_cast<FrameKind>(kind);
@@ -101,6 +101,10 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
                                   is_error ? "error" : "non-error", " frame"));
   }
   if (is_error && count != 0) return malformed("storages in an error frame");
+  if (header.kind == FrameKind::kAuth &&
+      (count != 0 || !header.inline_data)) {
+    return malformed("an authentication frame that is not inline and bare");
+  }
   header.storage_sizes.reserve(count);
   uint64_t inline_bytes = header.payload_size;
   for (uint32_t i = 0; i < count; ++i) {
@@ -201,6 +205,36 @@ std::shared_ptr<OutgoingFrame> make_response_frame(
   return frame;
 }
 
+std::shared_ptr<OutgoingFrame> make_auth_frame(const AuthFrame& auth) {
+  auto frame = std::make_shared<OutgoingFrame>();
+  frame->header.kind = FrameKind::kAuth;
+  put<uint8_t>(frame->payload, static_cast<uint8_t>(auth.step));
+  put<uint32_t>(frame->payload, static_cast<uint32_t>(auth.name.size()));
+  frame->payload.append(auth.name);
+  frame->payload.append(auth.data);
+  frame->header.payload_size = frame->payload.size();
+  frame->header.inline_data = true;
+  return frame;
+}
+
+absl::StatusOr<AuthFrame> IncomingFrame::take_auth() const {
+  if (header.kind != FrameKind::kAuth || payload.size() < 5) {
+    return malformed("not an authentication frame");
+  }
+  const uint8_t step = get<uint8_t>(payload, 0);
+  const uint32_t name_size = get<uint32_t>(payload, 1);
+  if (step < static_cast<uint8_t>(AuthStep::kHello) ||
+      step > static_cast<uint8_t>(AuthStep::kRefused) ||
+      name_size > payload.size() - 5) {
+    return malformed("bad authentication frame");
+  }
+  AuthFrame auth;
+  auth.step = static_cast<AuthStep>(step);
+  auth.name = payload.substr(5, name_size);
+  auth.data = payload.substr(5 + name_size);
+  return auth;
+}
+
 absl::StatusOr<Message> IncomingFrame::take_result() {
   if (header.kind == FrameKind::kError) {
     auto code = static_cast<absl::StatusCode>(header.code);
@@ -216,9 +250,30 @@ absl::StatusOr<Message> IncomingFrame::take_result() {
 }
 
 absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
-    const ::tensorpipe::Descriptor& descriptor) {
+    const ::tensorpipe::Descriptor& descriptor, const MessageLimits& limits) {
   absl::StatusOr<FrameHeader> header = decode_header(descriptor.metadata);
   if (!header.ok()) return header.status();
+  if (header->payload_size > static_cast<uint64_t>(limits.max_payload_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a payload of ", header->payload_size, " bytes is over the limit of ",
+        limits.max_payload_bytes));
+  }
+  if (header->storage_sizes.size() >
+      static_cast<uint64_t>(limits.max_storages)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(header->storage_sizes.size(),
+                     " storages are over the limit of ", limits.max_storages));
+  }
+  uint64_t storage_bytes = 0;
+  for (uint64_t size : header->storage_sizes) {
+    if (size > static_cast<uint64_t>(limits.max_storage_bytes) ||
+        (storage_bytes += size) >
+            static_cast<uint64_t>(limits.max_storage_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the storages' bytes are over the limit of ",
+          limits.max_storage_bytes));
+    }
+  }
   if (header->inline_data) {
     if (!descriptor.payloads.empty() || !descriptor.tensors.empty()) {
       return malformed("an inline frame with payloads or tensors");

@@ -23,6 +23,11 @@
 // An error response (the handler's future failed) has kind kError, the
 // absl::StatusCode, and the status message as its payload.
 //
+// Authentication (core/auth) uses frames of kind kAuth, always inline, whose
+// payload is: step u8 | name size u32 | name | data. The steps: kHello
+// (the sender's name and its challenge), kProof (the answer to the peer's
+// challenge), kRefused (why the connection is refused, as text).
+//
 // Ownership: an OutgoingFrame owns everything its tensorpipe::Message points
 // into; keep it alive until the write callback. An IncomingFrame owns the
 // buffers its Allocation points into; keep it alive until the read callback.
@@ -48,6 +53,19 @@ enum class FrameKind : uint8_t {
   kRequest = 1,
   kResponse = 2,
   kError = 3,
+  kAuth = 4,
+};
+
+enum class AuthStep : uint8_t {
+  kHello = 1,
+  kProof = 2,
+  kRefused = 3,
+};
+
+struct AuthFrame {
+  AuthStep step = AuthStep::kHello;
+  std::string name;
+  std::string data;
 };
 
 // Payload and storages together up to this many bytes travel inline.
@@ -92,6 +110,8 @@ std::shared_ptr<OutgoingFrame> make_request_frame(Message request);
 std::shared_ptr<OutgoingFrame> make_response_frame(
     int64_t id, const absl::StatusOr<Message>& result);
 
+std::shared_ptr<OutgoingFrame> make_auth_frame(const AuthFrame& auth);
+
 struct IncomingFrame {
   FrameHeader header;
   std::string payload;
@@ -102,14 +122,19 @@ struct IncomingFrame {
   // After the read: the request or response it carries, or the error
   // status of a kError frame.
   absl::StatusOr<Message> take_result();
+  // After the read, for a kAuth frame: its contents (INVALID_ARGUMENT if
+  // malformed).
+  absl::StatusOr<AuthFrame> take_auth() const;
 };
 
 // Checks `descriptor` against its header (counts, sizes, CPU only) and
-// allocates the payload and one storage per announced size. Errors:
-// INVALID_ARGUMENT for a malformed or inconsistent frame,
-// RESOURCE_EXHAUSTED when the memory cannot be allocated.
+// `limits`, and allocates the payload and one storage per announced size.
+// Errors: INVALID_ARGUMENT for a malformed or inconsistent frame,
+// RESOURCE_EXHAUSTED for one over `limits` (checked before allocating) or
+// when the memory cannot be allocated.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
-    const ::tensorpipe::Descriptor& descriptor);
+    const ::tensorpipe::Descriptor& descriptor,
+    const MessageLimits& limits = MessageLimits());
 
 }  // namespace tether::backends::internal
 

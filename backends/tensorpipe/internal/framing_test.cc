@@ -258,3 +258,43 @@ TEST(Framing, UnknownStatusCodeBecomesUnknown) {
 
 }  // namespace
 }  // namespace tether::backends::internal
+
+namespace tether::backends::internal {
+namespace {
+
+// A peer announcing more than the limits allow is refused before anything is
+// allocated (the announced terabyte would not fit on this machine).
+TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
+  Message request;
+  request.type = MessageType::kPing;
+  request.payload = std::string(100, 'p');
+  request.storages = {storage_of(kInlineLimit + 10, 1), storage_of(50, 2)};
+  ::tensorpipe::Descriptor descriptor =
+      descriptor_of(make_request_frame(request)->to_tensorpipe());
+  MessageLimits limits;
+  ASSERT_THAT(allocate_frame(descriptor, limits), IsOk());
+  limits.max_payload_bytes = 99;
+  EXPECT_THAT(allocate_frame(descriptor, limits),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("payload of 100 bytes")));
+  limits = MessageLimits();
+  limits.max_storages = 1;
+  EXPECT_THAT(allocate_frame(descriptor, limits),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("2 storages")));
+  limits = MessageLimits();
+  limits.max_storage_bytes = kInlineLimit;
+  EXPECT_THAT(allocate_frame(descriptor, limits),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("storages' bytes")));
+  // A terabyte announced in the header, with the default limits.
+  descriptor.tensors[0].length = uint64_t{1} << 40;
+  FrameHeader header = *decode_header(descriptor.metadata);
+  header.storage_sizes[0] = uint64_t{1} << 40;
+  descriptor.metadata = encode_header(header);
+  EXPECT_THAT(allocate_frame(descriptor),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+}  // namespace
+}  // namespace tether::backends::internal

@@ -1,15 +1,16 @@
-// SerialExecutor: one thread that runs posted tasks in order (internal to the
-// tensorpipe backend).
+// SerialExecutor: one thread that runs posted tasks in order.
 //
-// The tensorpipe agent calls into tensorpipe from this thread rather than
-// from its callers' threads: tensorpipe may borrow the calling thread to run
-// its event loop, and so its callbacks (our handler, the completion of other
-// futures) would run on a user's thread, inside send().
+// Used by the backends for the work they keep off their callers' and their
+// library's threads: the tensorpipe agent calls into tensorpipe from one
+// (tensorpipe may borrow the calling thread to run its event loop, and so its
+// callbacks would run on a user's thread, inside send()); the gRPC agent
+// delivers received messages on a few (so gRPC's shared callback threads only
+// parse bytes and never run a request handler).
 //
 // Thread safety: post() from any thread. stop() once, from a thread other
 // than the executor's own; the destructor stops.
-#ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_SERIAL_EXECUTOR_H_
-#define TETHER_BACKENDS_TENSORPIPE_INTERNAL_SERIAL_EXECUTOR_H_
+#ifndef TETHER_CORE_INTERNAL_SERIAL_EXECUTOR_H_
+#define TETHER_CORE_INTERNAL_SERIAL_EXECUTOR_H_
 
 #include <absl/base/thread_annotations.h>
 #include <absl/synchronization/mutex.h>
@@ -18,7 +19,7 @@
 #include <functional>
 #include <thread>
 
-namespace tether::backends::internal {
+namespace tether::internal {
 
 class SerialExecutor {
  public:
@@ -45,6 +46,6 @@ class SerialExecutor {
   std::thread thread_;
 };
 
-}  // namespace tether::backends::internal
+}  // namespace tether::internal
 
-#endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_SERIAL_EXECUTOR_H_
+#endif  // TETHER_CORE_INTERNAL_SERIAL_EXECUTOR_H_

@@ -1,4 +1,4 @@
-#include "backends/tensorpipe/internal/serial_executor.h"
+#include "core/internal/serial_executor.h"
 
 #include <absl/synchronization/notification.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-namespace tether::backends::internal {
+namespace tether::internal {
 namespace {
 
 TEST(SerialExecutor, RunsTasksInOrderOnItsOwnThread) {
@@ -47,4 +47,4 @@ TEST(SerialExecutor, StopRunsQueuedTasksThenRefusesNewOnes) {
 }
 
 }  // namespace
-}  // namespace tether::backends::internal
+}  // namespace tether::internal

@@ -1,10 +1,10 @@
-#include "backends/tensorpipe/internal/serial_executor.h"
+#include "core/internal/serial_executor.h"
 
 #include <utility>
 
 #include "core/internal/check.h"
 
-namespace tether::backends::internal {
+namespace tether::internal {
 
 SerialExecutor::SerialExecutor() : thread_([this] { run(); }) {}
 
@@ -47,4 +47,4 @@ void SerialExecutor::run() {
   }
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::internal

@@ -1,0 +1,138 @@
+#include "backends/common/agent_support.h"
+
+#include <absl/strings/str_join.h>
+#include <absl/time/clock.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace tether::backends::common {
+
+absl::StatusOr<std::vector<std::string>> exchange_addresses(
+    c10d::Store& store, absl::string_view key_prefix, int rank, int world_size,
+    absl::string_view mine, absl::Duration timeout, absl::string_view who) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < world_size; ++i) {
+    keys.push_back(absl::StrCat(key_prefix, i));
+  }
+  try {
+    store.set(keys[rank], std::vector<uint8_t>(mine.begin(), mine.end()));
+    // Polls with check(), as the rendezvous does (core/rendezvous.cc): a
+    // TCPStore wait() across several keys can miss its wake-up under load
+    // and sleep out its whole timeout.
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration backoff = absl::Milliseconds(1);
+    while (!store.check(keys)) {
+      if (absl::Now() >= deadline) {
+        std::vector<std::string> missing;
+        for (int i = 0; i < world_size; ++i) {
+          if (!store.check({keys[i]})) missing.push_back(absl::StrCat(i));
+        }
+        return absl::DeadlineExceededError(absl::StrCat(
+            who, " timed out after ", absl::FormatDuration(timeout),
+            " waiting for the address of rank(s) ",
+            absl::StrJoin(missing, ", ")));
+      }
+      absl::SleepFor(std::min(backoff, deadline - absl::Now()));
+      backoff = std::min(backoff * 2, absl::Milliseconds(50));
+    }
+    std::vector<std::string> addresses;
+    for (const std::string& key : keys) {
+      std::vector<uint8_t> bytes = store.get(key);
+      addresses.emplace_back(bytes.begin(), bytes.end());
+    }
+    return addresses;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(who, ": the rendezvous store failed: ", e.what()));
+  }
+}
+
+absl::Status join_agent(join::StoreJoin& joiner,
+                        tether::internal::PendingRequests& pending,
+                        const std::function<int64_t()>& unanswered,
+                        const std::function<bool()>& closed,
+                        absl::string_view self_name, absl::Duration timeout) {
+  if (closed()) {
+    return absl::CancelledError(
+        absl::StrCat("worker '", self_name, "' has shut down"));
+  }
+  join::DrainHooks hooks;
+  // shutdown() empties `pending`.
+  hooks.wait_outgoing_drained = [&pending](absl::Time deadline) {
+    return pending.wait_until_empty(deadline);
+  };
+  hooks.active_count = [&pending, &unanswered] {
+    // Outgoing first: a request to this very agent stays pending until
+    // after it is answered, so it is never missed between the two reads.
+    const auto outgoing = static_cast<int64_t>(pending.size());
+    return outgoing + unanswered();
+  };
+  absl::Status joined = joiner.join(hooks, timeout);
+  if (closed() && joined.ok()) {
+    return absl::CancelledError(
+        absl::StrCat("worker '", self_name, "' shut down while joining"));
+  }
+  return joined;
+}
+
+Future<Message> call_handler(const RequestHandler& handler, Message request,
+                             absl::string_view self_name) {
+  Future<Message> response;
+  try {
+    response = handler(std::move(request));
+  } catch (const std::exception& e) {
+    return Future<Message>::ready(absl::InternalError(absl::StrCat(
+        "the request handler of worker '", self_name, "' threw: ", e.what())));
+  }
+  if (!response.valid()) {
+    return Future<Message>::ready(absl::InternalError(
+        absl::StrCat("the request handler of worker '", self_name,
+                     "' returned an invalid future")));
+  }
+  return response;
+}
+
+const void*& handler_mark() {
+  thread_local const void* mark = nullptr;
+  return mark;
+}
+
+bool ShutdownSequence::begin(bool own_thread) {
+  std::shared_ptr<absl::Notification> finisher;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!begun_) {
+      begun_ = true;
+      return true;
+    }
+    if (own_thread) return false;
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    mu_.Await(absl::Condition(&done));
+    finisher = finisher_;
+  }
+  if (finisher != nullptr) finisher->WaitForNotification();
+  return false;
+}
+
+void ShutdownSequence::finish(bool own_thread, std::function<void()> joins) {
+  std::shared_ptr<absl::Notification> finisher;
+  if (own_thread) {
+    finisher = std::make_shared<absl::Notification>();
+    std::thread([joins = std::move(joins), finisher]() mutable {
+      joins();
+      joins = nullptr;
+      finisher->Notify();
+    }).detach();
+  } else {
+    joins();
+  }
+  absl::MutexLock lock(&mu_);
+  finisher_ = std::move(finisher);
+  done_ = true;
+}
+
+}  // namespace tether::backends::common

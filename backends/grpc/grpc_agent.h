@@ -1,0 +1,76 @@
+// The gRPC backend: agents that talk over gRPC (Debian's gRPC C++ 1.51, the
+// callback API), for clusters where gRPC is the transport that is allowed,
+// proxied or secured (TLS, mutual TLS). ARCHITECTURE.md section 2.
+//
+// At creation the agent starts a gRPC server with one generic method,
+// "/tether.Agent/Stream", publishes its "host:port" in the group's store
+// under "tether/grpc/<rank>" and waits until every rank has published. The
+// first send to a peer opens one bidirectional stream to it (a channel of
+// its own, then a generic call); the peer learns who called from the call's
+// metadata. Requests and responses of both workers travel on that stream,
+// multiplexed by id: the peer sends its own requests on it too, so a pair of
+// workers shares one stream (two, briefly, if both open at once: both are
+// used). Messages go as frames (internal/framing.h): small buffers copied
+// into the head, large ones as gRPC slices that reference the tensor
+// storage, in chunks taken round robin between the messages queued on a
+// stream, so a large message does not hold up small ones behind it.
+//
+// A stream that ends (the peer closed it, crashed, or stopped answering
+// keepalive pings) fails the requests that left on it with UNAVAILABLE and
+// is dropped with its channel; the next send opens a new one. A message over
+// the size limit fails with RESOURCE_EXHAUSTED on the side that notices it
+// (a refused request is answered with that error), and the stream goes on.
+//
+// Settings (AgentSetup::settings; an unknown "grpc.*" key or a bad value is
+// INVALID_ARGUMENT naming the key):
+//   grpc.address          IP address, "[IPv6]" or network interface to listen
+//                         on, optionally ":port" (default "127.0.0.1", a port
+//                         the kernel picks); peers connect to it as
+//                         published, so it must be reachable (not 0.0.0.0)
+//   grpc.tls_cert         PEM certificate chain of this worker      \ TLS on
+//   grpc.tls_key          PEM private key of that certificate        | when
+//   grpc.tls_ca           PEM CA certificates that sign the peers'  / all set
+//   grpc.tls_mutual       "on" (default) or "off": servers require and verify
+//                         client certificates
+//   grpc.tls_server_name  the name checked in peers' server certificates
+//                         (default: their IP address, as published)
+//   grpc.keepalive_ms     interval of HTTP/2 keepalive pings on idle
+//                         connections, 0 = none (default 10000)
+//   grpc.keepalive_timeout_ms  a ping unanswered this long loses the peer
+//                         (default 5000): a silent peer is detected within
+//                         keepalive_ms + keepalive_timeout_ms
+//   grpc.completion_threads  agent threads that run the request handler and
+//                         complete send() futures, 1..64 (default 2)
+//   grpc.max_message_bytes  largest message (payload and storages) sent or
+//                         accepted (default 2 GiB)
+//   grpc.chunk_bytes      largest piece of a large buffer per frame, 4 KiB to
+//                         64 MiB (default 1 MiB); gRPC's own per-message limit
+//                         is set from it (not left at its 4 MiB default)
+//   grpc.init_timeout_ms  how long creation waits for every rank's address
+//                         (default 60000)
+//
+// Threads: gRPC's callback threads (shared by every gRPC user in the process)
+// parse frames and never run user code; the agent's completion threads run
+// the request handler and complete send() futures, each stream's messages on
+// one of them in arrival order; one timer thread bounds requests. join() is
+// the store barrier of core/join. The Agent's methods may be called from any
+// thread, shutdown() included from the handler or a future's callback (the
+// joins then finish on a thread of their own).
+//
+// Ownership: a request's storages are referenced, not copied, until gRPC has
+// written them (core/message.h: do not write to them meanwhile); received
+// storages are fresh allocations. The first agent made holds gRPC
+// initialised for the rest of the process (see docs/decisions.md).
+#ifndef TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
+#define TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
+
+#include "core/backend_registry.h"
+
+namespace tether::backends {
+
+// The backend named "grpc", for a BackendRegistry.
+Backend grpc_backend();
+
+}  // namespace tether::backends
+
+#endif  // TETHER_BACKENDS_GRPC_GRPC_AGENT_H_

@@ -1,0 +1,407 @@
+// What is specific to the gRPC backend; the Agent contract itself is checked
+// by the conformance suites (grpc_agent_test.cc, grpc_agent_multiprocess_test).
+// Faults are real: a TCP proxy between two agents breaks or silences their
+// connection, a raw gRPC client sends what a stranger or a broken peer would.
+#include <absl/strings/match.h>
+#include <absl/strings/str_cat.h>
+#include <absl/time/clock.h>
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <grpcpp/security/credentials.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
+#include <vector>
+
+#include "backends/grpc/grpc_agent.h"
+#include "backends/grpc/grpc_testing.h"
+#include "core/agent.h"
+#include "testing/agent_checks.h"
+#include "testing/agent_testing.h"
+#include "testing/status_matchers.h"
+
+namespace tether::backends {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::tether::backends::grpc_testing::create_agents;
+using ::tether::backends::grpc_testing::meet_group;
+using ::tether::backends::grpc_testing::published_address;
+using ::tether::backends::grpc_testing::raw_stream;
+using ::tether::backends::grpc_testing::TcpProxy;
+using ::tether::testing::echo;
+using ::tether::testing::HeldResponses;
+using ::tether::testing::IsOk;
+using ::tether::testing::kBound;
+using ::tether::testing::make_storage;
+using ::tether::testing::ping;
+using ::tether::testing::StatusIs;
+using ::tether::testing::storage_matches;
+using Settings = ::tether::testing::AgentGroup::Settings;
+
+// `size` gRPC agents meeting in this process.
+class Group : public ::tether::testing::AgentGroup {
+ public:
+  Group(int size, Settings settings, std::vector<int> create = {})
+      : AgentGroup(grpc_backend(), size, std::move(settings),
+                   std::move(create)) {}
+};
+
+absl::Status create_status(const Settings& settings) {
+  Group group(1, settings);
+  return group.error(0);
+}
+
+absl::StatusOr<Message> call(Agent& from, const Agent& to, Message request,
+                             absl::Duration timeout = kBound) {
+  return from.send(to.self(), std::move(request), timeout)
+      .get(absl::Now() + kBound);
+}
+
+// Holds PINGs whose payload starts with "hold", echoes the others.
+RequestHandler hold_some(std::shared_ptr<HeldResponses> held) {
+  return [held](Message request) {
+    if (absl::StartsWith(request.payload, "hold")) {
+      return held->hold(std::move(request));
+    }
+    return echo(std::move(request));
+  };
+}
+
+TEST(GrpcBackend, IsNamedGrpcAndViableHere) {
+  Backend backend = grpc_backend();
+  EXPECT_EQ(backend.name, "grpc");
+  EXPECT_THAT(backend.viable(), IsOk());
+}
+
+TEST(GrpcBackend, PublishesItsAddressInTheStore) {
+  Group group(2, {});
+  ASSERT_TRUE(group.ok());
+  std::vector<uint8_t> bytes = group.store().get("tether/grpc/1");
+  EXPECT_THAT(std::string(bytes.begin(), bytes.end()), HasSubstr("127.0.0.1:"));
+}
+
+TEST(GrpcBackend, ListensOnANamedInterface) {
+  Group group(2, {{"grpc.address", "lo"}});
+  ASSERT_TRUE(group.ok());
+  group.start_all(echo);
+  ASSERT_THAT(call(group[0], group[1], ping("lo")), IsOk());
+}
+
+TEST(GrpcBackend, BadSettingsAreInvalidArgumentNamingTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"grpc.address", "no-such-interface0"},
+      {"grpc.address", "0.0.0.0"},
+      {"grpc.address", "[::1"},
+      {"grpc.address", "127.0.0.1:70000"},
+      {"grpc.tls_cert", "/no/such/file.pem"},
+      {"grpc.tls_mutual", "maybe"},
+      {"grpc.tls_server_name", "worker"},  // without TLS
+      {"grpc.keepalive_ms", "-1"},
+      {"grpc.keepalive_timeout_ms", "0"},
+      {"grpc.completion_threads", "0"},
+      {"grpc.completion_threads", "65"},
+      {"grpc.max_message_bytes", "0"},
+      {"grpc.max_message_bytes", "lots"},
+      {"grpc.chunk_bytes", "100"},
+      {"grpc.init_timeout_ms", "soon"},
+      {"grpc.adress", "127.0.0.1"},  // a typo of a known key
+  };
+  for (const auto& [key, value] : cases) {
+    EXPECT_THAT(create_status({{key, value}}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)))
+        << key << "=" << value;
+  }
+}
+
+TEST(GrpcBackend, IncompleteTlsSettingsNameTheMissingKey) {
+  EXPECT_THAT(
+      create_status({{"grpc.tls_cert", "/etc/hostname"}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpc.tls_key")));
+}
+
+TEST(GrpcBackend, IgnoresOtherBackendsSettings) {
+  EXPECT_THAT(create_status({{"tensorpipe.transports", "uv"}}), IsOk());
+}
+
+TEST(GrpcBackend, APortInUseIsInvalidArgument) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length),
+            0);
+  const std::string taken = absl::StrCat("127.0.0.1:", ntohs(address.sin_port));
+  EXPECT_THAT(create_status({{"grpc.address", taken}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(taken), HasSubstr("grpc.address"))));
+  ::close(fd);
+}
+
+TEST(GrpcBackend, CreationTimesOutNamingMissingRanks) {
+  Group group(3, {{"grpc.init_timeout_ms", "200"}}, /*create=*/{0});
+  EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                       HasSubstr("rank(s) 1, 2")));
+}
+
+TEST(GrpcBackend, LargeMessageDoesNotHoldUpSmallOnes) {
+  Group group(2, {{"grpc.chunk_bytes", "65536"}});
+  ASSERT_TRUE(group.ok());
+  group.start_all(echo);
+  Message big = ping("big");
+  big.storages.push_back(make_storage(64 << 20, 5));
+  std::atomic<int> order{0};
+  std::atomic<int> big_done{0};
+  std::atomic<int> small_done{0};
+  Future<Message> big_call =
+      group[0].send(group[1].self(), std::move(big), kBound);
+  big_call.on_complete(
+      [&](const absl::StatusOr<Message>&) { big_done = ++order; });
+  Message small = ping("small");
+  small.storages.push_back(make_storage(100 << 10, 6));
+  Future<Message> small_call =
+      group[0].send(group[1].self(), std::move(small), kBound);
+  small_call.on_complete(
+      [&](const absl::StatusOr<Message>&) { small_done = ++order; });
+  absl::StatusOr<Message> small_response = small_call.get(absl::Now() + kBound);
+  absl::StatusOr<Message> big_response = big_call.get(absl::Now() + kBound);
+  ASSERT_THAT(small_response, IsOk());
+  ASSERT_THAT(big_response, IsOk());
+  EXPECT_TRUE(storage_matches(big_response->storages[0], 64 << 20, 5));
+  EXPECT_TRUE(storage_matches(small_response->storages[0], 100 << 10, 6));
+  EXPECT_LT(small_done.load(), big_done.load());
+}
+
+TEST(GrpcBackend, MessagesOverTheLimitAreResourceExhausted) {
+  Group group(2, {{"grpc.max_message_bytes", "1048576"}});
+  ASSERT_TRUE(group.ok());
+  group.start_all([](Message request) -> Future<Message> {
+    if (request.payload != "grow") return echo(std::move(request));
+    Message response;
+    response.type = MessageType::kPong;
+    response.storages.push_back(make_storage(2 << 20, 1));
+    return Future<Message>::ready(std::move(response));
+  });
+  Message large = ping("large");
+  large.storages.push_back(make_storage(2 << 20, 1));
+  // The sender refuses its own, before it leaves.
+  EXPECT_THAT(call(group[0], group[1], std::move(large)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("grpc.max_message_bytes")));
+  // A response over the limit becomes an error for the caller.
+  EXPECT_THAT(call(group[0], group[1], ping("grow")),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("response"), HasSubstr("agent1"))));
+  // The stream goes on.
+  EXPECT_THAT(call(group[0], group[1], ping("fine")), IsOk());
+}
+
+TEST(GrpcBackend, ReceiverRefusesMessagesOverItsOwnLimit) {
+  std::vector<RendezvousResult> members = meet_group(2);
+  ASSERT_EQ(members.size(), 2u);
+  auto agents =
+      create_agents(members, {{{"grpc.max_message_bytes", "67108864"}},
+                              {{"grpc.max_message_bytes", "1048576"}}});
+  ASSERT_THAT(agents[0], IsOk());
+  ASSERT_THAT(agents[1], IsOk());
+  Agent& a = **agents[0];
+  Agent& b = **agents[1];
+  ASSERT_THAT(a.start(echo), IsOk());
+  ASSERT_THAT(b.start(echo), IsOk());
+  Message large = ping("large");
+  large.storages.push_back(make_storage(2 << 20, 1));
+  EXPECT_THAT(call(a, b, std::move(large)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("receiver's limit")));
+  EXPECT_THAT(call(a, b, ping("fine")), IsOk());
+}
+
+// Agents 0 and 1 where agent0 reaches agent1 through `proxy` (agent1 dials
+// agent0 directly, but has no reason to: it answers on agent0's stream).
+struct Proxied {
+  std::vector<RendezvousResult> members;
+  std::unique_ptr<TcpProxy> proxy;
+  std::unique_ptr<Agent> agents[2];
+};
+
+void make_proxied(Proxied& out, const Settings& settings) {
+  out.members = meet_group(2);
+  ASSERT_EQ(out.members.size(), 2u);
+  absl::StatusOr<std::unique_ptr<Agent>> second;
+  std::thread creating([&] {
+    second = ::tether::testing::create_agent(grpc_backend(), out.members[1],
+                                             settings);
+  });
+  // agent1 has published; agent0 reads the proxy's address in its place.
+  out.members[0].store->wait({"tether/grpc/1"});
+  out.proxy = std::make_unique<TcpProxy>(published_address(out.members[0], 1));
+  const std::string address = out.proxy->address();
+  out.members[0].store->set(
+      "tether/grpc/1", std::vector<uint8_t>(address.begin(), address.end()));
+  absl::StatusOr<std::unique_ptr<Agent>> first =
+      ::tether::testing::create_agent(grpc_backend(), out.members[0], settings);
+  creating.join();
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  out.agents[0] = *std::move(first);
+  out.agents[1] = *std::move(second);
+}
+
+TEST(GrpcBackend, BrokenConnectionFailsPendingCallsThenReconnects) {
+  Proxied p;
+  ASSERT_NO_FATAL_FAILURE(make_proxied(p, {}));
+  auto held = std::make_shared<HeldResponses>();
+  ASSERT_THAT(p.agents[0]->start(echo), IsOk());
+  ASSERT_THAT(p.agents[1]->start(hold_some(held)), IsOk());
+  std::vector<Future<Message>> pending;
+  for (int i = 0; i < 3; ++i) {
+    // No timeout: only the loss of the connection can end them.
+    pending.push_back(p.agents[0]->send(p.agents[1]->self(), ping("hold"),
+                                        absl::InfiniteDuration()));
+  }
+  held->wait_for(3);
+  const absl::Time cut = absl::Now();
+  p.proxy->cut();
+  for (Future<Message>& future : pending) {
+    EXPECT_THAT(future.get(absl::Now() + kBound),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         AllOf(HasSubstr("agent0"), HasSubstr("agent1"))));
+  }
+  std::printf("calls on the broken connection failed after %s\n",
+              absl::FormatDuration(absl::Now() - cut).c_str());
+  // The next call opens a new connection (through the proxy again).
+  absl::StatusOr<Message> again =
+      call(*p.agents[0], *p.agents[1], ping("again"));
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->payload, "again/pong");
+  // Responses to the failed calls have nowhere to go; they are dropped.
+  held->release_all();
+  EXPECT_THAT(call(*p.agents[0], *p.agents[1], ping("still")), IsOk());
+}
+
+TEST(GrpcBackend, PeersShareOneStreamBothWays) {
+  Proxied p;
+  ASSERT_NO_FATAL_FAILURE(make_proxied(p, {}));
+  auto held = std::make_shared<HeldResponses>();
+  ASSERT_THAT(p.agents[0]->start(hold_some(held)), IsOk());
+  ASSERT_THAT(p.agents[1]->start(echo), IsOk());
+  // agent0 opens the stream, through the proxy.
+  ASSERT_THAT(call(*p.agents[0], *p.agents[1], ping("open")), IsOk());
+  // agent1's request travels on that stream: agent1 does not dial agent0
+  // (whose address it has directly), so cutting the proxy fails it.
+  Future<Message> back = p.agents[1]->send(p.agents[0]->self(), ping("hold"),
+                                           absl::InfiniteDuration());
+  held->wait_for(1);
+  p.proxy->cut();
+  EXPECT_THAT(back.get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent0")));
+  held->release_all();
+}
+
+TEST(GrpcBackend, SilentPeerIsLostWhenKeepaliveFails) {
+  Proxied p;
+  ASSERT_NO_FATAL_FAILURE(make_proxied(
+      p, {{"grpc.keepalive_ms", "200"}, {"grpc.keepalive_timeout_ms", "300"}}));
+  auto held = std::make_shared<HeldResponses>();
+  ASSERT_THAT(p.agents[0]->start(echo), IsOk());
+  ASSERT_THAT(p.agents[1]->start(hold_some(held)), IsOk());
+  Future<Message> pending = p.agents[0]->send(p.agents[1]->self(), ping("hold"),
+                                              absl::InfiniteDuration());
+  held->wait_for(1);
+  // The connection stays open but carries nothing: only keepalive notices.
+  const absl::Time silenced = absl::Now();
+  p.proxy->blackhole();
+  EXPECT_THAT(pending.get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent1")));
+  const absl::Duration took = absl::Now() - silenced;
+  std::printf("the silent peer was lost after %s\n",
+              absl::FormatDuration(took).c_str());
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_THAT(call(*p.agents[0], *p.agents[1], ping("again")), IsOk());
+  held->release_all();
+}
+
+TEST(GrpcBackend, StreamsFromStrangersAreRefused) {
+  Group group(2, {});
+  ASSERT_TRUE(group.ok());
+  group.start_all(echo);
+  std::vector<uint8_t> bytes = group.store().get("tether/grpc/1");
+  const std::string agent1(bytes.begin(), bytes.end());
+  auto insecure = ::grpc::InsecureChannelCredentials();
+  for (const std::map<std::string, std::string>& metadata :
+       std::vector<std::map<std::string, std::string>>{
+           {},
+           {{"tether-from-rank", "0"},
+            {"tether-from-name", "mallory"},
+            {"tether-to-name", "agent1"}},
+           {{"tether-from-rank", "7"},
+            {"tether-from-name", "agent0"},
+            {"tether-to-name", "agent1"}},
+           {{"tether-from-rank", "0"},
+            {"tether-from-name", "agent0"},
+            {"tether-to-name", "agent9"}},
+       }) {
+    ::grpc::Status status = raw_stream(agent1, insecure, metadata, {"hello"});
+    EXPECT_EQ(status.error_code(), ::grpc::StatusCode::FAILED_PRECONDITION)
+        << status.error_message();
+  }
+  EXPECT_THAT(call(group[0], group[1], ping("fine")), IsOk());
+}
+
+TEST(GrpcBackend, GarbageOnAStreamClosesItAndNothingElse) {
+  Group group(2, {});
+  ASSERT_TRUE(group.ok());
+  group.start_all(echo);
+  ASSERT_THAT(call(group[0], group[1], ping("before")), IsOk());
+  std::vector<uint8_t> bytes = group.store().get("tether/grpc/1");
+  const std::string agent1(bytes.begin(), bytes.end());
+  const std::map<std::string, std::string> as_agent0 = {
+      {"tether-from-rank", "0"},
+      {"tether-from-name", "agent0"},
+      {"tether-to-name", "agent1"}};
+  for (const std::vector<std::string>& messages :
+       std::vector<std::vector<std::string>>{
+           {"not a frame at all"},
+           // A well-formed chunk of a message that never began.
+           {std::string("TGF1\x04\x00\x00\x00\x20\x00\x00\x00\x00\x00\x00\x00",
+                        16) +
+            std::string(24, '\0') + std::string(8, 'x')},
+           {std::string(5000, '\xff')},
+       }) {
+    ::grpc::Status status = raw_stream(
+        agent1, ::grpc::InsecureChannelCredentials(), as_agent0, messages);
+    EXPECT_EQ(status.error_code(), ::grpc::StatusCode::UNAVAILABLE)
+        << status.error_message();
+  }
+  EXPECT_THAT(call(group[0], group[1], ping("after")), IsOk());
+  EXPECT_THAT(call(group[1], group[0], ping("back")), IsOk());
+}
+
+TEST(GrpcBackend, RequestsArrivingBeforeStartAreServedAfterIt) {
+  Group group(2, {});
+  ASSERT_TRUE(group.ok());
+  ::tether::testing::expect_served_after_start(group[0], group[1]);
+}
+
+TEST(GrpcBackend, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
+  Group group(2, {});
+  ASSERT_TRUE(group.ok());
+  ::tether::testing::expect_shutdown_inside_handler_is_safe(group[0], group[1]);
+}
+
+}  // namespace
+}  // namespace tether::backends

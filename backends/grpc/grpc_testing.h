@@ -1,0 +1,99 @@
+// Test helpers of the gRPC backend's own tests: agents built one by one with
+// settings per rank, a TCP proxy that breaks or silences real connections,
+// and a raw gRPC client that talks to an agent as a stranger would.
+//
+// Used by grpc_backend_test.cc and grpc_tls_test.cc. Everything runs on real
+// sockets on loopback.
+#ifndef TETHER_BACKENDS_GRPC_GRPC_TESTING_H_
+#define TETHER_BACKENDS_GRPC_GRPC_TESTING_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/status.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/agent.h"
+#include "core/rendezvous.h"
+#include "testing/agent_testing.h"
+
+namespace tether::backends::grpc_testing {
+
+// `size` workers named "agent<rank>" that met through a fresh memory://
+// store, without agents yet. A test failure if the rendezvous fails.
+std::vector<RendezvousResult> meet_group(int size);
+
+// Creates the agents of `members` concurrently (creation waits for every
+// rank), rank r with `settings[r]`.
+std::vector<absl::StatusOr<std::unique_ptr<Agent>>> create_agents(
+    const std::vector<RendezvousResult>& members,
+    const std::vector<::tether::testing::AgentSettings>& settings);
+
+// The "host:port" an agent of `member`'s group published for `rank`.
+std::string published_address(const RendezvousResult& member, int rank);
+
+// A TCP proxy on 127.0.0.1 to one target, forwarding each connection it
+// accepts until the test breaks or silences it. Thread-safe.
+class TcpProxy {
+ public:
+  // `target` is "127.0.0.1:port".
+  explicit TcpProxy(const std::string& target);
+  ~TcpProxy();
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+
+  // "127.0.0.1:port" of the proxy itself.
+  std::string address() const;
+
+  // Closes every connection open now, both ways (as a crash or a broken
+  // link would); connections accepted later are forwarded. Returns once
+  // done.
+  void cut();
+
+  // Every connection open now stops carrying bytes but stays open (as a
+  // frozen peer or a silent network would); later ones are forwarded.
+  // Returns once done.
+  void blackhole();
+
+ private:
+  struct Pair {
+    int client = -1;
+    int server = -1;
+    bool silent = false;
+  };
+  enum class Command { kNone, kCut, kBlackhole };
+
+  void run();
+  // Asks the loop to apply `command` and waits until it has.
+  void command(Command command);
+
+  int listener_ = -1;
+  int port_ = 0;
+  int wake_[2] = {-1, -1};
+  int target_port_ = 0;
+  absl::Mutex mu_;
+  Command pending_ ABSL_GUARDED_BY(mu_) = Command::kNone;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Pair> pairs_;  // only the loop thread
+  std::thread thread_;
+};
+
+// Opens a stream of the agent's method to `address` with `metadata`, writes
+// `messages` (raw bytes, one gRPC message each), and returns the status the
+// stream ends with (bounded by testing::kBound). For tests of what an agent
+// does with strangers and garbage.
+::grpc::Status raw_stream(
+    const std::string& address,
+    std::shared_ptr<::grpc::ChannelCredentials> credentials,
+    const std::map<std::string, std::string>& metadata,
+    const std::vector<std::string>& messages);
+
+}  // namespace tether::backends::grpc_testing
+
+#endif  // TETHER_BACKENDS_GRPC_GRPC_TESTING_H_

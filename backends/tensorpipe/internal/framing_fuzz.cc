@@ -1,0 +1,74 @@
+// Fuzz target for the TensorPipe backend's framing: what a peer's
+// descriptor can make allocate_frame() and the frame readers do.
+//
+// An input is: one byte (bit 0: the descriptor has a payload entry; bits
+// 1-2: how many tensor entries, 0-3), then a little-endian u16 length per
+// entry, then the metadata (the frame header, and inline data). The
+// framing_corpus/ seeds are real frames (make_framing_corpus.cc writes
+// them).
+//
+// Properties checked: allocate_frame never crashes and fails only with
+// INVALID_ARGUMENT or RESOURCE_EXHAUSTED (never allocating over the limits
+// below); a frame it accepts reads back without crashing, an auth frame
+// parses or fails with INVALID_ARGUMENT.
+#include <tensorpipe/common/cpu_buffer.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "backends/tensorpipe/internal/framing.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using tether::backends::internal::FrameKind;
+  if (size == 0) return 0;
+  const bool has_payload = data[0] & 1;
+  const int tensors = (data[0] >> 1) & 3;
+  size_t at = 1;
+  auto length = [&]() -> size_t {
+    if (at + 2 > size) return 0;
+    const size_t n = data[at] | (static_cast<size_t>(data[at + 1]) << 8);
+    at += 2;
+    return n;
+  };
+  ::tensorpipe::Descriptor descriptor;
+  if (has_payload) {
+    ::tensorpipe::Descriptor::Payload payload;
+    payload.length = length();
+    descriptor.payloads.push_back(payload);
+  }
+  for (int i = 0; i < tensors; ++i) {
+    ::tensorpipe::Descriptor::Tensor tensor;
+    tensor.length = length();
+    tensor.sourceDevice = ::tensorpipe::Device{::tensorpipe::kCpuDeviceType, 0};
+    descriptor.tensors.push_back(tensor);
+  }
+  if (at > size) return 0;
+  descriptor.metadata.assign(reinterpret_cast<const char*>(data + at),
+                             size - at);
+
+  tether::MessageLimits limits;
+  limits.max_payload_bytes = 1 << 20;
+  limits.max_storages = 64;
+  limits.max_storage_bytes = 1 << 20;
+  auto frame =
+      tether::backends::internal::allocate_frame(descriptor, limits);
+  if (!frame.ok()) {
+    if (frame.status().code() != absl::StatusCode::kInvalidArgument &&
+        frame.status().code() != absl::StatusCode::kResourceExhausted) {
+      std::abort();
+    }
+    return 0;
+  }
+  if ((*frame)->header.kind == FrameKind::kAuth) {
+    auto auth = (*frame)->take_auth();
+    if (!auth.ok() &&
+        auth.status().code() != absl::StatusCode::kInvalidArgument) {
+      std::abort();
+    }
+    return 0;
+  }
+  (void)(*frame)->take_result();
+  return 0;
+}

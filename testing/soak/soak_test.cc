@@ -1,0 +1,262 @@
+// Soak (issue #10; not in the default run): 4 worker processes mix calls,
+// async fan-outs, RRefs passed between workers, remote modules and
+// distributed autograd for TETHER_SOAK_SECONDS (default 600) over the
+// faulty backend wrapping TensorPipe with random delays on every message
+// (faulty.jitter_ms), so messages overtake each other. Every result is
+// checked; at the end each worker must have seen zero errors, and its private
+// memory (RssAnon) and thread count must be flat after the warm-up.
+// TETHER_SOAK_OPS (e.g. "03") limits the mix to some operations: 0 rpc_sync,
+// 1 async fan-out, 2 RRefs, 3 autograd chain, 4 remote module.
+//
+//   bazel test //testing/soak:soak_test --test_output=streamed
+//   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_SECONDS=120
+#include <ATen/ATen.h>
+#include <absl/random/random.h>
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <dirent.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/autograd_testing.h"
+#include "backends/builtin.h"
+#include "core/rpc.h"
+#include "rref/rref.h"
+#include "rref/rref_testing.h"
+#include "testing/multiprocess.h"
+#include "testing/status_matchers.h"
+
+namespace tether {
+namespace {
+
+using ::tether::testing::IsOk;
+
+constexpr int kWorld = 4;
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::atoll(value) : fallback;
+}
+
+// A field of /proc/self/status, in kB. RssAnon is the process's own memory
+// (heap, stacks): what must stay flat. RssShmem grows while TensorPipe's
+// fixed-size shared-memory rings are first written through, up to their
+// size; it is reported, not checked.
+int64_t status_kb(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field, 0) == 0) {
+      return std::atoll(line.c_str() + std::strlen(field));
+    }
+  }
+  return -1;
+}
+
+int64_t rss_kb() { return status_kb("RssAnon:"); }
+
+int threads() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+std::string name_of(int rank) { return absl::StrCat("w", rank % kWorld); }
+
+struct Soak {
+  int rank;
+  absl::BitGen random;
+  int64_t ops = 0;
+  int64_t errors = 0;
+
+  void error(const std::string& what, const absl::Status& status) {
+    ++errors;
+    std::printf("error in %s: %s\n", what.c_str(), status.ToString().c_str());
+  }
+
+  std::string peer() {
+    int other = absl::Uniform(random, 0, kWorld - 1);
+    return name_of(other >= rank ? other + 1 : other);
+  }
+
+  void call() {
+    absl::StatusOr<c10::IValue> r =
+        rpc_sync(peer(), "aten::add.Tensor", {at::ones({4}), at::ones({4})});
+    if (!r.ok()) return error("rpc_sync", r.status());
+    if (!at::equal(r->toTensor(), at::full({4}, 2.0))) {
+      error("rpc_sync", absl::InternalError("wrong sum"));
+    }
+  }
+
+  void fan_out() {
+    std::vector<Future<c10::IValue>> calls;
+    for (int i = 0; i < 16; ++i) {
+      calls.push_back(rpc_async(peer(), "aten::mul.Scalar",
+                                {at::ones({64}), static_cast<double>(i)}));
+    }
+    for (int i = 0; i < 16; ++i) {
+      absl::StatusOr<c10::IValue> r = calls[i].get();
+      if (!r.ok()) return error("rpc_async", r.status());
+      if (r->toTensor().sum().item<double>() != 64.0 * i) {
+        error("rpc_async", absl::InternalError("wrong product"));
+      }
+    }
+  }
+
+  void rrefs() {
+    absl::StatusOr<RRef> r =
+        remote(peer(), "aten::add.Tensor", {at::ones({3}), at::ones({3})});
+    if (!r.ok()) return error("remote", r.status());
+    absl::StatusOr<c10::IValue> here = r->to_here();
+    if (!here.ok()) return error("to_here", here.status());
+    // The RRef travels to a third worker, which reads it.
+    absl::StatusOr<c10::IValue> there =
+        rpc_sync(peer(), testing::kValueOf, {r->to_ivalue()});
+    if (!there.ok()) return error("RRef passed on", there.status());
+    if (!at::equal(there->toTensor(), at::full({3}, 2.0))) {
+      error("RRef passed on", absl::InternalError("wrong value"));
+    }
+  }
+
+  void autograd() {
+    at::Tensor x = at::rand({8}).requires_grad_(true);
+    at::Tensor w = at::rand({8}).requires_grad_(true);
+    absl::StatusOr<autograd::Context> context = autograd::Context::enter();
+    if (!context.ok()) return error("context", context.status());
+    absl::StatusOr<c10::IValue> y =
+        rpc_sync(peer(), testing::kMulVia, {peer(), x, w});
+    if (!y.ok()) return error("autograd forward", y.status());
+    absl::Status back =
+        autograd::backward(context->id(), {y->toTensor().sum()});
+    if (!back.ok()) return error("backward", back);
+    absl::StatusOr<c10::Dict<at::Tensor, at::Tensor>> g =
+        autograd::get_gradients(context->id());
+    if (!g.ok()) return error("get_gradients", g.status());
+    // y = 2x * w + x
+    if (!at::allclose(g->at(x), w.detach() * 2 + 1) ||
+        !at::allclose(g->at(w), x.detach() * 2)) {
+      error("autograd", absl::InternalError("wrong gradients"));
+    }
+  }
+
+  void module(const RRef& linear) {
+    at::Tensor x = at::rand({2, 8}).requires_grad_(true);
+    absl::StatusOr<autograd::Context> context = autograd::Context::enter();
+    if (!context.ok()) return error("context", context.status());
+    absl::StatusOr<c10::IValue> y = linear.rpc_sync().call("forward", {x});
+    if (!y.ok()) return error("module forward", y.status());
+    absl::Status back =
+        autograd::backward(context->id(), {y->toTensor().sum()});
+    if (!back.ok()) return error("module backward", back);
+    absl::StatusOr<c10::Dict<at::Tensor, at::Tensor>> g =
+        autograd::get_gradients(context->id());
+    if (!g.ok() || !g->contains(x)) {
+      error("module gradients", absl::InternalError("missing"));
+    }
+  }
+};
+
+TEST(Soak, MixedTrafficUnderRandomDelays) {
+  const int64_t seconds = env_int("TETHER_SOAK_SECONDS", 600);
+  ::tether::testing::run_in_processes(kWorld, [seconds](int rank, int world) {
+    static BackendRegistry* registry = [] {
+      auto* r = new BackendRegistry;
+      EXPECT_THAT(backends::register_builtin_backends(*r), IsOk());
+      return r;
+    }();
+    RpcOptions options;
+    // TETHER_SOAK_JITTER_MS=0: plain TensorPipe, no injected delays.
+    const int64_t jitter = env_int("TETHER_SOAK_JITTER_MS", 5);
+    options.backend = jitter > 0 ? "faulty" : "tensorpipe";
+    if (jitter > 0) {
+      options.backend_settings = {{"faulty.inner", "tensorpipe"},
+                                  {"faulty.jitter_ms", absl::StrCat(jitter)}};
+    }
+    options.default_timeout = absl::Seconds(60);
+    options.shutdown_timeout = absl::Seconds(120);
+    ASSERT_THAT(init_rpc(name_of(rank), rank, world, options, *registry,
+                         {rref_extension(), autograd::autograd_extension()}),
+                IsOk());
+    Soak soak{rank};
+    {
+      absl::StatusOr<RRef> linear =
+          remote(soak.peer(), testing::kLinear,
+                 {int64_t{8}, int64_t{4}, int64_t{rank}});
+      ASSERT_THAT(linear, IsOk());
+      const absl::Time start = absl::Now();
+      const absl::Time end = start + absl::Seconds(seconds);
+      const absl::Time warm = start + absl::Seconds(seconds / 5);
+      int64_t rss_warm = -1, rss_max_after = 0;
+      int threads_warm = -1, threads_max_after = 0;
+      absl::Time next_sample = start;
+      // TETHER_SOAK_OPS ("0,3"): only those operations (to find which one
+      // a growth comes from).
+      std::vector<int> kinds;
+      for (char c : std::string(std::getenv("TETHER_SOAK_OPS") != nullptr
+                                    ? std::getenv("TETHER_SOAK_OPS")
+                                    : "01234")) {
+        if (c >= '0' && c <= '4') kinds.push_back(c - '0');
+      }
+      while (absl::Now() < end) {
+        switch (kinds[absl::Uniform<size_t>(soak.random, 0, kinds.size())]) {
+          case 0: soak.call(); break;
+          case 1: soak.fan_out(); break;
+          case 2: soak.rrefs(); break;
+          case 3: soak.autograd(); break;
+          case 4: soak.module(*linear); break;
+        }
+        ++soak.ops;
+        if (absl::Now() >= next_sample) {
+          next_sample += absl::Seconds(10);
+          const int64_t rss = rss_kb();
+          const int t = threads();
+          if (absl::Now() >= warm) {
+            if (rss_warm < 0) {
+              rss_warm = rss;
+              threads_warm = t;
+            }
+            rss_max_after = std::max(rss_max_after, rss);
+            threads_max_after = std::max(threads_max_after, t);
+          }
+          std::printf(
+              "t=%4.0fs ops=%lld errors=%lld anon=%lld kB shmem=%lld kB "
+              "threads=%d\n",
+              absl::ToDoubleSeconds(absl::Now() - start),
+              static_cast<long long>(soak.ops),
+              static_cast<long long>(soak.errors),
+              static_cast<long long>(rss),
+              static_cast<long long>(status_kb("RssShmem:")), t);
+          std::fflush(stdout);
+        }
+      }
+      std::printf("soak summary: %lld operations in %lld s, %lld errors; "
+                  "private memory (RssAnon) after warm-up %lld kB, at most "
+                  "%lld kB; shared memory (TensorPipe's rings) %lld kB at the "
+                  "end; threads %d, at most %d\n",
+                  static_cast<long long>(soak.ops),
+                  static_cast<long long>(seconds),
+                  static_cast<long long>(soak.errors),
+                  static_cast<long long>(rss_warm),
+                  static_cast<long long>(rss_max_after),
+                  static_cast<long long>(status_kb("RssShmem:")), threads_warm,
+                  threads_max_after);
+      EXPECT_EQ(soak.errors, 0);
+      EXPECT_LE(rss_max_after, rss_warm + rss_warm / 10 + 8 * 1024);
+      EXPECT_LE(threads_max_after, threads_warm + 4);
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  }, absl::Seconds(seconds + 300));
+}
+
+}  // namespace
+}  // namespace tether
