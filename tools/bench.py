@@ -21,8 +21,8 @@ register_builtin_backends), so new backends appear once registered.
 
 Raw baselines: bench_worker --raw (TCP ping-pong and stream between two
 processes, memcpy), plus the tools in EXTERNAL_BASELINES when their binaries
-are built (bare gRPC: //bench:grpc_baseline_benchmark; raw libfabric:
-//tools:fabric_pingpong), otherwise "n/a". Each variant is compared with
+are built (bare gRPC: //bench:grpc_baseline_benchmark, a data dependency of
+//tools:bench; raw libfabric: //tools:fabric_pingpong), otherwise "n/a". Each variant is compared with
 its own limit (BASELINE_OF). An external tool either is a Google Benchmark
 binary (parse_gbench) or prints, from rank 0, one line
 `JSON {"p50_us": <smallest round trip>, "sweep": [{"bytes": B, "p50_us": T,
