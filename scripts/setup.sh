@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages tether builds and tests with. Idempotent:
-# does nothing (and needs no network) when they are all present.
+# Installs the Debian 12 packages tether builds and tests with, plus any
+# packages named as arguments (scripts/bench_setup.sh adds the benchmarks').
+# Idempotent: does nothing (and needs no network) when they are all present.
 set -euo pipefail
 
 packages=(
@@ -20,6 +21,7 @@ packages=(
   libbenchmark-dev
   libssl-dev
   iproute2
+  "$@"
 )
 
 missing=()

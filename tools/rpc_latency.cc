@@ -16,11 +16,6 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +26,9 @@
 
 #include "backends/builtin.h"
 #include "core/worker.h"
+#include "tools/internal/launcher_env.h"
+#include "tools/internal/raw_baselines.h"
+#include "tools/internal/samples.h"
 
 namespace {
 
@@ -49,24 +47,12 @@ struct Result {
 };
 
 Result summarize(const std::string& label, std::vector<double> samples_us) {
-  std::sort(samples_us.begin(), samples_us.end());
-  Result r;
-  r.label = label;
-  r.p50_us = samples_us[samples_us.size() / 2];
-  r.p99_us = samples_us[std::min(samples_us.size() - 1,
-                                 samples_us.size() * 99 / 100)];
-  return r;
+  tether::bench::Summary s = tether::bench::summarize(std::move(samples_us));
+  return Result{label, s.p50_us, s.p99_us};
 }
 
 int env_int(const char* name) {
-  const char* value = std::getenv(name);
-  int out = -1;
-  if (value == nullptr || !absl::SimpleAtoi(value, &out)) {
-    std::fprintf(stderr, "rpc_latency: %s is not set; run under tether_run\n",
-                 name);
-    std::exit(2);
-  }
-  return out;
+  return tether::bench::launcher_env("rpc_latency", name);
 }
 
 void die(const std::string& what, const absl::Status& status) {
@@ -110,72 +96,16 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
   return result;
 }
 
-// A plain TCP ping-pong: rank 1 echoes, rank 0 times each round trip.
+// A plain TCP ping-pong (tools/internal/raw_baselines.h): rank 1 echoes,
+// rank 0 times each round trip.
 Result tcp_ping_pong(int rank, int port, int calls) {
-  constexpr size_t kBytes = 16;
-  char buffer[kBytes] = {};
-  auto full = [](ssize_t (*op)(int, void*, size_t, int), int fd, char* data) {
-    size_t done = 0;
-    while (done < kBytes) {
-      ssize_t n = op(fd, data + done, kBytes - done, 0);
-      if (n <= 0) return false;
-      done += static_cast<size_t>(n);
-    }
-    return true;
-  };
-  auto recv_all = [&](int fd) { return full(::recv, fd, buffer); };
-  auto send_all = [&](int fd) {
-    return full([](int f, void* d, size_t n, int fl) {
-      return ::send(f, d, n, fl);
-    }, fd, buffer);
-  };
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const int one = 1;
-  const int warmup = std::max(100, calls / 10);
-  if (rank == 1) {
-    int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener, 1) != 0) {
-      std::perror("rpc_latency: tcp listen");
-      std::exit(1);
-    }
-    int fd = ::accept(listener, nullptr, nullptr);
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    for (int i = 0; i < warmup + calls; ++i) {
-      if (!recv_all(fd) || !send_all(fd)) break;
-    }
-    ::close(fd);
-    ::close(listener);
-    return Result{};
-  }
-  int fd = -1;
-  for (int attempt = 0; attempt < 500; ++attempt) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
-    ::close(fd);
-    fd = -1;
-    ::usleep(10000);  // the peer's listener is starting
-  }
-  if (fd < 0) {
-    std::fprintf(stderr, "rpc_latency: cannot connect the TCP baseline\n");
-    std::exit(1);
-  }
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  absl::StatusOr<tether::bench::TcpPair> pair =
+      tether::bench::TcpPair::connect(rank, port, absl::Seconds(5));
+  if (!pair.ok()) die("TCP baseline", pair.status());
   std::vector<double> samples;
-  for (int i = 0; i < warmup + calls; ++i) {
-    Clock::time_point start = Clock::now();
-    if (!send_all(fd) || !recv_all(fd)) {
-      std::fprintf(stderr, "rpc_latency: TCP baseline broke\n");
-      std::exit(1);
-    }
-    double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-    if (i >= warmup) samples.push_back(us);
-  }
-  ::close(fd);
+  absl::Status s = tether::bench::tcp_ping_pong(
+      *pair, 16, std::max(100, calls / 10), calls, samples);
+  if (!s.ok()) die("TCP baseline", s);
   return summarize("raw TCP ping-pong (16 B)", std::move(samples));
 }
 

@@ -1,0 +1,147 @@
+"""Tests of the bench CLI (tools/bench.py): parsing the tools' output, the
+tables and targets from results (including variants that are not
+available), and one end-to-end smoke run on TensorPipe with a handful of
+calls (no timing is asserted)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from tools import bench
+
+
+def variant(sync_p50, gbps_64, status="ok"):
+    return {"status": status, "builtin_rpc_sync_p50_us": sync_p50,
+            "builtin_rpc_sync_p99_us": sync_p50 * 2,
+            "builtin_rpc_async_calls_per_s": 1e6 / sync_p50,
+            "remote_to_here_p50_us": sync_p50 * 2, "echo_1MB_GBps": 1.0,
+            "echo_64MB_GBps": gbps_64, "dist_autograd_step_p50_us": 1000.0,
+            "sweep": [{"bytes": 8, "p50_us": sync_p50, "GBps": 1e-4},
+                      {"bytes": 64 << 20, "p50_us": 1e5, "GBps": gbps_64}]}
+
+
+def fake_results():
+    results = {"quick": True,
+               "variants": {"tensorpipe uv": variant(20.0, 1.0),
+                            "tensorpipe negotiated": variant(10.0, 2.0),
+                            "grpc": {"status": "n/a: not registered"}},
+               "peers": {"peer": variant(200.0, 1.0),
+                         "peer uv": {"status": "n/a: no torch"}},
+               "baselines": {
+                   "raw TCP": bench.raw_record("raw TCP", small_p50_us=10.0,
+                                               bw_GBps=1.0, bw_bytes=64 << 20),
+                   "memcpy": bench.raw_record("memcpy", bw_GBps=4.0),
+                   "bare gRPC": bench.raw_record("bare gRPC", "n/a: not built")}}
+    results["limits"] = bench.limit_rows(results)
+    results["peer_targets"] = bench.peer_rows(results)
+    return results
+
+
+class ParseTest(unittest.TestCase):
+
+    def test_json_line_of_rank_0_under_the_launcher(self):
+        text = '[1] noise\n[0] bench_worker: rpc_sync done\n[0] JSON {"a": 1}\n'
+        self.assertEqual(bench.parse_json_line(text), {"a": 1})
+        self.assertIsNone(bench.parse_json_line("[0] no json here\n"))
+
+    def test_google_benchmark_report(self):
+        report = {"benchmarks": [
+            {"name": "BM_GrpcStreamPingPong/1048576/real_time",
+             "run_type": "iteration", "real_time": 500.0, "time_unit": "us",
+             "bytes_per_second": 4.2e9},
+            {"name": "BM_GrpcStreamPingPong/0/real_time",
+             "run_type": "iteration", "real_time": 40000.0,
+             "time_unit": "ns", "bytes_per_second": 0},
+            {"name": "BM_GrpcUnaryPingPong/0/real_time",
+             "run_type": "iteration", "real_time": 1.0, "time_unit": "ms"}]}
+        rows = bench.parse_gbench(json.dumps(report), "BM_GrpcStreamPingPong")
+        self.assertEqual([r["bytes"] for r in rows], [0, 1 << 20])
+        self.assertAlmostEqual(rows[0]["p50_us"], 40.0)
+        record = bench.from_sweep("bare gRPC", rows)
+        self.assertEqual(record["small_p50_us"], 40.0)
+        self.assertAlmostEqual(record["bw_GBps"], 4.2)
+        self.assertEqual(record["bw_bytes"], 1 << 20)
+
+
+class RepeatTest(unittest.TestCase):
+
+    def test_medians_over_the_rounds_that_succeeded(self):
+        merged = bench.merge_runs([variant(10.0, 1.0), variant(30.0, 3.0),
+                                   {"status": "failed: boom"},
+                                   variant(20.0, 2.0)])
+        self.assertEqual(merged["status"], "ok")
+        self.assertEqual(merged["builtin_rpc_sync_p50_us"], 20.0)
+        self.assertEqual(merged["sweep"][1]["GBps"], 2.0)
+        self.assertEqual(merged["repeats_ok"], "3 of 4")
+        failed = bench.merge_runs([{"status": "n/a: x"}, {"status": "n/a: x"}])
+        self.assertEqual(failed["status"], "n/a: x")
+
+
+class TablesTest(unittest.TestCase):
+
+    def test_targets_against_own_baseline(self):
+        limits = {r["variant"]: r for r in fake_results()["limits"]}
+        self.assertEqual(set(limits), {"tensorpipe uv", "tensorpipe negotiated"})
+        uv = limits["tensorpipe uv"]
+        self.assertAlmostEqual(uv["latency_ratio"], 2.0)
+        self.assertFalse(uv["latency_met"])
+        self.assertTrue(uv["bandwidth_met"])  # 1.0 / 1.0 raw TCP
+        negotiated = limits["tensorpipe negotiated"]
+        self.assertTrue(negotiated["latency_met"])
+        self.assertAlmostEqual(negotiated["bandwidth_ratio"], 0.5)  # memcpy
+        self.assertFalse(negotiated["bandwidth_met"])
+
+    def test_targets_against_peer(self):
+        rows = fake_results()["peer_targets"]
+        by_key = {(r["tether"], r["key"]): r for r in rows}
+        sync = by_key[("tensorpipe negotiated", "builtin_rpc_sync_p50_us")]
+        self.assertAlmostEqual(sync["gain"], 20.0)  # times: peer / tether
+        self.assertTrue(sync["met"])
+        rate = by_key[("tensorpipe negotiated", "builtin_rpc_async_calls_per_s")]
+        self.assertAlmostEqual(rate["gain"], 20.0)  # rates: tether / peer
+        big = by_key[("tensorpipe negotiated", "echo_64MB_GBps")]
+        self.assertAlmostEqual(big["gain"], 2.0)
+        self.assertTrue(big["met"])
+        # The uv pair has no peer: not measured, neither met nor missed.
+        uv = by_key[("tensorpipe uv", "builtin_rpc_sync_p50_us")]
+        self.assertIsNone(uv["gain"])
+        self.assertIsNone(uv["met"])
+
+    def test_report_lists_what_was_not_measured(self):
+        text = bench.report(fake_results())
+        self.assertIn("| rpc_sync p50 (us) | 20.0 | 10.0 | 200.0 | 0.05 |",
+                      text)
+        self.assertIn("- grpc: n/a: not registered", text)
+        self.assertIn("- peer uv: n/a: no torch", text)
+        self.assertIn("| bare gRPC | n/a | n/a | n/a: not built |", text)
+
+
+class SmokeTest(unittest.TestCase):
+
+    def test_one_variant_end_to_end(self):
+        out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        run = subprocess.run(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "bench.py"),
+             "--smoke", "--quick", "--only", "tensorpipe negotiated",
+             "--only", "libfabric shm", "--no_peer", "--no_plots",
+             "--max_bytes=4096", "--out", out],
+            capture_output=True, text=True, timeout=240)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(out, "results.json")) as f:
+            results = json.load(f)
+        negotiated = results["variants"]["tensorpipe negotiated"]
+        self.assertEqual(negotiated["status"], "ok", negotiated)
+        for key, *_ in bench.WORKLOADS:
+            self.assertIn(key, negotiated)
+        self.assertEqual([r["bytes"] for r in negotiated["sweep"]],
+                         [8, 64, 256, 1024, 4096])
+        # Not registered in this build, or registered: either way reported.
+        self.assertIn("status", results["variants"]["libfabric shm"])
+        self.assertEqual(results["baselines"]["raw TCP"]["status"], "ok")
+        self.assertIn("## Workloads", run.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

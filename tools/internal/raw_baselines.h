@@ -1,0 +1,70 @@
+// Raw baselines: what two local processes get without tether, measured by
+// the benchmark tools (tools/bench_worker.cc --raw, tools/rpc_latency.cc) in
+// the same run as tether's own numbers, so each backend is shown as a ratio
+// to its own limit.
+//
+// - TCP ping-pong: rank 0 sends N bytes on one loopback TCP connection
+//   (TCP_NODELAY), rank 1 sends them back; per round-trip samples.
+// - TCP stream: rank 0 writes a stream of chunks, rank 1 reads it and
+//   acknowledges the end with one byte; one-way GB/s.
+// - memcpy: one thread copying a buffer of N bytes (what shared memory and
+//   cross-memory attach copy at best, once per direction); and the same
+//   into a freshly allocated buffer, which pays the page faults a receiver
+//   pays when it allocates each incoming tensor anew.
+//
+// Thread safety: a TcpPair is used by one thread.
+#ifndef TETHER_TOOLS_INTERNAL_RAW_BASELINES_H_
+#define TETHER_TOOLS_INTERNAL_RAW_BASELINES_H_
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/time/time.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace tether::bench {
+
+// One connected loopback TCP socket between rank 0 and rank 1 of a pair of
+// processes: rank 1 listens on 127.0.0.1:`port`, rank 0 connects (retrying
+// until `timeout` while rank 1 starts).
+class TcpPair {
+ public:
+  [[nodiscard]] static absl::StatusOr<TcpPair> connect(int rank, int port,
+                                                       absl::Duration timeout);
+  TcpPair(TcpPair&& other) noexcept;
+  TcpPair& operator=(TcpPair&& other) noexcept;
+  TcpPair(const TcpPair&) = delete;
+  TcpPair& operator=(const TcpPair&) = delete;
+  ~TcpPair();
+
+  int rank() const { return rank_; }
+
+  // Blocking; UNAVAILABLE when the peer has gone.
+  [[nodiscard]] absl::Status send_all(const char* data, size_t bytes);
+  [[nodiscard]] absl::Status recv_all(char* data, size_t bytes);
+
+ private:
+  TcpPair(int rank, int fd) : rank_(rank), fd_(fd) {}
+  int rank_ = 0;
+  int fd_ = -1;
+};
+
+// `warmup` + `iterations` round trips of `bytes` each way. Rank 0 times
+// each timed round trip into `samples_us`; rank 1 echoes.
+[[nodiscard]] absl::Status tcp_ping_pong(TcpPair& pair, size_t bytes,
+                                         int warmup, int iterations,
+                                         std::vector<double>& samples_us);
+
+// `total` bytes from rank 0 to rank 1 in writes of `chunk` bytes; rank 0
+// returns the one-way GB/s up to rank 1's acknowledgement (rank 1: 0).
+[[nodiscard]] absl::StatusOr<double> tcp_stream(TcpPair& pair, size_t total,
+                                                size_t chunk);
+
+// The median GB/s of `iterations` single-thread copies of `bytes`, into one
+// reused buffer or (`fresh`) into a buffer allocated for each copy.
+double memcpy_gbps(size_t bytes, int iterations, bool fresh = false);
+
+}  // namespace tether::bench
+
+#endif  // TETHER_TOOLS_INTERNAL_RAW_BASELINES_H_

@@ -1,0 +1,84 @@
+// The workloads of issue #9, one call each, on a Worker: what the bench
+// worker (tools/bench_worker.cc, two processes) times per call, and what the
+// Google Benchmark suites in bench/ (workers of one process) time too, so
+// both measure the same thing.
+//
+// Linking //tools:workloads registers the operators they call
+// (TORCH_LIBRARY tether_bench): identity(Tensor x) -> Tensor and the module
+// class __torch__.torch.classes.tether_bench.Linear(int in, int out, int
+// seed) with forward(Tensor x) -> Tensor (x W^T + b, W and b requiring
+// grad). Every worker of a group must link them.
+//
+// Thread safety: every function may be called from any thread.
+#ifndef TETHER_TOOLS_INTERNAL_WORKLOADS_H_
+#define TETHER_TOOLS_INTERNAL_WORKLOADS_H_
+
+#include <ATen/core/Tensor.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include "core/worker.h"
+#include "rref/rref.h"
+
+namespace tether::bench {
+
+inline constexpr char kIdentity[] = "tether_bench::identity";
+inline constexpr char kLinear[] = "__torch__.torch.classes.tether_bench.Linear";
+// The issue's shapes: Linear(256, 256) on a 64 x 256 input.
+inline constexpr int64_t kLinearFeatures = 256;
+inline constexpr int64_t kLinearBatch = 64;
+// Calls in flight in the async workload.
+inline constexpr int kAsyncWindow = 64;
+
+// The small call: a 2-element float tensor.
+at::Tensor small_tensor();
+
+// rpc_sync of aten::add.Scalar(small tensor, 1.0) on `to`.
+[[nodiscard]] absl::Status add_sync(Worker& worker, const To& to,
+                                    const at::Tensor& x);
+
+// `calls` of the same call through rpc_async, at most `window` in flight
+// (a new one starts as soon as the oldest completes).
+[[nodiscard]] absl::Status add_async_window(Worker& worker, const To& to,
+                                            const at::Tensor& x, int calls,
+                                            int window);
+
+// remote() of the same call on `to`, then to_here().
+[[nodiscard]] absl::Status add_remote_to_here(Worker& worker, const To& to,
+                                              const at::Tensor& x);
+
+// `payload` sent to `to`'s identity operator and back (its size checked).
+[[nodiscard]] absl::Status echo(Worker& worker, const To& to,
+                                const at::Tensor& payload);
+
+// A uint8 tensor of `bytes` elements.
+at::Tensor payload_of(int64_t bytes);
+
+// A Linear(256, 256) on `to`, held by an RRef (the worker serves RRefs).
+[[nodiscard]] absl::StatusOr<RRef> make_linear(Worker& worker, const To& to);
+
+// A 64 x 256 input that requires grad.
+at::Tensor linear_input();
+
+// One distributed autograd step: in a new context, `linear`'s forward on
+// `input` through its RRef proxy, backward of the sum, get_gradients (which
+// must hold `input`'s gradient), then the context's release.
+[[nodiscard]] absl::Status autograd_step(Worker& worker, const RRef& linear,
+                                         const at::Tensor& input);
+
+// The same Linear(256, 256) in this process with plain LibTorch, no RPC:
+// forward, backward of the sum. The compute floor of autograd_step.
+class LocalLinear {
+ public:
+  LocalLinear();
+  // One forward and backward on `input` (its .grad accumulates).
+  void step(const at::Tensor& input);
+
+ private:
+  at::Tensor weight_;
+  at::Tensor bias_;
+};
+
+}  // namespace tether::bench
+
+#endif  // TETHER_TOOLS_INTERNAL_WORKLOADS_H_
