@@ -1,0 +1,426 @@
+// What is specific to the libfabric backend: settings, providers, both
+// rendezvous modes, flow control, the registration cache, lost peers. The
+// Agent contract itself is checked by the conformance suites
+// (libfabric_*_agent_test.cc). Every test runs on real endpoints of both
+// providers that run here (tcp;ofi_rxm and shm), and is skipped, saying why,
+// for a provider this machine lacks.
+#include <absl/strings/match.h>
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
+#include <vector>
+
+#include "backends/libfabric/libfabric_agent.h"
+#include "core/agent.h"
+#include "testing/agent_testing.h"
+#include "testing/status_matchers.h"
+
+namespace tether::backends {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::tether::testing::echo;
+using ::tether::testing::HeldResponses;
+using ::tether::testing::IsOk;
+using ::tether::testing::kBound;
+using ::tether::testing::make_storage;
+using ::tether::testing::ping;
+using ::tether::testing::StatusIs;
+using ::tether::testing::storage_matches;
+using Settings = ::tether::testing::AgentGroup::Settings;
+
+// `size` libfabric agents meeting in this process, on `provider`.
+class Group : public ::tether::testing::AgentGroup {
+ public:
+  Group(const std::string& provider, int size, Settings settings = {},
+        std::vector<int> create = {})
+      : AgentGroup(libfabric_backend({{"libfabric.provider", provider}}), size,
+                   std::move(settings), std::move(create)) {}
+};
+
+absl::Status create_status(const Settings& settings) {
+  ::tether::testing::AgentGroup group(libfabric_backend(), 1, settings);
+  return group.error(0);
+}
+
+LibfabricStats stats_of(Agent& agent) {
+  absl::StatusOr<LibfabricStats> stats = libfabric_stats(agent);
+  EXPECT_THAT(stats, IsOk());
+  return stats.ok() ? *stats : LibfabricStats();
+}
+
+// The provider under test; skips the test when it is absent here.
+class Provider : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const absl::Status viable =
+        libfabric_backend({{"libfabric.provider", GetParam()}}).viable();
+    if (!viable.ok()) GTEST_SKIP() << viable;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Providers, Provider,
+                         ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? "Shm" : "Tcp";
+                         });
+
+// A request with a payload of `payload` bytes and storages of `sizes`
+// bytes goes to agent 1 and comes back intact.
+void expect_round_trip(Group& group, size_t payload,
+                       const std::vector<size_t>& sizes) {
+  Message request = ping(std::string(payload, 'p'));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    request.storages.push_back(make_storage(sizes[i], static_cast<uint8_t>(i)));
+  }
+  absl::StatusOr<Message> response =
+      group[0]
+          .send(group[1].self(), std::move(request), kBound)
+          .get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->payload.size(), payload + 5);
+  EXPECT_EQ(response->payload, std::string(payload, 'p') + "/pong");
+  ASSERT_EQ(response->storages.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_TRUE(storage_matches(response->storages[i], sizes[i],
+                                static_cast<uint8_t>(i)))
+        << "storage " << i << " of " << sizes[i] << " bytes";
+  }
+}
+
+TEST(LibfabricBackend, IsNamedLibfabricAndViableHere) {
+  Backend backend = libfabric_backend();
+  EXPECT_EQ(backend.name, "libfabric");
+  EXPECT_THAT(backend.viable(), IsOk());
+}
+
+TEST(LibfabricBackend, UnknownProviderIsNotViableNamingIt) {
+  EXPECT_THAT(
+      libfabric_backend({{"libfabric.provider", "carrier_pigeon"}}).viable(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("carrier_pigeon"), HasSubstr("tcp;ofi_rxm"))));
+  EXPECT_THAT(create_status({{"libfabric.provider", "carrier_pigeon"}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("'carrier_pigeon' is not available")));
+}
+
+TEST(LibfabricBackend, BadSettingsAreInvalidArgumentNamingTheKey) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"libfabric.rendezvous_threshold", "lots"},
+           {"libfabric.rendezvous_threshold", "16"},
+           {"libfabric.rendezvous_threshold", "-1"},
+           {"libfabric.rendezvous", "dma"},
+           {"libfabric.credits", "0"},
+           {"libfabric.peer_timeout_ms", "5"},
+           {"libfabric.init_timeout_ms", "soon"},
+           {"libfabric.mr_cache_entries", "-3"},
+           {"libfabric.spin_us", "1e3"},
+           {"libfabric.provider", " "},
+           {"libfabric.address", "no-such-interface0"},
+       }) {
+    EXPECT_THAT(create_status({{key, value}}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)))
+        << key << "=" << value;
+  }
+  EXPECT_THAT(create_status({{"libfabric.threshold", "4096"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("libfabric.threshold"),
+                             HasSubstr("libfabric.rendezvous_threshold"))));
+}
+
+TEST(LibfabricBackend, IgnoresOtherBackendsSettings) {
+  EXPECT_THAT(create_status({{"tensorpipe.transports", "uv"}}), IsOk());
+}
+
+TEST(LibfabricBackend, ProvidersOfAGroupMustMatch) {
+  if (!libfabric_backend({{"libfabric.provider", "shm"}}).viable().ok()) {
+    GTEST_SKIP() << "shm is not available here";
+  }
+  // Rank 0 on tcp;ofi_rxm, rank 1 on shm: each refuses the other.
+  Backend mixed = libfabric_backend();
+  mixed.create = [create = mixed.create](AgentSetup setup) {
+    setup.settings["libfabric.provider"] =
+        setup.self.id == 0 ? "tcp;ofi_rxm" : "shm";
+    return create(std::move(setup));
+  };
+  ::tether::testing::AgentGroup group(mixed, 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(group.error(rank),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("'shm'"), HasSubstr("'tcp;ofi_rxm'"))));
+  }
+}
+
+TEST(LibfabricBackend, CreationTimesOutNamingMissingRanks) {
+  Group group("tcp;ofi_rxm", 3, {{"libfabric.init_timeout_ms", "200"}},
+              /*create=*/{0});
+  EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                       HasSubstr("rank(s) 1, 2")));
+}
+
+TEST(LibfabricBackend, PublishesItsAddressRecordInTheStore) {
+  Group group("tcp;ofi_rxm", 2);
+  ASSERT_TRUE(group.ok());
+  std::vector<uint8_t> bytes = group.store().get("tether/libfabric/1");
+  const std::string text(bytes.begin(), bytes.end());
+  EXPECT_THAT(text, HasSubstr("provider=tcp;ofi_rxm\n"));
+  EXPECT_THAT(text, HasSubstr("address="));
+  EXPECT_THAT(text, HasSubstr("credits=16\n"));
+}
+
+TEST_P(Provider, ReportsWhatItRunsOn) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  LibfabricStats stats = stats_of(group[0]);
+  EXPECT_EQ(stats.provider, GetParam());
+  EXPECT_EQ(stats.rendezvous, "read");
+  EXPECT_EQ(stats.credits, 16u);
+  EXPECT_EQ(stats.eager_buffer_bytes, (16u << 10) + 1024);
+}
+
+TEST_P(Provider, RoundTripsOfEverySizeByRead) {
+  Group group(GetParam(), 2, {{"libfabric.rendezvous", "read"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  expect_round_trip(group, 0, {});
+  expect_round_trip(group, 10, {0, 1, 100});
+  expect_round_trip(group, 100, {(16 << 10) - 1, 16 << 10, (16 << 10) + 1});
+  expect_round_trip(group, 20 << 10, {1 << 20, 3});
+  expect_round_trip(group, 5, {(40 << 20) + 7});
+  // The last three requests had parts of at least the threshold.
+  EXPECT_EQ(stats_of(group[0]).rendezvous_sent, 3u);
+}
+
+TEST_P(Provider, RoundTripsOfEverySizeByTaggedMessages) {
+  Group group(GetParam(), 2, {{"libfabric.rendezvous", "tagged"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  EXPECT_EQ(stats_of(group[0]).rendezvous, "tagged");
+  group.start_all(echo);
+  expect_round_trip(group, 0, {});
+  expect_round_trip(group, 10, {0, 1, 100});
+  expect_round_trip(group, 100, {(16 << 10) - 1, 16 << 10, (16 << 10) + 1});
+  expect_round_trip(group, 20 << 10, {1 << 20, 3});
+  expect_round_trip(group, 5, {(40 << 20) + 7});
+}
+
+// Thousands of storages: their descriptors do not fit an eager buffer, so
+// the body itself goes by rendezvous.
+TEST_P(Provider, ManyStoragesSendTheirListByRendezvous) {
+  for (const char* mode : {"read", "tagged"}) {
+    Group group(GetParam(), 2, {{"libfabric.rendezvous", mode}});
+    ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+    group.start_all(echo);
+    std::vector<size_t> sizes(3000, 24);
+    sizes[1000] = 100 << 10;
+    expect_round_trip(group, 30, sizes);
+  }
+}
+
+TEST_P(Provider, SmallThresholdSendsMostThingsByRendezvous) {
+  Group group(GetParam(), 2, {{"libfabric.rendezvous_threshold", "256"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  expect_round_trip(group, 300, {255, 256, 4096});
+  EXPECT_EQ(stats_of(group[0]).eager_buffer_bytes, 256u + 1024u);
+}
+
+// A fast sender and a receiver that does not answer: the sender never has
+// more frames in flight than the receiver's credits plus its control slot,
+// and everything arrives once the receiver answers.
+TEST_P(Provider, CreditsBoundFramesInFlight) {
+  Group group(GetParam(), 2, {{"libfabric.credits", "2"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  auto held = std::make_shared<HeldResponses>();
+  ASSERT_THAT(group[0].start(echo), IsOk());
+  ASSERT_THAT(group[1].start([held](Message request) {
+    return held->hold(std::move(request));
+  }),
+              IsOk());
+  constexpr int kCalls = 300;
+  std::vector<Future<Message>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(group[0].send(group[1].self(), ping(absl::StrCat(i)), kBound));
+  }
+  held->wait_for(kCalls);
+  held->release_all();
+  for (int i = 0; i < kCalls; ++i) {
+    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk());
+    EXPECT_EQ(response->payload, absl::StrCat(i, "/late"));
+  }
+  const LibfabricStats sender = stats_of(group[0]);
+  EXPECT_EQ(sender.credits, 2u);
+  EXPECT_LE(sender.max_frames_in_flight, 3u);
+  EXPECT_GT(sender.credit_waits, 0u);
+  EXPECT_LE(stats_of(group[1]).max_frames_in_flight, 3u);
+}
+
+TEST_P(Provider, RegistrationCacheServesRepeatedSends) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  c10::Storage storage = make_storage(1 << 20, 7);
+  for (int i = 0; i < 5; ++i) {
+    Message request = ping("again");
+    request.storages.push_back(storage);
+    absl::StatusOr<Message> response =
+        group[0]
+            .send(group[1].self(), std::move(request), kBound)
+            .get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk());
+    ASSERT_EQ(response->storages.size(), 1u);
+    EXPECT_TRUE(storage_matches(response->storages[0], 1 << 20, 7));
+  }
+  const LibfabricStats stats = stats_of(group[0]);
+  EXPECT_EQ(stats.mr_cache_misses, 1u);
+  EXPECT_EQ(stats.mr_cache_hits, 4u);
+}
+
+TEST_P(Provider, RegistrationCacheEvictsBeyondItsBounds) {
+  Group group(GetParam(), 2, {{"libfabric.mr_cache_entries", "2"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  for (int i = 0; i < 5; ++i) {
+    expect_round_trip(group, 1, {100 << 10});
+  }
+  const LibfabricStats stats = stats_of(group[0]);
+  EXPECT_EQ(stats.mr_cache_misses, 5u);
+  EXPECT_EQ(stats.mr_cache_evictions, 3u);
+}
+
+TEST_P(Provider, PeerShutdownFailsPendingRequestsWithUnavailable) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok());
+  auto holder = std::make_shared<HeldResponses>();
+  group.start_all(
+      [holder](Message request) { return holder->hold(std::move(request)); });
+  std::vector<Future<Message>> pending;
+  for (int i = 0; i < 3; ++i) {
+    // No timeout: only the loss of the peer can end them.
+    pending.push_back(
+        group[0].send(group[1].self(), ping("p"), absl::InfiniteDuration()));
+  }
+  holder->wait_for(3);
+  const absl::Time start = absl::Now();
+  group[1].shutdown();
+  for (Future<Message>& future : pending) {
+    EXPECT_THAT(future.get(absl::Now() + kBound),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         AllOf(HasSubstr("agent1"), HasSubstr("shut down"))));
+  }
+  // Told by the peer's goodbye, not by a timeout.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(group[0]
+                  .send(group[1].self(), ping("again"), kBound)
+                  .get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent1")));
+}
+
+// Keepalives, answered by the peer's progress thread, keep a peer whose
+// handler holds a request alive well past libfabric.peer_timeout_ms. (A peer
+// that dies silently is lost after it: the multi-process conformance suite
+// kills one.)
+TEST_P(Provider, PeerHoldingARequestStaysAlivePastThePeerTimeout) {
+  Group group(GetParam(), 2, {{"libfabric.peer_timeout_ms", "500"}});
+  ASSERT_TRUE(group.ok());
+  auto holder = std::make_shared<HeldResponses>();
+  group.start_all(
+      [holder](Message request) { return holder->hold(std::move(request)); });
+  Future<Message> pending =
+      group[0].send(group[1].self(), ping("p"), absl::InfiniteDuration());
+  holder->wait_for(1);
+  // Alive but holding: keepalives keep it so, well past the timeout.
+  EXPECT_THAT(pending.wait(absl::Now() + absl::Milliseconds(1500)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  holder->release_all();
+  EXPECT_THAT(pending.get(absl::Now() + kBound), IsOk());
+}
+
+TEST_P(Provider, RequestsArrivingBeforeStartAreServedAfterIt) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok());
+  ASSERT_THAT(group[0].start(echo), IsOk());
+  Message request = ping("early");
+  request.storages.push_back(make_storage(1 << 20, 3));
+  Future<Message> early = group[0].send(group[1].self(), std::move(request), kBound);
+  EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_THAT(group[1].start(echo), IsOk());
+  absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->payload, "early/pong");
+  EXPECT_THAT(group[1].start(echo),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_P(Provider, HandlerMaySendNestedRequests) {
+  Group group(GetParam(), 3);
+  ASSERT_TRUE(group.ok());
+  Group* g = &group;
+  group.start_all([g](Message request) -> Future<Message> {
+    if (!absl::StartsWith(request.payload, "fwd:")) {
+      return echo(std::move(request));
+    }
+    // On agent1's progress thread: forward to agent2, answer with its reply.
+    Message onward = ping(request.payload.substr(4));
+    onward.storages = std::move(request.storages);
+    return (*g)[1]
+        .send((*g)[2].self(), std::move(onward), kBound)
+        .then([](const absl::StatusOr<Message>& reply)
+                  -> absl::StatusOr<Message> {
+          if (!reply.ok()) return reply.status();
+          Message response = *reply;
+          response.payload += "/via1";
+          return response;
+        });
+  });
+  std::vector<Future<Message>> calls;
+  for (int i = 0; i < 20; ++i) {
+    Message request = ping(absl::StrCat("fwd:", i));
+    request.storages.push_back(
+        make_storage(i % 2 == 0 ? 100 : 200 << 10, static_cast<uint8_t>(i)));
+    calls.push_back(group[0].send(group[1].self(), std::move(request), kBound));
+  }
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk());
+    EXPECT_EQ(response->payload, absl::StrCat(i, "/pong/via1"));
+    ASSERT_EQ(response->storages.size(), 1u);
+    EXPECT_TRUE(storage_matches(response->storages[0],
+                                i % 2 == 0 ? 100 : 200 << 10,
+                                static_cast<uint8_t>(i)));
+  }
+}
+
+TEST_P(Provider, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok());
+  Group* g = &group;
+  ASSERT_THAT(group[0].start(echo), IsOk());
+  ASSERT_THAT(group[1].start([g](Message request) {
+    (*g)[1].shutdown();
+    return echo(std::move(request));
+  }),
+              IsOk());
+  absl::StatusOr<Message> response =
+      group[0]
+          .send(group[1].self(), ping("bye"), kBound)
+          .get(absl::Now() + kBound);
+  // The response may or may not have left before the endpoint closed.
+  if (!response.ok()) {
+    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
+  }
+  EXPECT_THAT(group[1]
+                  .send(group[0].self(), ping("x"), kBound)
+                  .get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kCancelled));
+}
+
+}  // namespace
+}  // namespace tether::backends
