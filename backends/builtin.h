@@ -10,8 +10,10 @@
 namespace tether::backends {
 
 // Adds "loopback" (in-process), "tensorpipe" (the default; TCP and shared
-// memory between processes) and "faulty" (wraps another of `registry`'s
-// backends to inject faults, for tests; backends/faulty/faulty_agent.h).
+// memory between processes), "libfabric" (libfabric RDM endpoints: TCP,
+// shared memory, RDMA fabrics; backends/libfabric/libfabric_agent.h) and
+// "faulty" (wraps another of `registry`'s backends to inject faults, for
+// tests; backends/faulty/faulty_agent.h).
 // Fails only if a name is already taken. `registry` must outlive its use of
 // the faulty backend.
 [[nodiscard]] absl::Status register_builtin_backends(BackendRegistry& registry);
