@@ -24,6 +24,7 @@
 #include "core/rpc.h"
 #include "rref/rref.h"
 #include "testing/multiprocess.h"
+#include "testing/scenario_backend.h"
 #include "testing/status_matchers.h"
 #include "testing/test_ops.h"
 
@@ -51,6 +52,7 @@ void init(int rank, int world_size, absl::Duration timeout = kBound) {
   }();
   RpcOptions options;
   options.backend = backend_under_test();
+  options.backend_settings = ::tether::testing::backend_settings_under_test();
   options.init_method = "env://";
   options.num_worker_threads = 16;
   options.default_timeout = timeout;

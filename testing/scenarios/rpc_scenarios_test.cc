@@ -17,6 +17,7 @@
 #include "backends/builtin.h"
 #include "core/rpc.h"
 #include "testing/multiprocess.h"
+#include "testing/scenario_backend.h"
 #include "testing/status_matchers.h"
 #include "testing/test_ops.h"
 
@@ -44,6 +45,7 @@ void init(int rank, int world_size) {
   }();
   RpcOptions options;
   options.backend = backend_under_test();
+  options.backend_settings = ::tether::testing::backend_settings_under_test();
   options.init_method = "env://";
   options.num_worker_threads = 8;
   options.default_timeout = absl::Seconds(60);

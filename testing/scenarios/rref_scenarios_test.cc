@@ -25,6 +25,7 @@
 #include "rref/rref.h"
 #include "rref/rref_testing.h"
 #include "testing/multiprocess.h"
+#include "testing/scenario_backend.h"
 #include "testing/status_matchers.h"
 
 namespace {
@@ -77,6 +78,7 @@ void init(int rank, int world_size) {
   }();
   RpcOptions options;
   options.backend = backend_under_test();
+  options.backend_settings = ::tether::testing::backend_settings_under_test();
   options.init_method = "env://";
   // Nested calls hold a pool thread per hop while they wait.
   options.num_worker_threads = 16;
