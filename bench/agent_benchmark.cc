@@ -1,6 +1,7 @@
 // Google Benchmark suite of the agents: a request and its echoed response
 // between two agents of one backend in this process (real transports for
-// TensorPipe: uv and shm between the two agents), by message size.
+// TensorPipe: uv and shm between the two agents; libfabric: tcp;ofi_rxm and
+// shm endpoints), by message size.
 //
 //   bazel run -c opt //bench:agent_benchmark
 #include <benchmark/benchmark.h>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/libfabric/libfabric_agent.h"
 #include "backends/loopback/loopback_agent.h"
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "testing/agent_testing.h"
@@ -60,12 +62,22 @@ void BM_TensorPipeShm(benchmark::State& state) {
 void BM_TensorPipeNegotiated(benchmark::State& state) {
   round_trips(state, backends::tensorpipe_backend(), {});
 }
+void BM_LibfabricTcp(benchmark::State& state) {
+  round_trips(state, backends::libfabric_backend(),
+              {{"libfabric.provider", "tcp;ofi_rxm"}});
+}
+void BM_LibfabricShm(benchmark::State& state) {
+  round_trips(state, backends::libfabric_backend(),
+              {{"libfabric.provider", "shm"}});
+}
 
 #define SIZES ->Arg(0)->Arg(8 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()
 BENCHMARK(BM_Loopback) SIZES;
 BENCHMARK(BM_TensorPipeUv) SIZES;
 BENCHMARK(BM_TensorPipeShm) SIZES;
 BENCHMARK(BM_TensorPipeNegotiated) SIZES;
+BENCHMARK(BM_LibfabricTcp) SIZES;
+BENCHMARK(BM_LibfabricShm) SIZES;
 
 }  // namespace
 }  // namespace tether

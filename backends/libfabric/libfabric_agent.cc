@@ -19,11 +19,14 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -83,7 +86,7 @@ constexpr absl::Duration kMaxTick = absl::Milliseconds(100);
 constexpr absl::Duration kGoodbyeBound = absl::Milliseconds(200);
 constexpr absl::Duration kPollSleepMin = absl::Microseconds(50);
 constexpr absl::Duration kPollSleepMax = absl::Milliseconds(1);
-constexpr absl::Duration kPolledSpin = absl::Microseconds(200);
+constexpr absl::Duration kPolledSpin = absl::Microseconds(50);
 constexpr absl::Duration kStatsBound = absl::Seconds(10);
 
 // Which agent's progress thread this is (nullptr: none).
@@ -99,8 +102,12 @@ struct Record {
   uint32_t credits = 0;
   RendezvousMode mode = RendezvousMode::kRead;  // read or tagged
   int64_t pid = 0;
-  // Boot id and pid namespace: equal values mean pids can be compared.
+  // Equal values mean pids and abstract sockets can be shared (see
+  // host_identity()).
   std::string host;
+  // Where same-host peers ring to wake a polling progress thread: an
+  // abstract Unix socket name, raw (empty: none).
+  std::string doorbell;
 };
 
 std::string encode_record(const Record& record) {
@@ -109,7 +116,8 @@ std::string encode_record(const Record& record) {
       absl::BytesToHexString(record.address), "\nbuffer=", record.buffer_size,
       "\ncredits=", record.credits, "\nrendezvous=",
       rendezvous_mode_name(record.mode), "\npid=", record.pid,
-      "\nhost=", record.host, "\n");
+      "\nhost=", record.host, "\ndoorbell=",
+      absl::BytesToHexString(record.doorbell), "\n");
 }
 
 absl::StatusOr<Record> decode_record(absl::string_view text) {
@@ -139,6 +147,11 @@ absl::StatusOr<Record> decode_record(absl::string_view text) {
       ok = absl::SimpleAtoi(value, &record.pid);
     } else if (key == "host") {
       record.host = std::string(value);
+    } else if (key == "doorbell") {
+      record.doorbell = absl::HexStringToBytes(value);
+      ok = value.size() % 2 == 0 &&
+           record.doorbell.size() <= sizeof(sockaddr_un::sun_path);
+      --fields;  // optional
     } else {
       continue;  // a later version's field
     }
@@ -154,14 +167,20 @@ absl::StatusOr<Record> decode_record(absl::string_view text) {
   return record;
 }
 
+// The boot id and the pid and network namespaces: peers with the same
+// identity can see each other's pids and abstract Unix sockets.
 std::string host_identity() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(boot, id);
-  char ns[128];
-  const ssize_t length = ::readlink("/proc/self/ns/pid", ns, sizeof(ns));
-  if (id.empty() || length <= 0) return "";
-  return absl::StrCat(id, "/", absl::string_view(ns, length));
+  std::string identity;
+  std::getline(boot, identity);
+  if (identity.empty()) return "";
+  for (const char* ns : {"/proc/self/ns/pid", "/proc/self/ns/net"}) {
+    char link[128];
+    const ssize_t length = ::readlink(ns, link, sizeof(link));
+    if (length <= 0) return "";
+    absl::StrAppend(&identity, "/", absl::string_view(link, length));
+  }
+  return identity;
 }
 
 // ----------------------------------------------------------- operations
@@ -268,6 +287,9 @@ struct Peer {
   RendezvousMode mode = RendezvousMode::kRead;
   int64_t pid = 0;
   bool same_host = false;
+  // Its doorbell (same host only; length 0: none).
+  sockaddr_un doorbell{};
+  socklen_t doorbell_length = 0;
 
   // Sending to it.
   uint32_t credits = 0;
@@ -414,6 +436,7 @@ class State : public std::enable_shared_from_this<State> {
     // WARNING: this may run on any thread that held the last reference;
     // shutdown() has joined the progress thread and closed the fabric.
     if (event_fd_ >= 0) ::close(event_fd_);
+    if (doorbell_fd_ >= 0) ::close(doorbell_fd_);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
   }
 
@@ -523,6 +546,13 @@ class State : public std::enable_shared_from_this<State> {
   // Wake-ups of the progress thread (set by init(), then const).
   int event_fd_ = -1;
   int epoll_fd_ = -1;
+  // Polled providers: a Unix datagram socket that same-host peers write a
+  // byte to after each frame they send us, so that an idle progress thread
+  // can sleep instead of polling (its name is published in our record).
+  int doorbell_fd_ = -1;
+  std::string doorbell_name_;
+  // Every peer has a doorbell we can ring, so none needs us to poll.
+  bool all_peers_ring_ = true;
   std::atomic<bool> sleeping_{false};
 
   // ---- the progress thread's own (and init()'s, before it starts)
@@ -677,6 +707,7 @@ absl::Status State::exchange_records() {
   mine.mode = mode_;
   mine.pid = ::getpid();
   mine.host = host_identity();
+  mine.doorbell = doorbell_name_;
   const std::string text = encode_record(mine);
   store_->set(absl::StrCat(kAddressKeyPrefix, self_.id),
               std::vector<uint8_t>(text.begin(), text.end()));
@@ -728,6 +759,15 @@ absl::Status State::exchange_records() {
     peer.mode = record->mode;
     peer.pid = record->pid;
     peer.same_host = !mine.host.empty() && record->host == mine.host;
+    if (peer.same_host && !record->doorbell.empty()) {
+      peer.doorbell.sun_family = AF_UNIX;
+      std::memcpy(peer.doorbell.sun_path, record->doorbell.data(),
+                  record->doorbell.size());
+      peer.doorbell_length = static_cast<socklen_t>(
+          offsetof(sockaddr_un, sun_path) + record->doorbell.size());
+    } else if (peer.rank != self_.id) {
+      all_peers_ring_ = false;
+    }
     send_buffer_size_ = std::max(send_buffer_size_, record->buffer_size);
     names.push_back(std::move(record->address));
   }
@@ -767,7 +807,27 @@ absl::Status State::set_up_wakeups() {
     return absl::InternalError(
         absl::StrCat("eventfd failed: ", std::strerror(errno)));
   }
-  if (fabric_->wait_fd() < 0) return absl::OkStatus();
+  if (fabric_->wait_fd() < 0) {
+    doorbell_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    // Autobind: the kernel picks a unique abstract name.
+    socklen_t length = sizeof(sa_family_t);
+    if (doorbell_fd_ < 0 ||
+        ::bind(doorbell_fd_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+        ::getsockname(doorbell_fd_, reinterpret_cast<sockaddr*>(&address),
+                      &(length = sizeof(address))) != 0) {
+      // Peers will not ring: the progress thread polls.
+      LOG(WARNING) << "libfabric agent of worker '" << self_.name
+                   << "' has no doorbell: " << std::strerror(errno);
+      if (doorbell_fd_ >= 0) ::close(doorbell_fd_);
+      doorbell_fd_ = -1;
+      return absl::OkStatus();
+    }
+    doorbell_name_.assign(address.sun_path,
+                          length - offsetof(sockaddr_un, sun_path));
+    return absl::OkStatus();
+  }
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) {
     return absl::InternalError(
@@ -1073,18 +1133,33 @@ void State::idle(absl::Time next_tick, absl::Duration* poll_sleep) {
   // Operations refused with FI_EAGAIN (a connection being made, a full
   // queue) are tried again soon, whatever wakes us.
   if (refused_) timeout = std::min(timeout, absl::Milliseconds(1));
-  refused_ = false;
   const bool polled = fabric_->wait_fd() < 0;
   if (polled) {
-    timeout = std::min(timeout, *poll_sleep);
-    *poll_sleep = std::min(*poll_sleep * 2, kPollSleepMax);
+    // Sleep until a peer rings when every peer can and nothing of ours is
+    // in flight (our own operations only progress while we poll);
+    // otherwise poll, less and less often.
+    const bool rung = doorbell_fd_ >= 0 && all_peers_ring_ &&
+                      tx_inflight_ == 0 && rx_inflight_ == 0 &&
+                      retry_.empty() && !refused_;
+    if (rung) {
+      // Drain the rings, then look once more: a frame that arrives after
+      // this look rings again.
+      char rings[64];
+      while (::recv(doorbell_fd_, rings, sizeof(rings), MSG_DONTWAIT) > 0) {
+      }
+      if (poll_completions()) return;
+    } else {
+      timeout = std::min(timeout, *poll_sleep);
+      *poll_sleep = std::min(*poll_sleep * 2, kPollSleepMax);
+    }
   }
+  refused_ = false;
   sleeping_.store(true);
   if (!has_commands()) {
     if (polled) {
-      pollfd wakeup{event_fd_, POLLIN, 0};
+      pollfd wakeups[2] = {{event_fd_, POLLIN, 0}, {doorbell_fd_, POLLIN, 0}};
       const timespec wait = absl::ToTimespec(timeout);
-      ::ppoll(&wakeup, 1, &wait, nullptr);
+      ::ppoll(wakeups, doorbell_fd_ >= 0 ? 2 : 1, &wait, nullptr);
     } else {
       fid* fids[] = {&fabric_->cq()->fid};
       if (fi_trywait(fabric_->fabric(), fids, 1) == FI_SUCCESS) {
@@ -1343,6 +1418,13 @@ State::Sent State::transmit(Peer& peer, OutFrame& out, bool control) {
   if (header.kind == FrameKind::kKeepaliveAck) peer.ack_queued = false;
   peer.talked = true;
   ++stats_.frames_sent;
+  if (peer.doorbell_length > 0 && peer.rank != self_.id) {
+    // A full doorbell already has a wake-up pending: EAGAIN is fine.
+    const char ring = 0;
+    ::sendto(doorbell_fd_, &ring, 1, MSG_DONTWAIT,
+             reinterpret_cast<const sockaddr*>(&peer.doorbell),
+             peer.doorbell_length);
+  }
   stats_.max_frames_in_flight =
       std::max(stats_.max_frames_in_flight, in_flight(peer));
   return Sent::kSent;
