@@ -27,7 +27,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
-#include <chrono>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -37,10 +36,10 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
+#include "backends/common/agent_support.h"
 #include "backends/libfabric/internal/fabric.h"
 #include "backends/libfabric/internal/frame.h"
 #include "backends/libfabric/internal/mr_cache.h"
@@ -530,10 +529,9 @@ class State : public std::enable_shared_from_this<State> {
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
   join::StoreJoin joiner_;
 
+  common::ShutdownOnce shutdown_;
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
-  std::shared_ptr<absl::Notification> finisher_done_ ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
   std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
@@ -708,37 +706,17 @@ absl::Status State::exchange_records() {
   mine.pid = ::getpid();
   mine.host = host_identity();
   mine.doorbell = doorbell_name_;
-  const std::string text = encode_record(mine);
-  store_->set(absl::StrCat(kAddressKeyPrefix, self_.id),
-              std::vector<uint8_t>(text.begin(), text.end()));
-
-  std::vector<std::string> keys;
-  for (const WorkerInfo& worker : workers_) {
-    keys.push_back(absl::StrCat(kAddressKeyPrefix, worker.id));
-  }
-  try {
-    store_->wait(keys,
-                 std::chrono::milliseconds(std::max<int64_t>(
-                     1, absl::ToInt64Milliseconds(settings_.init_timeout))));
-  } catch (const std::exception&) {
-    std::vector<std::string> missing;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!store_->check({keys[i]})) missing.push_back(absl::StrCat(i));
-    }
-    if (!missing.empty()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "libfabric agent of worker '", self_.name, "' timed out after ",
-          absl::FormatDuration(settings_.init_timeout),
-          " waiting for the address of rank(s) ",
-          absl::StrJoin(missing, ", ")));
-    }
-  }
+  absl::StatusOr<std::vector<std::string>> published =
+      common::exchange_through_store(
+          *store_, kAddressKeyPrefix, self_.id,
+          static_cast<int>(workers_.size()), encode_record(mine),
+          settings_.init_timeout,
+          absl::StrCat("libfabric agent of worker '", self_.name, "'"));
+  if (!published.ok()) return published.status();
   std::vector<std::string> names;
   peers_.resize(workers_.size());
-  for (size_t rank = 0; rank < keys.size(); ++rank) {
-    std::vector<uint8_t> bytes = store_->get(keys[rank]);
-    absl::StatusOr<Record> record =
-        decode_record(std::string(bytes.begin(), bytes.end()));
+  for (size_t rank = 0; rank < published->size(); ++rank) {
+    absl::StatusOr<Record> record = decode_record((*published)[rank]);
     if (!record.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("libfabric agent of worker '", self_.name, "': ",
@@ -848,15 +826,7 @@ absl::Status State::set_up_wakeups() {
 absl::Status State::init() {
   absl::Status status = open_fabric();
   if (status.ok()) status = set_up_wakeups();
-  if (status.ok()) {
-    try {
-      status = exchange_records();
-    } catch (const std::exception& e) {
-      status = absl::UnavailableError(
-          absl::StrCat("libfabric agent of worker '", self_.name,
-                       "': the rendezvous store failed: ", e.what()));
-    }
-  }
+  if (status.ok()) status = exchange_records();
   if (!status.ok()) {
     teardown();  // this thread still owns the fabric
     return status;
@@ -972,91 +942,52 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
 }
 
 absl::Status State::join(absl::Duration timeout) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-  }
-  join::DrainHooks hooks;
-  hooks.wait_outgoing_drained = [this](absl::Time deadline) {
-    return pending_.wait_until_empty(deadline);
-  };
-  hooks.active_count = [this] {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(pending_.size()) + incoming_active_;
-  };
-  absl::Status joined = joiner_.join(hooks, timeout);
-  absl::MutexLock lock(&mu_);
-  if (closed_ && joined.ok()) {
-    return absl::CancelledError(
-        absl::StrCat("worker '", self_.name, "' shut down while joining"));
-  }
-  return joined;
+  return common::join_group(
+      joiner_, pending_,
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return closed_;
+      },
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return static_cast<int64_t>(pending_.size()) + incoming_active_;
+      },
+      self_.name, timeout);
 }
 
 void State::shutdown() {
   const bool on_own_thread =
       t_progress_of == this || TimerQueue::running_owner() == this;
-  bool first = false;
-  std::shared_ptr<absl::Notification> earlier_finisher;
-  std::thread progress;
-  std::unique_ptr<TimerQueue> timers;
-  std::shared_ptr<const RequestHandler> handler;
-  std::vector<Deferred> deferred;
-  std::deque<std::function<void()>> commands;
+  if (!shutdown_.begin(on_own_thread)) return;
+  // Joined (and destroyed) outside the lock: the handler, the deferred
+  // requests and the commands may hold user objects.
+  struct Resources {
+    std::thread progress;
+    std::unique_ptr<TimerQueue> timers;
+    std::shared_ptr<const RequestHandler> handler;
+    std::deque<std::function<void()>> commands;
+  };
+  auto resources = std::make_shared<Resources>();
   {
     absl::MutexLock lock(&mu_);
-    first = !closed_;
-    if (!first && !on_own_thread) {
-      // Another call is shutting down: return when it is done (unless that
-      // call may be waiting for this very thread).
-      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shutdown_done_;
-      };
-      mu_.Await(absl::Condition(&done));
-      earlier_finisher = finisher_done_;
-    }
-    if (first) {
-      closed_ = true;
-      progress = std::move(progress_);
-      timers = std::move(timers_);
-      // Destroyed outside the lock: they may hold user objects.
-      handler = std::move(handler_);
-      deferred.swap(deferred_);
-      commands.swap(commands_);
-    }
-  }
-  if (!first) {
-    if (earlier_finisher != nullptr) earlier_finisher->WaitForNotification();
-    return;
+    closed_ = true;
+    resources->progress = std::move(progress_);
+    resources->timers = std::move(timers_);
+    resources->handler = std::move(handler_);
+    resources->commands.swap(commands_);
   }
   // Before the timers go.
   pending_.cancel_all(absl::CancelledError(absl::StrCat(
       "worker '", self_.name, "' shut down with the request pending")));
+  // The progress thread sees closed_, says goodbye and closes the fabric.
   if (event_fd_ >= 0) {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t written = ::write(event_fd_, &one, sizeof(one));
   }
-  std::shared_ptr<absl::Notification> finisher;
-  if (on_own_thread) {
-    // A thread cannot join itself: another one finishes the job.
-    // WARNING: it may outlive the agent; it owns what it touches.
-    finisher = std::make_shared<absl::Notification>();
-    std::thread([self = shared_from_this(), progress = std::move(progress),
-                 timers = std::move(timers), finisher]() mutable {
-      if (progress.joinable()) progress.join();
-      timers.reset();
-      finisher->Notify();
-    }).detach();
-  } else {
-    if (progress.joinable()) progress.join();
-    timers.reset();
-  }
-  absl::MutexLock lock(&mu_);
-  finisher_done_ = std::move(finisher);
-  shutdown_done_ = true;
+  shutdown_.finish(on_own_thread, [resources, self = shared_from_this()] {
+    if (resources->progress.joinable()) resources->progress.join();
+    resources->timers.reset();
+  });
 }
 
 absl::StatusOr<LibfabricStats> State::stats() {
@@ -2100,19 +2031,8 @@ void State::handle_request(int rank, Message request) {
 void State::run_handler(const RequestHandler& handler, int rank,
                         Message request) {
   const int64_t id = request.id;
-  Future<Message> response;
-  try {
-    response = handler(std::move(request));
-  } catch (const std::exception& e) {
-    response = Future<Message>::ready(
-        absl::InternalError(absl::StrCat("the request handler of worker '",
-                                         self_.name, "' threw: ", e.what())));
-  }
-  if (!response.valid()) {
-    response = Future<Message>::ready(absl::InternalError(
-        absl::StrCat("the request handler of worker '", self_.name,
-                     "' returned an invalid future")));
-  }
+  Future<Message> response =
+      common::call_handler(handler, std::move(request), self_.name);
   response.on_complete([weak = weak_from_this(), rank,
                         id](const absl::StatusOr<Message>& result) {
     std::shared_ptr<State> state = weak.lock();
@@ -2279,39 +2199,7 @@ void State::teardown() {
 
 // ------------------------------------------------------------------- agent
 
-class LibfabricAgent final : public Agent {
- public:
-  explicit LibfabricAgent(std::shared_ptr<State> state)
-      : state_(std::move(state)) {}
-
-  ~LibfabricAgent() override { state_->shutdown(); }
-
-  absl::Status start(RequestHandler handler) override {
-    return state_->start(std::move(handler));
-  }
-
-  Future<Message> send(const WorkerInfo& to, Message request,
-                       absl::Duration timeout) override {
-    return state_->send(to, std::move(request), timeout);
-  }
-
-  const WorkerInfo& self() const override { return state_->self(); }
-
-  const std::vector<WorkerInfo>& worker_infos() const override {
-    return state_->workers();
-  }
-
-  absl::Status join(absl::Duration timeout) override {
-    return state_->join(timeout);
-  }
-
-  void shutdown() override { state_->shutdown(); }
-
-  absl::StatusOr<LibfabricStats> stats() { return state_->stats(); }
-
- private:
-  const std::shared_ptr<State> state_;
-};
+using LibfabricAgent = common::StateAgent<State>;
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   if (setup.store == nullptr) {
@@ -2321,13 +2209,8 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   absl::StatusOr<Settings> settings =
       libfabric::internal::parse_settings(setup.settings);
   if (!settings.ok()) return settings.status();
-  auto state = std::make_shared<State>(std::move(setup), *std::move(settings));
-  absl::Status initialized = state->init();
-  if (!initialized.ok()) {
-    state->shutdown();
-    return initialized;
-  }
-  return std::make_unique<LibfabricAgent>(std::move(state));
+  return common::start_agent(
+      std::make_shared<State>(std::move(setup), *std::move(settings)));
 }
 
 }  // namespace
@@ -2356,7 +2239,7 @@ absl::StatusOr<LibfabricStats> libfabric_stats(Agent& agent) {
   if (libfabric == nullptr) {
     return absl::InvalidArgumentError("not an agent of the libfabric backend");
   }
-  return libfabric->stats();
+  return libfabric->state().stats();
 }
 
 }  // namespace tether::backends

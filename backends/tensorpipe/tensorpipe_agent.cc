@@ -10,7 +10,6 @@
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <absl/synchronization/mutex.h>
-#include <absl/synchronization/notification.h>
 #include <arpa/inet.h>
 #include <c10/util/Logging.h>
 #include <netinet/in.h>
@@ -21,7 +20,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -29,11 +27,10 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
+#include "backends/common/agent_support.h"
 #include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/serial_executor.h"
 #include "core/internal/pending_requests.h"
@@ -455,9 +452,7 @@ class State : public std::enable_shared_from_this<State> {
 
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
-  // Set when shutdown() had to leave the joins to a thread of its own.
-  std::shared_ptr<absl::Notification> finisher_done_ ABSL_GUARDED_BY(mu_);
+  common::ShutdownOnce shutdown_;
   std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
   std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::shared_ptr<ClientPipe>> client_pipes_
@@ -564,34 +559,16 @@ absl::Status State::register_transports_and_channels(
 
 absl::Status State::exchange_addresses(
     const std::map<std::string, std::string>& mine) {
-  const std::string text = encode_addresses(mine);
-  store_->set(absl::StrCat(kAddressKeyPrefix, self_.id),
-              std::vector<uint8_t>(text.begin(), text.end()));
-  std::vector<std::string> keys;
-  for (const WorkerInfo& worker : workers_) {
-    keys.push_back(absl::StrCat(kAddressKeyPrefix, worker.id));
-  }
-  try {
-    store_->wait(keys,
-                 std::chrono::milliseconds(std::max<int64_t>(
-                     1, absl::ToInt64Milliseconds(settings_.init_timeout))));
-  } catch (const std::exception&) {
-    std::vector<std::string> missing;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!store_->check({keys[i]})) missing.push_back(absl::StrCat(i));
-    }
-    if (!missing.empty()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "tensorpipe agent of worker '", self_.name, "' timed out after ",
-          absl::FormatDuration(settings_.init_timeout),
-          " waiting for the address of rank(s) ",
-          absl::StrJoin(missing, ", ")));
-    }
-  }
-  for (size_t rank = 0; rank < keys.size(); ++rank) {
-    std::vector<uint8_t> bytes = store_->get(keys[rank]);
+  absl::StatusOr<std::vector<std::string>> published =
+      common::exchange_through_store(
+          *store_, kAddressKeyPrefix, self_.id,
+          static_cast<int>(workers_.size()), encode_addresses(mine),
+          settings_.init_timeout,
+          absl::StrCat("tensorpipe agent of worker '", self_.name, "'"));
+  if (!published.ok()) return published.status();
+  for (size_t rank = 0; rank < published->size(); ++rank) {
     std::map<std::string, std::string> theirs =
-        decode_addresses(std::string(bytes.begin(), bytes.end()));
+        decode_addresses((*published)[rank]);
     // Any shared transport will do for the first connection: TensorPipe then
     // moves the pipe to the best one both sides have.
     for (const char* transport : {"uv", "shm"}) {
@@ -638,13 +615,7 @@ absl::Status State::init() {
     listener_ = listener;
   }
   accept_next(listener);
-  try {
-    return exchange_addresses(addresses);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("tensorpipe agent of worker '", self_.name,
-                     "': the rendezvous store failed: ", e.what()));
-  }
+  return exchange_addresses(addresses);
 }
 
 absl::Status State::start(RequestHandler handler) {
@@ -1040,18 +1011,7 @@ void State::run_handler(const RequestHandler& handler,
   Future<Message> response;
   {
     Mark mark(t_handler_of, this);
-    try {
-      response = handler(std::move(request));
-    } catch (const std::exception& e) {
-      response = Future<Message>::ready(
-          absl::InternalError(absl::StrCat("the request handler of worker '",
-                                           self_.name, "' threw: ", e.what())));
-    }
-  }
-  if (!response.valid()) {
-    response = Future<Message>::ready(absl::InternalError(
-        absl::StrCat("the request handler of worker '", self_.name,
-                     "' returned an invalid future")));
+    response = common::call_handler(handler, std::move(request), self_.name);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -1104,80 +1064,48 @@ void State::finish_incoming() {
 // --------------------------------------------------------- join, shutdown
 
 absl::Status State::join(absl::Duration timeout) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-  }
-  join::DrainHooks hooks;
-  // shutdown() empties pending_.
-  hooks.wait_outgoing_drained = [this](absl::Time deadline) {
-    return pending_.wait_until_empty(deadline);
-  };
-  hooks.active_count = [this] {
-    // Both counts of one instant: incoming_active_ holds still under mu_.
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(pending_.size()) + incoming_active_;
-  };
-  absl::Status joined = joiner_.join(hooks, timeout);
-  absl::MutexLock lock(&mu_);
-  if (closed_ && joined.ok()) {
-    return absl::CancelledError(
-        absl::StrCat("worker '", self_.name, "' shut down while joining"));
-  }
-  return joined;
+  return common::join_group(
+      joiner_, pending_,
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return closed_;
+      },
+      [this] {
+        // Both counts of one instant: incoming_active_ holds still under mu_.
+        absl::MutexLock lock(&mu_);
+        return static_cast<int64_t>(pending_.size()) + incoming_active_;
+      },
+      self_.name, timeout);
 }
 
 void State::shutdown() {
   const bool on_own_thread = t_tp_callback_of == this || t_io_task_of == this ||
                              TimerQueue::running_owner() == this;
-  Resources resources;
-  bool first = false;
-  std::shared_ptr<absl::Notification> earlier_finisher;
+  if (!shutdown_.begin(on_own_thread)) return;
+  auto resources = std::make_shared<Resources>();
   {
     absl::MutexLock lock(&mu_);
-    first = !closed_;
-    if (!first && !on_own_thread) {
-      // Another call is shutting down: return when it is done (unless that
-      // call may be waiting for this very thread).
-      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shutdown_done_;
-      };
-      mu_.Await(absl::Condition(&done));
-      earlier_finisher = finisher_done_;
+    closed_ = true;
+    for (auto& [rank, client] : client_pipes_) {
+      resources->pipes.push_back(client->pipe);
     }
-    if (first) {
-      closed_ = true;
-      for (auto& [rank, client] : client_pipes_) {
-        resources.pipes.push_back(client->pipe);
-      }
-      client_pipes_.clear();
-      for (const auto& pipe : server_pipes_) resources.pipes.push_back(pipe);
-      server_pipes_.clear();
-      resources.context = std::move(context_);
-      resources.listener = std::move(listener_);
-      resources.io = std::move(io_);
-      resources.timers = std::move(timers_);
-      // Destroyed outside the lock: they may hold user objects.
-      resources.handler = std::move(handler_);
-      resources.deferred.swap(deferred_);
-    }
+    client_pipes_.clear();
+    for (const auto& pipe : server_pipes_) resources->pipes.push_back(pipe);
+    server_pipes_.clear();
+    resources->context = std::move(context_);
+    resources->listener = std::move(listener_);
+    resources->io = std::move(io_);
+    resources->timers = std::move(timers_);
+    // Destroyed outside the lock: they may hold user objects.
+    resources->handler = std::move(handler_);
+    resources->deferred.swap(deferred_);
   }
-  if (!first) {
-    // A first shutdown() from one of our own threads left the joins to a
-    // thread of their own; a later call from elsewhere (the destructor)
-    // waits for them.
-    if (earlier_finisher != nullptr) earlier_finisher->WaitForNotification();
-    return;
-  }
-  // Before the timers go (resources.join()).
+  // Before the timers go (resources->join()).
   pending_.cancel_all(absl::CancelledError(absl::StrCat(
       "worker '", self_.name, "' shut down with the request pending")));
   // From here on every pending tensorpipe operation fails; our callbacks see
   // closed_ and do nothing.
-  resources.close();
+  resources->close();
   {
     // Handler calls already started finish before shutdown() returns (the
     // one this thread may be inside of excepted).
@@ -1188,57 +1116,13 @@ void State::shutdown() {
     };
     mu_.Await(absl::Condition(&idle));
   }
-  std::shared_ptr<absl::Notification> finisher;
-  if (on_own_thread) {
-    // A thread cannot join itself: another one finishes the job.
-    // WARNING: it may outlive the agent; it owns everything it touches.
-    finisher = std::make_shared<absl::Notification>();
-    std::thread([resources = std::move(resources), finisher]() mutable {
-      resources.join();
-      resources = Resources();
-      finisher->Notify();
-    }).detach();
-  } else {
-    resources.join();
-  }
-  absl::MutexLock lock(&mu_);
-  finisher_done_ = std::move(finisher);
-  shutdown_done_ = true;
+  shutdown_.finish(on_own_thread, [resources] {
+    resources->join();
+    *resources = Resources();
+  });
 }
 
 // ------------------------------------------------------------------- agent
-
-class TensorPipeAgent final : public Agent {
- public:
-  explicit TensorPipeAgent(std::shared_ptr<State> state)
-      : state_(std::move(state)) {}
-
-  ~TensorPipeAgent() override { state_->shutdown(); }
-
-  absl::Status start(RequestHandler handler) override {
-    return state_->start(std::move(handler));
-  }
-
-  Future<Message> send(const WorkerInfo& to, Message request,
-                       absl::Duration timeout) override {
-    return state_->send(to, std::move(request), timeout);
-  }
-
-  const WorkerInfo& self() const override { return state_->self(); }
-
-  const std::vector<WorkerInfo>& worker_infos() const override {
-    return state_->workers();
-  }
-
-  absl::Status join(absl::Duration timeout) override {
-    return state_->join(timeout);
-  }
-
-  void shutdown() override { state_->shutdown(); }
-
- private:
-  const std::shared_ptr<State> state_;
-};
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   if (setup.store == nullptr) {
@@ -1247,13 +1131,8 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   }
   absl::StatusOr<Settings> settings = parse_settings(setup.settings);
   if (!settings.ok()) return settings.status();
-  auto state = std::make_shared<State>(std::move(setup), *std::move(settings));
-  absl::Status initialized = state->init();
-  if (!initialized.ok()) {
-    state->shutdown();
-    return initialized;
-  }
-  return std::make_unique<TensorPipeAgent>(std::move(state));
+  return common::start_agent(
+      std::make_shared<State>(std::move(setup), *std::move(settings)));
 }
 
 }  // namespace
