@@ -115,4 +115,43 @@ void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
   from.shutdown();  // idempotent
 }
 
+void expect_requests_before_start_served_after(Agent& from, Agent& to) {
+  Message request = ping("early");
+  request.storages.push_back(make_storage(1 << 20, 3));
+  Future<Message> early = from.send(to.self(), std::move(request), kBound);
+  // Not answered while `to` has no handler.
+  EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_THAT(to.start(echo), IsOk());
+  absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->payload, "early/pong");
+  ASSERT_EQ(response->storages.size(), 1u);
+  EXPECT_TRUE(storage_matches(response->storages[0], 1 << 20, 3));
+  EXPECT_THAT(to.start(echo), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+void expect_peer_shutdown_fails_pending(Agent& from, Agent& to,
+                                        HeldControl& held) {
+  std::vector<Future<Message>> pending;
+  for (int i = 0; i < 3; ++i) {
+    // No timeout: only the loss of the peer can end them.
+    pending.push_back(
+        from.send(to.self(), ping("p"), absl::InfiniteDuration()));
+  }
+  held.wait_for(3);
+  const absl::Time start = absl::Now();
+  to.shutdown();
+  for (Future<Message>& future : pending) {
+    EXPECT_THAT(future.get(absl::Now() + kBound),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         HasSubstr(to.self().name)));
+  }
+  // Seen at once (a closed connection, a goodbye), not by a timeout.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(
+      from.send(to.self(), ping("again"), kBound).get(absl::Now() + kBound),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr(to.self().name)));
+}
+
 }  // namespace tether::testing

@@ -49,6 +49,21 @@ void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
 void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
                              HeldControl& held);
 
+// Checks of a pair of agents of one group, for backends whose peers are
+// processes of their own (loopback does neither: it refuses requests before
+// start() and does not see a peer's shutdown).
+
+// `to` has not started: a request from `from` (echo) with a large storage
+// waits until `to` starts with echo, and is answered then; starting `to`
+// twice is INVALID_ARGUMENT.
+void expect_requests_before_start_served_after(Agent& from, Agent& to);
+
+// Peer `to` holds requests (through `held`) and shuts down: the 3 requests
+// `from` sent without a timeout fail promptly with UNAVAILABLE naming it,
+// and so do later sends to it.
+void expect_peer_shutdown_fails_pending(Agent& from, Agent& to,
+                                        HeldControl& held);
+
 }  // namespace tether::testing
 
 #endif  // TETHER_TESTING_AGENT_CHECKS_H_

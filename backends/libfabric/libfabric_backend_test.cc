@@ -4,7 +4,6 @@
 // (libfabric_*_agent_test.cc). Every test runs on real endpoints of both
 // providers that run here (tcp;ofi_rxm and shm), and is skipped, saying why,
 // for a provider this machine lacks.
-#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -17,6 +16,7 @@
 
 #include "backends/libfabric/libfabric_agent.h"
 #include "core/agent.h"
+#include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
@@ -294,34 +294,6 @@ TEST_P(Provider, RegistrationCacheEvictsBeyondItsBounds) {
   EXPECT_EQ(stats.mr_cache_evictions, 3u);
 }
 
-TEST_P(Provider, PeerShutdownFailsPendingRequestsWithUnavailable) {
-  Group group(GetParam(), 2);
-  ASSERT_TRUE(group.ok());
-  auto holder = std::make_shared<HeldResponses>();
-  group.start_all(
-      [holder](Message request) { return holder->hold(std::move(request)); });
-  std::vector<Future<Message>> pending;
-  for (int i = 0; i < 3; ++i) {
-    // No timeout: only the loss of the peer can end them.
-    pending.push_back(
-        group[0].send(group[1].self(), ping("p"), absl::InfiniteDuration()));
-  }
-  holder->wait_for(3);
-  const absl::Time start = absl::Now();
-  group[1].shutdown();
-  for (Future<Message>& future : pending) {
-    EXPECT_THAT(future.get(absl::Now() + kBound),
-                StatusIs(absl::StatusCode::kUnavailable,
-                         AllOf(HasSubstr("agent1"), HasSubstr("shut down"))));
-  }
-  // Told by the peer's goodbye, not by a timeout.
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_THAT(group[0]
-                  .send(group[1].self(), ping("again"), kBound)
-                  .get(absl::Now() + kBound),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent1")));
-}
-
 // Keepalives, answered by the peer's progress thread, keep a peer whose
 // handler holds a request alive well past libfabric.peer_timeout_ms. (A peer
 // that dies silently is lost after it: the multi-process conformance suite
@@ -342,84 +314,22 @@ TEST_P(Provider, PeerHoldingARequestStaysAlivePastThePeerTimeout) {
   EXPECT_THAT(pending.get(absl::Now() + kBound), IsOk());
 }
 
+TEST_P(Provider, PeerShutdownFailsPendingRequestsWithUnavailable) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok());
+  auto held = std::make_shared<HeldResponses>();
+  group.start_all(
+      [held](Message request) { return held->hold(std::move(request)); });
+  ::tether::testing::expect_peer_shutdown_fails_pending(group[0], group[1],
+                                                        *held);
+}
+
 TEST_P(Provider, RequestsArrivingBeforeStartAreServedAfterIt) {
   Group group(GetParam(), 2);
   ASSERT_TRUE(group.ok());
   ASSERT_THAT(group[0].start(echo), IsOk());
-  Message request = ping("early");
-  request.storages.push_back(make_storage(1 << 20, 3));
-  Future<Message> early = group[0].send(group[1].self(), std::move(request), kBound);
-  EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded));
-  ASSERT_THAT(group[1].start(echo), IsOk());
-  absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
-  ASSERT_THAT(response, IsOk());
-  EXPECT_EQ(response->payload, "early/pong");
-  EXPECT_THAT(group[1].start(echo),
-              StatusIs(absl::StatusCode::kInvalidArgument));
-}
-
-TEST_P(Provider, HandlerMaySendNestedRequests) {
-  Group group(GetParam(), 3);
-  ASSERT_TRUE(group.ok());
-  Group* g = &group;
-  group.start_all([g](Message request) -> Future<Message> {
-    if (!absl::StartsWith(request.payload, "fwd:")) {
-      return echo(std::move(request));
-    }
-    // On agent1's progress thread: forward to agent2, answer with its reply.
-    Message onward = ping(request.payload.substr(4));
-    onward.storages = std::move(request.storages);
-    return (*g)[1]
-        .send((*g)[2].self(), std::move(onward), kBound)
-        .then([](const absl::StatusOr<Message>& reply)
-                  -> absl::StatusOr<Message> {
-          if (!reply.ok()) return reply.status();
-          Message response = *reply;
-          response.payload += "/via1";
-          return response;
-        });
-  });
-  std::vector<Future<Message>> calls;
-  for (int i = 0; i < 20; ++i) {
-    Message request = ping(absl::StrCat("fwd:", i));
-    request.storages.push_back(
-        make_storage(i % 2 == 0 ? 100 : 200 << 10, static_cast<uint8_t>(i)));
-    calls.push_back(group[0].send(group[1].self(), std::move(request), kBound));
-  }
-  for (int i = 0; i < 20; ++i) {
-    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
-    ASSERT_THAT(response, IsOk());
-    EXPECT_EQ(response->payload, absl::StrCat(i, "/pong/via1"));
-    ASSERT_EQ(response->storages.size(), 1u);
-    EXPECT_TRUE(storage_matches(response->storages[0],
-                                i % 2 == 0 ? 100 : 200 << 10,
-                                static_cast<uint8_t>(i)));
-  }
-}
-
-TEST_P(Provider, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
-  Group group(GetParam(), 2);
-  ASSERT_TRUE(group.ok());
-  Group* g = &group;
-  ASSERT_THAT(group[0].start(echo), IsOk());
-  ASSERT_THAT(group[1].start([g](Message request) {
-    (*g)[1].shutdown();
-    return echo(std::move(request));
-  }),
-              IsOk());
-  absl::StatusOr<Message> response =
-      group[0]
-          .send(group[1].self(), ping("bye"), kBound)
-          .get(absl::Now() + kBound);
-  // The response may or may not have left before the endpoint closed.
-  if (!response.ok()) {
-    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
-  }
-  EXPECT_THAT(group[1]
-                  .send(group[0].self(), ping("x"), kBound)
-                  .get(absl::Now() + kBound),
-              StatusIs(absl::StatusCode::kCancelled));
+  ::tether::testing::expect_requests_before_start_served_after(group[0],
+                                                               group[1]);
 }
 
 }  // namespace

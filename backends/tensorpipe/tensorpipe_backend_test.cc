@@ -1,6 +1,5 @@
 // What is specific to the tensorpipe backend; the Agent contract itself is
 // checked by the conformance suite (tensorpipe_agent_test.cc).
-#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
@@ -17,6 +16,7 @@
 
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "core/agent.h"
+#include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
@@ -156,109 +156,27 @@ TEST(TensorPipeBackend, CreationTimesOutNamingMissingRanks) {
                                        HasSubstr("rank(s) 1, 2")));
 }
 
+// tensorpipe fails a listener when an accepted connection dies before its
+// first packet (a peer crashing mid-connect); the agent listens again on the
+// addresses its peers know.
 TEST(TensorPipeBackend, LostPeerFailsPendingRequestsWithUnavailable) {
   Group group(2, {});
   ASSERT_TRUE(group.ok());
-  auto holder = std::make_shared<HeldResponses>();
+  auto held = std::make_shared<HeldResponses>();
   group.start_all(
-      [holder](Message request) { return holder->hold(std::move(request)); });
-  std::vector<Future<Message>> pending;
-  for (int i = 0; i < 3; ++i) {
-    pending.push_back(group[0].send(group[1].self(), ping("p"), kBound));
-  }
-  holder->wait_for(3);
-  group[1].shutdown();
-  for (Future<Message>& future : pending) {
-    EXPECT_THAT(future.get(absl::Now() + kBound),
-                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent1")));
-  }
-  // The broken pipe was dropped; reconnecting to a dead peer fails too.
-  EXPECT_THAT(group[0]
-                  .send(group[1].self(), ping("again"), kBound)
-                  .get(absl::Now() + kBound),
-              StatusIs(absl::StatusCode::kUnavailable));
+      [held](Message request) { return held->hold(std::move(request)); });
+  ::tether::testing::expect_peer_shutdown_fails_pending(group[0], group[1],
+                                                        *held);
 }
 
 TEST(TensorPipeBackend, RequestsArrivingBeforeStartAreServedAfterIt) {
   Group group(2, {});
   ASSERT_TRUE(group.ok());
   ASSERT_THAT(group[0].start(echo), IsOk());
-  Future<Message> early = group[0].send(group[1].self(), ping("early"), kBound);
-  // Not answered while agent1 has no handler.
-  EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded));
-  ASSERT_THAT(group[1].start(echo), IsOk());
-  absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
-  ASSERT_THAT(response, IsOk());
-  EXPECT_EQ(response->payload, "early/pong");
-  EXPECT_THAT(group[1].start(echo),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tether::testing::expect_requests_before_start_served_after(group[0],
+                                                               group[1]);
 }
 
-TEST(TensorPipeBackend, HandlerMaySendNestedRequests) {
-  Group group(3, {});
-  ASSERT_TRUE(group.ok());
-  Group* g = &group;
-  group.start_all([g](Message request) -> Future<Message> {
-    if (!absl::StartsWith(request.payload, "fwd:"))
-      return echo(std::move(request));
-    // On agent1's tensorpipe thread: forward to agent2, answer with its reply.
-    Message onward = ping(request.payload.substr(4));
-    onward.storages = std::move(request.storages);
-    return (*g)[1]
-        .send((*g)[2].self(), std::move(onward), kBound)
-        .then([](const absl::StatusOr<Message>& reply)
-                  -> absl::StatusOr<Message> {
-          if (!reply.ok()) return reply.status();
-          Message response = *reply;
-          response.payload += "/via1";
-          return response;
-        });
-  });
-  std::vector<Future<Message>> calls;
-  for (int i = 0; i < 20; ++i) {
-    Message request = ping(absl::StrCat("fwd:", i));
-    request.storages.push_back(make_storage(100, static_cast<uint8_t>(i)));
-    calls.push_back(group[0].send(group[1].self(), std::move(request), kBound));
-  }
-  for (int i = 0; i < 20; ++i) {
-    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
-    ASSERT_THAT(response, IsOk());
-    EXPECT_EQ(response->payload, absl::StrCat(i, "/pong/via1"));
-    ASSERT_EQ(response->storages.size(), 1u);
-    EXPECT_TRUE(
-        storage_matches(response->storages[0], 100, static_cast<uint8_t>(i)));
-  }
-}
-
-TEST(TensorPipeBackend, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
-  Group group(2, {});
-  ASSERT_TRUE(group.ok());
-  Group* g = &group;
-  ASSERT_THAT(group[0].start(echo), IsOk());
-  ASSERT_THAT(group[1].start([g](Message request) {
-    (*g)[1].shutdown();
-    return echo(std::move(request));
-  }),
-              IsOk());
-  absl::StatusOr<Message> response =
-      group[0]
-          .send(group[1].self(), ping("bye"), kBound)
-          .get(absl::Now() + kBound);
-  // The response may or may not have left before the pipe closed.
-  if (!response.ok()) {
-    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
-  }
-  EXPECT_THAT(group[1]
-                  .send(group[0].self(), ping("x"), kBound)
-                  .get(absl::Now() + kBound),
-              StatusIs(absl::StatusCode::kCancelled));
-  // ~Group shuts agent1 down again: it waits for the first shutdown's joins.
-}
-
-// tensorpipe fails a listener when an accepted connection dies before its
-// first packet (a peer crashing mid-connect); the agent listens again on the
-// addresses its peers know.
 TEST(TensorPipeBackend, ListenerSurvivesAConnectionThatDiesEarly) {
   Group group(3, {});
   ASSERT_TRUE(group.ok());
