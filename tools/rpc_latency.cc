@@ -9,7 +9,7 @@
 // percentiles) of `aten::add.Scalar` on a 2-element float tensor, via
 // rpc_sync to rank 1, for each variant in turn: TensorPipe over uv (TCP) only,
 // over shm only, and with TensorPipe's own negotiation (all transports and
-// channels). With --no_tensors the call is a TorchScript `inc(int) -> int`
+// channels); libfabric over tcp;ofi_rxm and over shm. With --no_tensors the call is a TorchScript `inc(int) -> int`
 // instead (no storage travels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY) between
 // the same two processes. Prints a table and one JSON line.
 #include <ATen/ATen.h>
@@ -215,6 +215,9 @@ int main(int argc, char** argv) {
       {"tensorpipe shm", "tensorpipe",
        {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "basic"}}},
       {"tensorpipe negotiated", "tensorpipe", {}},
+      {"libfabric tcp;ofi_rxm", "libfabric",
+       {{"libfabric.provider", "tcp;ofi_rxm"}}},
+      {"libfabric shm", "libfabric", {{"libfabric.provider", "shm"}}},
   };
   std::vector<Result> results;
   for (size_t v = 0; v < variants.size(); ++v) {
