@@ -83,11 +83,14 @@ absl::StatusOr<std::vector<std::string>> exchange_through_store(
 }
 
 absl::Status join_group(join::StoreJoin& joiner,
-                        internal::PendingRequests& pending,
-                        const std::function<bool()>& closed,
-                        std::function<int64_t()> active_count,
+                        internal::PendingRequests& pending, absl::Mutex& mu,
+                        const bool& closed, const int64_t& incoming,
                         absl::string_view worker, absl::Duration timeout) {
-  if (closed()) {
+  auto is_closed = [&mu, &closed] {
+    absl::MutexLock lock(&mu);
+    return closed;
+  };
+  if (is_closed()) {
     return absl::CancelledError(
         absl::StrCat("worker '", worker, "' has shut down"));
   }
@@ -96,13 +99,39 @@ absl::Status join_group(join::StoreJoin& joiner,
   hooks.wait_outgoing_drained = [&pending](absl::Time deadline) {
     return pending.wait_until_empty(deadline);
   };
-  hooks.active_count = std::move(active_count);
+  hooks.active_count = [&pending, &mu, &incoming] {
+    // Both counts of one instant: `incoming` holds still under `mu`.
+    absl::MutexLock lock(&mu);
+    return static_cast<int64_t>(pending.size()) + incoming;
+  };
   absl::Status joined = joiner.join(hooks, timeout);
-  if (joined.ok() && closed()) {
+  if (joined.ok() && is_closed()) {
     return absl::CancelledError(
         absl::StrCat("worker '", worker, "' shut down while joining"));
   }
   return joined;
+}
+
+absl::Status install_handler(RequestHandler handler, bool closed,
+                             absl::string_view worker,
+                             std::shared_ptr<const RequestHandler>& slot) {
+  if (closed) {
+    return absl::CancelledError(
+        absl::StrCat("worker '", worker, "' has shut down"));
+  }
+  if (slot != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start() called twice on worker '", worker, "'"));
+  }
+  slot = std::make_shared<const RequestHandler>(std::move(handler));
+  return absl::OkStatus();
+}
+
+absl::Status sent_after_shutdown(absl::string_view worker, MessageType type,
+                                 absl::string_view to) {
+  return absl::CancelledError(
+      absl::StrCat("worker '", worker, "' has shut down; cannot send ",
+                   message_type_name(type), " to '", to, "'"));
 }
 
 Future<Message> call_handler(const RequestHandler& handler, Message request,

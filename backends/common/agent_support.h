@@ -125,15 +125,27 @@ class ShutdownOnce {
     absl::string_view who);
 
 // Agent::join() on the store barrier of core/join, for an agent whose
-// outgoing requests are in `pending`: `closed` says whether the agent has
-// shut down (CANCELLED, naming `worker`, before or after the barrier);
-// `active_count` counts its pending and unanswered incoming requests.
+// outgoing requests are in `pending` and whose `closed` flag (it has shut
+// down: CANCELLED, naming `worker`, before or after the barrier) and count
+// of `incoming` requests not yet answered are guarded by `mu`, which the
+// caller does not hold.
 [[nodiscard]] absl::Status join_group(join::StoreJoin& joiner,
                                       internal::PendingRequests& pending,
-                                      const std::function<bool()>& closed,
-                                      std::function<int64_t()> active_count,
+                                      absl::Mutex& mu, const bool& closed,
+                                      const int64_t& incoming,
                                       absl::string_view worker,
                                       absl::Duration timeout);
+
+// start()'s checks, with the agent's lock held: CANCELLED once `closed`,
+// INVALID_ARGUMENT when `slot` holds a handler already; else installs
+// `handler` in `slot`.
+[[nodiscard]] absl::Status install_handler(
+    RequestHandler handler, bool closed, absl::string_view worker,
+    std::shared_ptr<const RequestHandler>& slot);
+
+// The error of a send() after shutdown (CANCELLED).
+absl::Status sent_after_shutdown(absl::string_view worker, MessageType type,
+                                 absl::string_view to);
 
 // Calls `handler` with `request`; an exception it throws, or an invalid
 // future it returns, becomes a failed future (INTERNAL, naming `worker`).

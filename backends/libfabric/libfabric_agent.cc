@@ -86,6 +86,11 @@ constexpr absl::Duration kGoodbyeBound = absl::Milliseconds(200);
 constexpr absl::Duration kPollSleepMin = absl::Microseconds(50);
 constexpr absl::Duration kPollSleepMax = absl::Milliseconds(1);
 constexpr absl::Duration kPolledSpin = absl::Microseconds(50);
+// A provider may need more than one progress call to turn what it read into
+// a completion: look again before sleeping.
+constexpr int kEmptyPassesBeforeSleep = 3;
+constexpr absl::Duration kShortestNap = absl::Microseconds(500);
+constexpr absl::Duration kLongestNap = absl::Milliseconds(20);
 constexpr absl::Duration kStatsBound = absl::Seconds(10);
 
 // Which agent's progress thread this is (nullptr: none).
@@ -466,7 +471,11 @@ class State : public std::enable_shared_from_this<State> {
   // ---- the progress thread
   void run();
   bool run_commands(bool* stop) ABSL_LOCKS_EXCLUDED(mu_);
-  void idle(absl::Time next_tick, absl::Duration* poll_sleep);
+  // Sleeps until woken or until a timeout; true if the timeout ran out.
+  bool idle(absl::Time next_tick, absl::Duration* poll_sleep,
+            absl::Duration* nap);
+  // Something of ours waits on a peer or on the provider.
+  bool waiting();
   bool poll_completions();
   void on_completion(Op* op, size_t length);
   void on_error(const fi_cq_err_entry& error);
@@ -842,15 +851,9 @@ absl::Status State::start(RequestHandler handler) {
   std::vector<Deferred> deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-    if (handler_ != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("start() called twice on worker '", self_.name, "'"));
-    }
-    handler_ = std::make_shared<const RequestHandler>(std::move(handler));
+    absl::Status installed = common::install_handler(
+        std::move(handler), closed_, self_.name, handler_);
+    if (!installed.ok()) return installed;
     deferred.swap(deferred_);
   }
   for (Deferred& entry : deferred) {
@@ -921,9 +924,8 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
-      return Future<Message>::ready(absl::CancelledError(absl::StrCat(
-          "worker '", self_.name, "' has shut down; cannot send ",
-          message_type_name(request.type), " to '", to.name, "'")));
+      return Future<Message>::ready(
+          common::sent_after_shutdown(self_.name, request.type, to.name));
     }
     // Under mu_, so that shutdown() fails it.
     pending = pending_.add(timeout,
@@ -942,17 +944,8 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
 }
 
 absl::Status State::join(absl::Duration timeout) {
-  return common::join_group(
-      joiner_, pending_,
-      [this] {
-        absl::MutexLock lock(&mu_);
-        return closed_;
-      },
-      [this] {
-        absl::MutexLock lock(&mu_);
-        return static_cast<int64_t>(pending_.size()) + incoming_active_;
-      },
-      self_.name, timeout);
+  return common::join_group(joiner_, pending_, mu_, closed_, incoming_active_,
+                            self_.name, timeout);
 }
 
 void State::shutdown() {
@@ -1021,11 +1014,17 @@ void State::run() {
   absl::Time last_work = absl::Now();
   absl::Time next_tick = last_work + tick_;
   absl::Duration poll_sleep = kPollSleepMin;
+  absl::Duration nap = kShortestNap;
+  int empty_passes = 0;
+  bool woke_by_timeout = false;
   while (true) {
     bool stop = false;
     bool worked = run_commands(&stop);
     if (stop) break;
-    worked |= poll_completions();
+    const bool completed = poll_completions();
+    if (completed && woke_by_timeout) ++stats_.late_wakeups;
+    woke_by_timeout = false;
+    worked |= completed;
     worked |= pump();
     const absl::Time now = absl::Now();
     if (now >= next_tick) {
@@ -1035,10 +1034,15 @@ void State::run() {
     if (worked) {
       last_work = now;
       poll_sleep = kPollSleepMin;
+      nap = kShortestNap;
+      empty_passes = 0;
       continue;
     }
-    if (now - last_work < spin_) continue;
-    idle(next_tick, &poll_sleep);
+    if (now - last_work < spin_ || ++empty_passes < kEmptyPassesBeforeSleep) {
+      continue;
+    }
+    empty_passes = 0;
+    woke_by_timeout = idle(next_tick, &poll_sleep, &nap);
   }
   teardown();
   t_progress_of = nullptr;
@@ -1058,12 +1062,21 @@ bool State::run_commands(bool* stop) {
   return !batch.empty();
 }
 
-void State::idle(absl::Time next_tick, absl::Duration* poll_sleep) {
+bool State::idle(absl::Time next_tick, absl::Duration* poll_sleep,
+                 absl::Duration* nap) {
   absl::Duration timeout =
       std::max(absl::ZeroDuration(), next_tick - absl::Now());
   // Operations refused with FI_EAGAIN (a connection being made, a full
   // queue) are tried again soon, whatever wakes us.
   if (refused_) timeout = std::min(timeout, absl::Milliseconds(1));
+  // While something waits on a peer or on the provider, sleep in short but
+  // growing naps even where a wake-up should come: a provider that buffers
+  // what it read off a socket may not signal its descriptor again, and a
+  // lost wake-up must cost a nap, not a tick.
+  if (waiting()) {
+    timeout = std::min(timeout, *nap);
+    *nap = std::min(*nap * 2, kLongestNap);
+  }
   const bool polled = fabric_->wait_fd() < 0;
   if (polled) {
     // Sleep until a peer rings when every peer can and nothing of ours is
@@ -1078,32 +1091,41 @@ void State::idle(absl::Time next_tick, absl::Duration* poll_sleep) {
       char rings[64];
       while (::recv(doorbell_fd_, rings, sizeof(rings), MSG_DONTWAIT) > 0) {
       }
-      if (poll_completions()) return;
+      if (poll_completions()) return false;
     } else {
       timeout = std::min(timeout, *poll_sleep);
       *poll_sleep = std::min(*poll_sleep * 2, kPollSleepMax);
     }
   }
   refused_ = false;
+  bool ran_out = false;
   sleeping_.store(true);
   if (!has_commands()) {
     if (polled) {
       pollfd wakeups[2] = {{event_fd_, POLLIN, 0}, {doorbell_fd_, POLLIN, 0}};
       const timespec wait = absl::ToTimespec(timeout);
-      ::ppoll(wakeups, doorbell_fd_ >= 0 ? 2 : 1, &wait, nullptr);
+      ran_out = ::ppoll(wakeups, doorbell_fd_ >= 0 ? 2 : 1, &wait, nullptr) == 0;
     } else {
       fid* fids[] = {&fabric_->cq()->fid};
       if (fi_trywait(fabric_->fabric(), fids, 1) == FI_SUCCESS) {
         epoll_event events[2];
         const int ms = static_cast<int>(
             absl::ToInt64Milliseconds(timeout + absl::Microseconds(999)));
-        ::epoll_wait(epoll_fd_, events, 2, ms);
+        ran_out = ::epoll_wait(epoll_fd_, events, 2, ms) == 0;
       }
     }
   }
   sleeping_.store(false);
   uint64_t count = 0;
   [[maybe_unused]] ssize_t got = ::read(event_fd_, &count, sizeof(count));
+  return ran_out;
+}
+
+bool State::waiting() {
+  return !queued_ranks_.empty() || !credit_due_.empty() ||
+         !transfers_.empty() || !inflight_.empty() ||
+         !pulls_waiting_.empty() || !sends_waiting_.empty() ||
+         pending_.size() > 0;
 }
 
 bool State::poll_completions() {

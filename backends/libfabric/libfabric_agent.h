@@ -133,8 +133,12 @@ struct LibfabricStats {
   // The most eager frames this agent has had in flight to one peer (never
   // more than the peer's credits plus its control slot).
   uint32_t max_frames_in_flight = 0;
-  // How often a frame had to wait for a credit.
+  // How often sending found no credit left.
   uint64_t credit_waits = 0;
+  // How often the progress thread found completions only once a sleep had
+  // run out, not woken by the provider or a peer (a provider that does not
+  // signal its descriptor, or a polled provider without doorbells).
+  uint64_t late_wakeups = 0;
   uint64_t mr_cache_hits = 0;
   uint64_t mr_cache_misses = 0;
   uint64_t mr_cache_evictions = 0;

@@ -622,15 +622,9 @@ absl::Status State::start(RequestHandler handler) {
   std::vector<Deferred> deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-    if (handler_ != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("start() called twice on worker '", self_.name, "'"));
-    }
-    handler_ = std::make_shared<const RequestHandler>(std::move(handler));
+    absl::Status installed = common::install_handler(
+        std::move(handler), closed_, self_.name, handler_);
+    if (!installed.ok()) return installed;
     deferred.swap(deferred_);
   }
   for (Deferred& entry : deferred) {
@@ -660,9 +654,8 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
-      return Future<Message>::ready(absl::CancelledError(absl::StrCat(
-          "worker '", self_.name, "' has shut down; cannot send ",
-          message_type_name(request.type), " to '", to.name, "'")));
+      return Future<Message>::ready(
+          common::sent_after_shutdown(self_.name, request.type, to.name));
     }
     if (peer == rank_by_name_.end()) {
       return Future<Message>::ready(absl::UnavailableError(
@@ -1064,18 +1057,8 @@ void State::finish_incoming() {
 // --------------------------------------------------------- join, shutdown
 
 absl::Status State::join(absl::Duration timeout) {
-  return common::join_group(
-      joiner_, pending_,
-      [this] {
-        absl::MutexLock lock(&mu_);
-        return closed_;
-      },
-      [this] {
-        // Both counts of one instant: incoming_active_ holds still under mu_.
-        absl::MutexLock lock(&mu_);
-        return static_cast<int64_t>(pending_.size()) + incoming_active_;
-      },
-      self_.name, timeout);
+  return common::join_group(joiner_, pending_, mu_, closed_, incoming_active_,
+                            self_.name, timeout);
 }
 
 void State::shutdown() {
