@@ -514,6 +514,7 @@ class State : public std::enable_shared_from_this<State> {
                         uint64_t count);
   bool pump_sends();
   void handle_request(int rank, Message request) ABSL_LOCKS_EXCLUDED(mu_);
+  void serve_deferred() ABSL_LOCKS_EXCLUDED(mu_);
   void run_handler(const RequestHandler& handler, int rank, Message request);
 
   // Peers.
@@ -543,7 +544,6 @@ class State : public std::enable_shared_from_this<State> {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
-  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
   // Requests received and not yet answered (for join).
   int64_t incoming_active_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread progress_ ABSL_GUARDED_BY(mu_);
@@ -594,6 +594,8 @@ class State : public std::enable_shared_from_this<State> {
   std::deque<std::shared_ptr<Incoming>> pulls_waiting_;
   std::deque<SendRange> sends_waiting_;
   std::vector<int> queued_ranks_;
+  // Requests that arrived before start().
+  std::vector<Deferred> deferred_;
   std::vector<int> credit_due_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_;
   uint64_t next_transfer_ = 1;
@@ -848,27 +850,29 @@ absl::Status State::init() {
 }
 
 absl::Status State::start(RequestHandler handler) {
-  std::vector<Deferred> deferred;
   {
     absl::MutexLock lock(&mu_);
     absl::Status installed = common::install_handler(
         std::move(handler), closed_, self_.name, handler_);
     if (!installed.ok()) return installed;
-    deferred.swap(deferred_);
   }
-  for (Deferred& entry : deferred) {
-    auto shared = std::make_shared<Deferred>(std::move(entry));
-    post([this, shared] {
-      std::shared_ptr<const RequestHandler> handler;
-      {
-        absl::MutexLock lock(&mu_);
-        if (closed_) return;
-        handler = handler_;
-      }
-      run_handler(*handler, shared->rank, std::move(shared->request));
-    });
-  }
+  // After what the progress thread is doing now, which may defer one more.
+  post([this] { serve_deferred(); });
   return absl::OkStatus();
+}
+
+void State::serve_deferred() {
+  std::shared_ptr<const RequestHandler> handler;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    handler = handler_;
+  }
+  std::vector<Deferred> deferred;
+  deferred.swap(deferred_);
+  for (Deferred& entry : deferred) {
+    run_handler(*handler, entry.rank, std::move(entry.request));
+  }
 }
 
 // ----------------------------------------------------- any-thread helpers
@@ -2041,11 +2045,12 @@ void State::handle_request(int rank, Message request) {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     ++incoming_active_;
-    if (handler_ == nullptr) {
-      deferred_.push_back(Deferred{rank, std::move(request)});
-      return;
-    }
     handler = handler_;
+  }
+  if (handler == nullptr) {
+    // Served by the serve_deferred() that start() posts.
+    deferred_.push_back(Deferred{rank, std::move(request)});
+    return;
   }
   run_handler(*handler, rank, std::move(request));
 }
@@ -2197,6 +2202,7 @@ void State::teardown() {
   retry_.clear();  // eager buffers only, owned by receive_ops_
   pulls_waiting_.clear();
   sends_waiting_.clear();
+  deferred_.clear();
   for (Peer& peer : peers_) {
     peer.queue.clear();
     peer.transfers.clear();
