@@ -75,6 +75,8 @@ constexpr char kAddressKeyPrefix[] = "tether/libfabric/";
 // Eager buffers hold the rendezvous threshold plus this much for the
 // headers and segment descriptors.
 constexpr uint64_t kBufferSlack = 1024;
+// An inject size from which eager frames are held to it (see open_fabric()).
+constexpr size_t kUsefulInjectSize = 2048;
 constexpr size_t kSendBuffers = 64;
 // Large buffers move in pieces of at most this many bytes.
 constexpr uint64_t kMaxChunk = uint64_t{16} << 20;
@@ -566,6 +568,7 @@ class State : public std::enable_shared_from_this<State> {
   std::unique_ptr<Fabric> fabric_;
   std::vector<Peer> peers_;
   RendezvousMode mode_ = RendezvousMode::kRead;  // how we pull
+  uint64_t threshold_ = 0;                       // the rendezvous threshold
   uint64_t buffer_size_ = 0;                     // our eager buffers
   uint32_t credits_ = 0;                         // we grant each peer
   uint64_t send_buffer_size_ = 0;
@@ -632,7 +635,18 @@ absl::Status State::open_fabric() {
               ? RendezvousMode::kTagged
               : RendezvousMode::kRead;
   chunk_size_ = std::min<uint64_t>(kMaxChunk, fabric_->max_message_size());
-  buffer_size_ = settings_.rendezvous_threshold + kBufferSlack;
+  // A provider may move a message beyond its inject size in several steps
+  // of the receiver's progress (shm: segments, or a cross-memory copy that
+  // the receiver acknowledges), each waiting on a receiver that sleeps
+  // between frames. Where the inject size makes a useful eager frame, the
+  // default threshold keeps frames within it.
+  threshold_ = settings_.rendezvous_threshold;
+  const size_t inject = fabric_->inject_size();
+  if (!settings_.threshold_given && inject >= kUsefulInjectSize &&
+      inject < threshold_ + kBufferSlack) {
+    threshold_ = inject - kBufferSlack;
+  }
+  buffer_size_ = threshold_ + kBufferSlack;
   if (buffer_size_ > fabric_->max_message_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "setting libfabric.rendezvous_threshold: eager buffers of ",
@@ -702,6 +716,7 @@ absl::Status State::open_fabric() {
   stats_.sleeps_on_fd = fabric_->wait_fd() >= 0;
   stats_.credits = credits_;
   stats_.eager_buffer_bytes = buffer_size_;
+  stats_.rendezvous_threshold = threshold_;
   return absl::OkStatus();
 }
 
@@ -1557,7 +1572,7 @@ void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
   }
   bool any_remote = false;
   for (SegmentDesc& segment : segments) {
-    if (segment.size >= settings_.rendezvous_threshold) {
+    if (segment.size >= threshold_) {
       segment.remote = true;
       any_remote = true;
     }

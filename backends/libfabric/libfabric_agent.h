@@ -63,7 +63,10 @@
 //   libfabric.rendezvous_threshold  payloads and storages of at least this
 //                             many bytes go by rendezvous; it also sizes the
 //                             eager buffers (threshold + 1 KiB), 256 B..64 MiB
-//                             (default 16384)
+//                             (default 16384, or the provider's inject size
+//                             less 1 KiB where that is smaller and at least
+//                             2 KiB: 3072 on shm, whose larger messages take
+//                             several steps of the receiver's progress)
 //   libfabric.rendezvous      how this agent pulls large buffers: "auto"
 //                             (fi_read where the provider has FI_RMA, else
 //                             tagged), "read", "tagged" (default "auto")
@@ -124,6 +127,8 @@ struct LibfabricStats {
   // Eager buffers granted to each peer, and their size.
   uint32_t credits = 0;
   uint64_t eager_buffer_bytes = 0;
+  // Payloads and storages of at least this many bytes go by rendezvous.
+  uint64_t rendezvous_threshold = 0;
   uint64_t frames_sent = 0;
   uint64_t frames_received = 0;
   // Messages sent and received with at least one part by rendezvous.

@@ -181,7 +181,10 @@ TEST_P(Provider, ReportsWhatItRunsOn) {
   EXPECT_EQ(stats.provider, GetParam());
   EXPECT_EQ(stats.rendezvous, "read");
   EXPECT_EQ(stats.credits, 16u);
-  EXPECT_EQ(stats.eager_buffer_bytes, (16u << 10) + 1024);
+  // shm's inject size (4 KiB) bounds its eager frames.
+  const uint64_t threshold = GetParam() == "shm" ? 3072 : 16 << 10;
+  EXPECT_EQ(stats.rendezvous_threshold, threshold);
+  EXPECT_EQ(stats.eager_buffer_bytes, threshold + 1024);
 }
 
 // Payloads and storages below, at and above the rendezvous threshold, in
@@ -189,7 +192,9 @@ TEST_P(Provider, ReportsWhatItRunsOn) {
 TEST_P(Provider, RoundTripsOfEverySizeInEachRendezvousMode) {
   for (const char* mode : {"read", "tagged"}) {
     SCOPED_TRACE(mode);
-    Group group(GetParam(), 2, {{"libfabric.rendezvous", mode}});
+    Group group(GetParam(), 2,
+                {{"libfabric.rendezvous", mode},
+                 {"libfabric.rendezvous_threshold", "16384"}});
     ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
     EXPECT_EQ(stats_of(group[0]).rendezvous, mode);
     group.start_all(echo);

@@ -213,6 +213,8 @@ size_t Fabric::tx_size() const { return info_->tx_attr->size; }
 
 size_t Fabric::rx_size() const { return info_->rx_attr->size; }
 
+size_t Fabric::inject_size() const { return info_->tx_attr->inject_size; }
+
 uint64_t Fabric::max_message_size() const {
   return info_->ep_attr->max_msg_size;
 }

@@ -113,6 +113,9 @@ class Fabric {
   // Sizes of the endpoint's transmit and receive queues.
   size_t tx_size() const;
   size_t rx_size() const;
+  // The largest message the endpoint sends in one step, with no completion
+  // to wait for on the receiver (fi_inject).
+  size_t inject_size() const;
   // The largest message or read the endpoint takes.
   uint64_t max_message_size() const;
   // The file descriptor that becomes readable when the completion queue

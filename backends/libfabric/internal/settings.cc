@@ -138,7 +138,10 @@ absl::StatusOr<Settings> parse_settings(
     }
     if (key == kThresholdKey) {
       number = parse_int(key, value, kMinThreshold, kMaxThreshold);
-      if (number.ok()) settings.rendezvous_threshold = *number;
+      if (number.ok()) {
+        settings.rendezvous_threshold = *number;
+        settings.threshold_given = true;
+      }
     } else if (key == kCreditsKey) {
       number = parse_int(key, value, 1, kMaxCredits);
       if (number.ok()) settings.credits = static_cast<uint32_t>(*number);

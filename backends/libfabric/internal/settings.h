@@ -29,6 +29,8 @@ struct Settings {
   // default is left to its own choice).
   bool address_given = false;
   uint64_t rendezvous_threshold = 16 << 10;
+  // Whether the threshold was given (else a provider may lower it).
+  bool threshold_given = false;
   RendezvousMode rendezvous = RendezvousMode::kAuto;
   uint32_t credits = 16;
   absl::Duration peer_timeout = absl::Seconds(10);
