@@ -87,10 +87,6 @@ constexpr absl::Duration kMaxTick = absl::Milliseconds(100);
 constexpr absl::Duration kGoodbyeBound = absl::Milliseconds(200);
 constexpr absl::Duration kPollSleepMin = absl::Microseconds(50);
 constexpr absl::Duration kPollSleepMax = absl::Milliseconds(1);
-constexpr absl::Duration kPolledSpin = absl::Microseconds(50);
-// A provider may need more than one progress call to turn what it read into
-// a completion: look again before sleeping.
-constexpr int kEmptyPassesBeforeSleep = 3;
 constexpr absl::Duration kShortestNap = absl::Microseconds(500);
 constexpr absl::Duration kLongestNap = absl::Milliseconds(20);
 constexpr absl::Duration kStatsBound = absl::Seconds(10);
@@ -671,9 +667,7 @@ absl::Status State::open_fabric() {
   tx_limit_ = fabric_->tx_size();
   rx_limit_ = rx - slots;
 
-  spin_ = settings_.spin >= absl::ZeroDuration()
-              ? settings_.spin
-              : (fabric_->wait_fd() >= 0 ? absl::ZeroDuration() : kPolledSpin);
+  spin_ = settings_.spin;
   keepalive_interval_ =
       std::max(absl::Milliseconds(20), settings_.peer_timeout / 5);
   tick_ = std::min(kMaxTick, keepalive_interval_ / 2);
@@ -1034,7 +1028,6 @@ void State::run() {
   absl::Time next_tick = last_work + tick_;
   absl::Duration poll_sleep = kPollSleepMin;
   absl::Duration nap = kShortestNap;
-  int empty_passes = 0;
   bool woke_by_timeout = false;
   while (true) {
     bool stop = false;
@@ -1054,13 +1047,9 @@ void State::run() {
       last_work = now;
       poll_sleep = kPollSleepMin;
       nap = kShortestNap;
-      empty_passes = 0;
       continue;
     }
-    if (now - last_work < spin_ || ++empty_passes < kEmptyPassesBeforeSleep) {
-      continue;
-    }
-    empty_passes = 0;
+    if (now - last_work < spin_) continue;
     woke_by_timeout = idle(next_tick, &poll_sleep, &nap);
   }
   teardown();

@@ -82,10 +82,10 @@
 //                             256 MiB; 0 entries: no cache)
 //   libfabric.spin_us         how long the progress thread keeps polling
 //                             after its last work before it sleeps (default
-//                             0 where the completion queue has a file
-//                             descriptor to sleep on, e.g. tcp;ofi_rxm; 200
-//                             where it must be polled, e.g. shm, whose
-//                             thread then sleeps at most 1 ms at a time)
+//                             0: on a machine whose cores are shared, a
+//                             spinning thread delays the ones it waits for;
+//                             on dedicated cores a spin of tens of
+//                             microseconds saves wake-ups)
 //
 // Memory: world size x (credits + 1) receive buffers and 64 send buffers of
 // threshold + 1 KiB each, plus what the registration cache holds.

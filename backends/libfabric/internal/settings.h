@@ -38,8 +38,8 @@ struct Settings {
   size_t mr_cache_entries = 64;
   uint64_t mr_cache_bytes = uint64_t{256} << 20;
   // How long the progress thread keeps polling after its last work before
-  // it sleeps; negative: the provider's default (see libfabric_agent.h).
-  absl::Duration spin = absl::Microseconds(-1);
+  // it sleeps.
+  absl::Duration spin = absl::ZeroDuration();
 };
 
 // Keys that do not start with "libfabric." belong to other backends and are
