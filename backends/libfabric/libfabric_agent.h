@@ -93,7 +93,14 @@
 // Threads: each agent runs one progress thread, which alone calls libfabric:
 // it drives the completion queue, runs the request handler and completes
 // send() futures; other threads hand it work through a queue and wake it.
-// Plus one timer thread. join() is the store barrier of core/join.
+// It sleeps on the completion queue's file descriptor where the provider
+// has one (tcp;ofi_rxm); where the queue must be polled (shm), same-host
+// peers ring its doorbell (a Unix datagram socket named in the address
+// record) after each frame they send, and it polls only for peers without
+// one. While anything waits, its sleeps are short naps, so that a wake-up a
+// provider fails to signal costs little. Plus one timer thread. join() is
+// the store barrier of core/join. docs/libfabric.md has the rest: providers,
+// protocol, failures, limits.
 #ifndef TETHER_BACKENDS_LIBFABRIC_LIBFABRIC_AGENT_H_
 #define TETHER_BACKENDS_LIBFABRIC_LIBFABRIC_AGENT_H_
 
@@ -150,7 +157,9 @@ struct LibfabricStats {
 };
 
 // The counters of `agent`, which must be a libfabric agent that has not
-// shut down (else INVALID_ARGUMENT or CANCELLED).
+// shut down (else INVALID_ARGUMENT or CANCELLED). Asks the agent's progress
+// thread and waits for it (DEADLINE_EXCEEDED after 10 s): call it from any
+// thread but that agent's own callbacks.
 [[nodiscard]] absl::StatusOr<LibfabricStats> libfabric_stats(Agent& agent);
 
 }  // namespace tether::backends
