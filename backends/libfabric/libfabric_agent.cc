@@ -234,11 +234,13 @@ struct Op {
 struct Transfer {
   uint64_t id = 0;
   int rank = -1;
+  // Declared before the message, so destroyed after it: released, a
+  // storage's registration sees whether anyone else still holds it.
+  std::vector<MrCache::Handle> storage_regions;
   Message message;
   std::string body;  // the encoded body, when it is remote
   std::unique_ptr<MemoryRegion> body_region;
   std::unique_ptr<MemoryRegion> payload_region;
-  std::vector<MrCache::Handle> storage_regions;
   // Per segment, where its bytes are and their descriptor (remote ones).
   std::vector<const char*> segment_data;
   std::vector<void*> segment_desc;
@@ -2118,6 +2120,7 @@ void State::fail_peer(int rank, const absl::Status& status) {
 }
 
 void State::housekeeping(absl::Time now) {
+  mr_cache_->drop_unheld();
   const bool prune = now - last_prune_ >= keepalive_interval_;
   if (prune) last_prune_ = now;
   for (Peer& peer : peers_) {

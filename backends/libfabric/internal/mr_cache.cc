@@ -83,6 +83,7 @@ void MrCache::release(Entry* entry) {
 }
 
 void MrCache::evict() {
+  drop_unheld();
   while (!idle_.empty() &&
          (entries_.size() > limits_.max_entries || bytes_ > limits_.max_bytes)) {
     Entry* victim = idle_.front();
@@ -91,6 +92,22 @@ void MrCache::evict() {
     ++stats_.evictions;
     // Closes the registration, then drops the storage.
     entries_.erase(victim->key);
+  }
+}
+
+void MrCache::drop_unheld() {
+  // A storage only the cache holds can never be sent again: its entry goes,
+  // and its memory back to the allocator.
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    Entry* entry = *it;
+    if (entry->storage.use_count() > 1) {
+      ++it;
+      continue;
+    }
+    it = idle_.erase(it);
+    bytes_ -= entry->storage.nbytes();
+    ++stats_.evictions;
+    entries_.erase(entry->key);
   }
 }
 

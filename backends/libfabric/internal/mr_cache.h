@@ -5,14 +5,17 @@
 // pinning pages; a model sends the same parameter storages again and again.
 // The cache keeps a storage's registration after its transfer ends, keyed by
 // (storage, data pointer, size, access), and hands it out again on the next
-// send. Idle entries are evicted least recently used first, when there are
-// more than `max_entries` entries or more than `max_bytes` registered.
+// send. An idle entry whose storage nobody else holds any more is evicted at
+// once (it can never be sent again); other idle entries least recently used
+// first, when there are more than `max_entries` entries or more than
+// `max_bytes` registered.
 //
 // WARNING: an entry holds a reference to its storage, so that the memory
 // cannot be freed and reused under a registration (the classic
 // registration-cache bug, which would corrupt data on pinned RDMA memory).
-// The cost is that up to `max_bytes` of storages the application dropped
-// stay allocated until evicted; `max_entries` = 0 turns caching off.
+// The cost is that a storage the application drops after its last send
+// stays allocated until the next drop_unheld(); `max_entries` = 0 turns
+// caching off.
 //
 // Ownership: the cache borrows the Fabric, which outlives it. Every Handle
 // must be destroyed before the cache.
@@ -80,6 +83,10 @@ class MrCache {
   // or new. UNAVAILABLE when libfabric refuses to register.
   [[nodiscard]] absl::StatusOr<Handle> acquire(const c10::Storage& storage,
                                                uint64_t access);
+
+  // Evicts the idle entries whose storage nobody else holds any more
+  // (release() does it too; the agent also calls it now and then).
+  void drop_unheld();
 
   Stats stats() const;
 
