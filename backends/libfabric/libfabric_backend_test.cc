@@ -8,6 +8,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -155,6 +160,43 @@ TEST(LibfabricBackend, ProvidersOfAGroupMustMatch) {
                 StatusIs(absl::StatusCode::kFailedPrecondition,
                          AllOf(HasSubstr("'shm'"), HasSubstr("'tcp;ofi_rxm'"))));
   }
+}
+
+// shm names its memory regions (files in /dev/shm) after the endpoint; a
+// killed process leaves its file behind. Opening an shm endpoint removes
+// those of tether's endpoints whose process is gone, and no others.
+TEST(LibfabricBackend, ShmRemovesRegionsOfDeadProcesses) {
+  if (!libfabric_backend({{"libfabric.provider", "shm"}}).viable().ok()) {
+    GTEST_SKIP() << "shm is not available here";
+  }
+  char link[64] = {0};
+  ASSERT_GT(::readlink("/proc/self/ns/pid", link, sizeof(link)), 0);
+  std::string ns;
+  for (const char* c = link; *c != '\0'; ++c) {
+    if (*c >= '0' && *c <= '9') ns += *c;
+  }
+  pid_t dead = 0;
+  for (pid_t pid = 4000000; pid > 1 && dead == 0; --pid) {
+    if (::kill(pid, 0) != 0 && errno == ESRCH) dead = pid;
+  }
+  ASSERT_NE(dead, 0);
+  const std::string stale =
+      absl::StrCat("/dev/shm/tether-lf-", ns, "-", dead, "-1:0:0");
+  const std::string alive =
+      absl::StrCat("/dev/shm/tether-lf-", ns, "-", ::getpid(), "-1:0:0");
+  const std::string foreign = absl::StrCat("/dev/shm/", dead, ":0:0");
+  for (const std::string& path : {stale, alive, foreign}) {
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_NE(file, nullptr) << path;
+    std::fclose(file);
+  }
+  Group group("shm", 1);
+  ASSERT_TRUE(group.ok()) << group.error(0);
+  EXPECT_NE(::access(stale.c_str(), F_OK), 0);
+  EXPECT_EQ(::access(alive.c_str(), F_OK), 0);
+  EXPECT_EQ(::access(foreign.c_str(), F_OK), 0);
+  std::remove(alive.c_str());
+  std::remove(foreign.c_str());
 }
 
 TEST(LibfabricBackend, CreationTimesOutNamingMissingRanks) {

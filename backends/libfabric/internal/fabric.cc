@@ -5,8 +5,16 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <set>
 
 namespace tether::backends::libfabric::internal {
@@ -66,6 +74,52 @@ absl::Status not_available(const std::string& provider, int rc) {
       "' is not available on this machine (fi_getinfo: ", fi_error_text(-rc),
       "); RDM providers here: ",
       available.empty() ? "none" : absl::StrJoin(available, ", ")));
+}
+
+// shm names its memory region (a file in /dev/shm) after the endpoint's
+// source address, by default "<pid>:<domain>:<endpoint>". A process killed
+// with SIGKILL leaves its file behind, and a later process that gets the
+// same pid cannot create its own (EBUSY). So tether's shm endpoints are
+// named "tether-lf-<pid namespace>-<pid>-<random>", and opening one removes
+// the files of such endpoints whose process, in this pid namespace, is gone.
+constexpr char kShmNamePrefix[] = "tether-lf-";
+
+std::string pid_namespace() {
+  char link[64] = {0};
+  const ssize_t length = ::readlink("/proc/self/ns/pid", link, sizeof(link));
+  std::string digits;
+  for (ssize_t i = 0; i < length; ++i) {
+    if (link[i] >= '0' && link[i] <= '9') digits += link[i];
+  }
+  return digits.empty() ? "0" : digits;
+}
+
+void remove_stale_shm_regions(const std::string& prefix) {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      ::shm_unlink(name.c_str());
+    }
+  }
+  ::closedir(dir);
+}
+
+// Names an shm endpoint's region (see kShmNamePrefix) in `info`.
+void name_shm_endpoint(fi_info* info) {
+  const std::string prefix =
+      absl::StrCat(kShmNamePrefix, pid_namespace(), "-");
+  remove_stale_shm_regions(prefix);
+  std::random_device random;
+  const std::string name =
+      absl::StrCat("fi_shm://", prefix, ::getpid(), "-",
+                   absl::Hex(static_cast<uint64_t>(random()) << 32 | random()));
+  std::free(info->src_addr);
+  info->src_addr = ::strdup(name.c_str());
+  info->src_addrlen = name.size() + 1;
 }
 
 absl::Status call_failed(absl::string_view call, int rc) {
@@ -140,6 +194,11 @@ absl::StatusOr<std::unique_ptr<Fabric>> Fabric::open(
           "); set libfabric.address to an IP address or network interface "
           "of this machine"));
     }
+  }
+
+  if (info->addr_format == FI_ADDR_STR &&
+      std::string(info->fabric_attr->prov_name) == "shm") {
+    name_shm_endpoint(info.get());
   }
 
   std::unique_ptr<Fabric> fabric(new Fabric());
