@@ -3,8 +3,8 @@
 // (Debian ships no fabtests).
 //
 //   bazel build -c opt //tools:tether_run //tools:fabric_pingpong
-//   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/fabric_pingpong \
-//       --provider='tcp;ofi_rxm' --wait=fd
+//   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/fabric_pingpong
+//       --provider='tcp;ofi_rxm' --wait=fd  (one command line)
 //
 // Both processes open one FI_EP_RDM endpoint as the backend does
 // (backends/libfabric/internal/fabric.h) and exchange their names through
