@@ -11,8 +11,10 @@ namespace tether::backends {
 
 // Adds "loopback" (in-process), "tensorpipe" (the default; TCP and shared
 // memory between processes), "grpc" (gRPC streams, TLS optional;
-// backends/grpc/grpc_agent.h) and "faulty" (wraps another of `registry`'s
-// backends to inject faults, for tests; backends/faulty/faulty_agent.h).
+// backends/grpc/grpc_agent.h), "libfabric" (libfabric RDM endpoints: TCP,
+// shared memory, RDMA fabrics; backends/libfabric/libfabric_agent.h) and
+// "faulty" (wraps another of `registry`'s backends to inject faults, for
+// tests; backends/faulty/faulty_agent.h).
 // Fails only if a name is already taken. `registry` must outlive its use of
 // the faulty backend.
 [[nodiscard]] absl::Status register_builtin_backends(BackendRegistry& registry);

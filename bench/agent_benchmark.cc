@@ -1,7 +1,8 @@
 // Google Benchmark suite of the agents: a request and its echoed response
 // between two agents of one backend in this process (real transports for
-// TensorPipe: uv and shm between the two agents; gRPC over loopback TCP), by
-// message size. grpc_baseline_benchmark measures bare gRPC the same way.
+// TensorPipe: uv and shm between the two agents; gRPC over loopback TCP;
+// libfabric: tcp;ofi_rxm and shm endpoints), by message size.
+// grpc_baseline_benchmark measures bare gRPC the same way.
 //
 //   bazel run -c opt //bench:agent_benchmark
 #include <benchmark/benchmark.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "backends/grpc/grpc_agent.h"
+#include "backends/libfabric/libfabric_agent.h"
 #include "backends/loopback/loopback_agent.h"
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "testing/agent_testing.h"
@@ -65,6 +67,14 @@ void BM_TensorPipeNegotiated(benchmark::State& state) {
 void BM_Grpc(benchmark::State& state) {
   round_trips(state, backends::grpc_backend(), {});
 }
+void BM_LibfabricTcp(benchmark::State& state) {
+  round_trips(state, backends::libfabric_backend(),
+              {{"libfabric.provider", "tcp;ofi_rxm"}});
+}
+void BM_LibfabricShm(benchmark::State& state) {
+  round_trips(state, backends::libfabric_backend(),
+              {{"libfabric.provider", "shm"}});
+}
 
 #define SIZES ->Arg(0)->Arg(8 << 10)->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()
 BENCHMARK(BM_Loopback) SIZES;
@@ -72,6 +82,8 @@ BENCHMARK(BM_TensorPipeUv) SIZES;
 BENCHMARK(BM_TensorPipeShm) SIZES;
 BENCHMARK(BM_TensorPipeNegotiated) SIZES;
 BENCHMARK(BM_Grpc) SIZES;
+BENCHMARK(BM_LibfabricTcp) SIZES;
+BENCHMARK(BM_LibfabricShm) SIZES;
 
 }  // namespace
 }  // namespace tether

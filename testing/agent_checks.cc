@@ -125,7 +125,10 @@ void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
 
 void expect_served_after_start(Agent& sender, Agent& receiver) {
   ASSERT_THAT(sender.start(echo), IsOk());
-  Future<Message> early = sender.send(receiver.self(), ping("early"), kBound);
+  Message request = ping("early");
+  request.storages.push_back(make_storage(1 << 20, 3));
+  Future<Message> early =
+      sender.send(receiver.self(), std::move(request), kBound);
   // Not answered while the receiver has no handler.
   EXPECT_THAT(early.wait(absl::Now() + absl::Milliseconds(100)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
@@ -133,6 +136,8 @@ void expect_served_after_start(Agent& sender, Agent& receiver) {
   absl::StatusOr<Message> response = early.get(absl::Now() + kBound);
   ASSERT_THAT(response, IsOk());
   EXPECT_EQ(response->payload, "early/pong");
+  ASSERT_EQ(response->storages.size(), 1u);
+  EXPECT_TRUE(storage_matches(response->storages[0], 1 << 20, 3));
   EXPECT_THAT(receiver.start(echo),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
@@ -155,6 +160,29 @@ void expect_shutdown_inside_handler_is_safe(Agent& caller, Agent& callee) {
       callee.send(caller.self(), ping("x"), kBound).get(absl::Now() + kBound),
       StatusIs(absl::StatusCode::kCancelled));
   callee.shutdown();
+}
+
+void expect_peer_shutdown_fails_pending(Agent& from, Agent& to,
+                                        HeldControl& held) {
+  std::vector<Future<Message>> pending;
+  for (int i = 0; i < 3; ++i) {
+    // No timeout: only the loss of the peer can end them.
+    pending.push_back(
+        from.send(to.self(), ping("p"), absl::InfiniteDuration()));
+  }
+  held.wait_for(3);
+  const absl::Time start = absl::Now();
+  to.shutdown();
+  for (Future<Message>& future : pending) {
+    EXPECT_THAT(
+        future.get(absl::Now() + kBound),
+        StatusIs(absl::StatusCode::kUnavailable, HasSubstr(to.self().name)));
+  }
+  // Seen at once (a closed connection, a goodbye), not by a timeout.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(
+      from.send(to.self(), ping("again"), kBound).get(absl::Now() + kBound),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr(to.self().name)));
 }
 
 }  // namespace tether::testing

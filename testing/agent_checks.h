@@ -49,12 +49,12 @@ void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
 void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
                              HeldControl& held);
 
-// Checks of the backends whose peers may reach an agent before it has
-// started (multi-process backends: tensorpipe, grpc), not of the
-// conformance suite (loopback refuses such requests).
+// Checks of the multi-process backends (tensorpipe, grpc, libfabric), whose
+// peers may reach an agent before it has started and see each other shut
+// down; not of the conformance suite (loopback does neither).
 
-// `sender` has started, `receiver` has not: a request is held until
-// receiver.start(echo), then answered; a second start() is
+// `sender` has started, `receiver` has not: a request with a 1 MiB storage
+// is held until receiver.start(echo), then answered; a second start() is
 // INVALID_ARGUMENT.
 void expect_served_after_start(Agent& sender, Agent& receiver);
 
@@ -63,6 +63,12 @@ void expect_served_after_start(Agent& sender, Agent& receiver);
 // later sends from `callee` fail with CANCELLED; nothing deadlocks (the
 // caller shuts `callee` down again at the end, which waits for the first).
 void expect_shutdown_inside_handler_is_safe(Agent& caller, Agent& callee);
+
+// Peer `to` holds requests (through `held`) and shuts down: the 3 requests
+// `from` sent without a timeout fail promptly with UNAVAILABLE naming it,
+// and so do later sends to it.
+void expect_peer_shutdown_fails_pending(Agent& from, Agent& to,
+                                        HeldControl& held);
 
 }  // namespace tether::testing
 

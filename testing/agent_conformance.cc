@@ -1,5 +1,6 @@
 #include "testing/agent_conformance.h"
 
+#include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 
 #include <atomic>
@@ -89,6 +90,71 @@ TEST_P(AgentConformance, ShutdownCancelsPendingAndLaterSends) {
   expect_shutdown_cancels(group[0], group[1].self(), *held);
   // Responses to a shut-down sender are dropped without harm.
   held->release_all();
+}
+
+TEST_P(AgentConformance, HandlerMaySendNestedRequests) {
+  AgentGroup group(GetParam().backend(), 3);
+  ASSERT_TRUE(group.ok());
+  AgentGroup* g = &group;
+  group.start_all([g](Message request) -> Future<Message> {
+    if (request.payload.rfind("fwd:", 0) != 0) return echo(std::move(request));
+    // On agent1's own thread: forward to agent2, answer with its reply.
+    Message onward = ping(request.payload.substr(4));
+    onward.storages = std::move(request.storages);
+    return (*g)[1]
+        .send((*g)[2].self(), std::move(onward), kBound)
+        .then([](const absl::StatusOr<Message>& reply)
+                  -> absl::StatusOr<Message> {
+          if (!reply.ok()) return reply.status();
+          Message response = *reply;
+          response.payload += "/via1";
+          return response;
+        });
+  });
+  constexpr int kCalls = 20;
+  // Small storages and large ones (which some backends move differently).
+  auto size_of = [](int i) -> size_t { return i % 2 == 0 ? 100 : 200 << 10; };
+  std::vector<Future<Message>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    Message request = ping(absl::StrCat("fwd:", i));
+    request.storages.push_back(
+        make_storage(size_of(i), static_cast<uint8_t>(i)));
+    calls.push_back(group[0].send(group[1].self(), std::move(request), kBound));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk());
+    EXPECT_EQ(response->payload, absl::StrCat(i, "/pong/via1"));
+    ASSERT_EQ(response->storages.size(), 1u);
+    EXPECT_TRUE(storage_matches(response->storages[0], size_of(i),
+                                static_cast<uint8_t>(i)));
+  }
+}
+
+TEST_P(AgentConformance, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
+  AgentGroup group(GetParam().backend(), 2);
+  ASSERT_TRUE(group.ok());
+  AgentGroup* g = &group;
+  ASSERT_THAT(group[0].start(echo), IsOk());
+  ASSERT_THAT(group[1].start([g](Message request) {
+    (*g)[1].shutdown();
+    return echo(std::move(request));
+  }),
+              IsOk());
+  absl::StatusOr<Message> response =
+      group[0]
+          .send(group[1].self(), ping("bye"), kBound)
+          .get(absl::Now() + kBound);
+  // The response may or may not have left before the agent closed.
+  if (!response.ok()) {
+    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
+  }
+  EXPECT_THAT(group[1]
+                  .send(group[0].self(), ping("x"), kBound)
+                  .get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kCancelled));
+  // The group's destructor shuts agent1 down again: it waits for the first
+  // shutdown's joins.
 }
 
 TEST_P(AgentConformance, JoinWaitsForRequestsInFlight) {

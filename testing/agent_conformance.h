@@ -22,7 +22,7 @@
 
 namespace tether::testing {
 
-class AgentConformance : public ::testing::TestWithParam<ConformanceParam> {};
+class AgentConformance : public ConformanceTest {};
 
 }  // namespace tether::testing
 

@@ -24,8 +24,7 @@
 
 namespace tether::testing {
 
-class AgentConformanceMultiprocess
-    : public ::testing::TestWithParam<ConformanceParam> {};
+class AgentConformanceMultiprocess : public ConformanceTest {};
 
 }  // namespace tether::testing
 

@@ -23,6 +23,13 @@ uint8_t byte_at(size_t index, uint8_t seed) {
 
 }  // namespace
 
+void ConformanceTest::SetUp() {
+  const absl::Status viable = GetParam().backend().viable();
+  if (!viable.ok()) {
+    GTEST_SKIP() << GetParam().label << " is not viable here: " << viable;
+  }
+}
+
 c10::Storage make_storage(size_t nbytes, uint8_t seed) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                        c10::GetCPUAllocator(), /*resizable=*/false);

@@ -44,6 +44,14 @@ struct ConformanceParam {
   std::function<Backend()> backend;
 };
 
+// The fixture of both conformance suites: skips every test, saying why,
+// when the backend is not viable on this machine (a provider or device
+// absent here), instead of failing it.
+class ConformanceTest : public ::testing::TestWithParam<ConformanceParam> {
+ protected:
+  void SetUp() override;
+};
+
 // Instantiates the conformance suite `fixture` for one backend: the body of
 // TETHER_AGENT_CONFORMANCE_TEST and its multi-process twin.
 #define TETHER_INTERNAL_INSTANTIATE_CONFORMANCE(fixture, suite, backend_expr) \

@@ -2,16 +2,17 @@
 // backend variant, beside a plain TCP ping-pong measured in the same run.
 //
 //   bazel build -c opt //tools:tether_run //tools:rpc_latency
-//   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/rpc_latency \
+//   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/rpc_latency
 //       --calls=5000
 //
 // Rank 0 times every call (per-call samples, so p50 and p99 are real
 // percentiles) of `aten::add.Scalar` on a 2-element float tensor, via
-// rpc_sync to rank 1, for each variant in turn: TensorPipe over uv (TCP) only,
-// over shm only, and with TensorPipe's own negotiation (all transports and
-// channels), then gRPC. With --no_tensors the call is a TorchScript `inc(int) -> int`
-// instead (no storage travels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY) between
-// the same two processes. Prints a table and one JSON line.
+// rpc_sync to rank 1, for each variant in turn: TensorPipe over uv (TCP)
+// only, over shm only, and with TensorPipe's own negotiation (all transports
+// and channels); gRPC; libfabric over tcp;ofi_rxm and over shm. With
+// --no_tensors the call is a TorchScript `inc(int) -> int` instead (no
+// storage travels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY)
+// between the same two processes. Prints a table and one JSON line.
 #include <ATen/ATen.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
@@ -146,6 +147,9 @@ int main(int argc, char** argv) {
        {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "basic"}}},
       {"tensorpipe negotiated", "tensorpipe", {}},
       {"grpc (HTTP/2 over TCP)", "grpc", {}},
+      {"libfabric tcp;ofi_rxm", "libfabric",
+       {{"libfabric.provider", "tcp;ofi_rxm"}}},
+      {"libfabric shm", "libfabric", {{"libfabric.provider", "shm"}}},
   };
   std::vector<Result> results;
   for (size_t v = 0; v < variants.size(); ++v) {

@@ -79,6 +79,13 @@ absl::Status join_agent(join::StoreJoin& joiner,
   return joined;
 }
 
+absl::Status sent_after_shutdown(absl::string_view self_name, MessageType type,
+                                 absl::string_view to) {
+  return absl::CancelledError(
+      absl::StrCat("worker '", self_name, "' has shut down; cannot send ",
+                   message_type_name(type), " to '", to, "'"));
+}
+
 Future<Message> call_handler(const RequestHandler& handler, Message request,
                              absl::string_view self_name) {
   Future<Message> response;

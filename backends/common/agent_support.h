@@ -83,6 +83,9 @@ class SharedStateAgent final : public Agent {
   }
   void shutdown() override { state_->shutdown(); }
 
+  // For backend-specific queries (statistics) on the agent users hold.
+  State& state() { return *state_; }
+
  private:
   const std::shared_ptr<State> state_;
 };
@@ -104,6 +107,10 @@ class SharedStateAgent final : public Agent {
     const std::function<int64_t()>& unanswered,
     const std::function<bool()>& closed, absl::string_view self_name,
     absl::Duration timeout);
+
+// The error of a send() after shutdown (CANCELLED), naming both workers.
+absl::Status sent_after_shutdown(absl::string_view self_name, MessageType type,
+                                 absl::string_view to);
 
 // Calls `handler`; a throw or an invalid future becomes a future failed with
 // INTERNAL naming worker `self_name`.

@@ -682,9 +682,8 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
-      return Future<Message>::ready(absl::CancelledError(absl::StrCat(
-          "worker '", self_.name, "' has shut down; cannot send ",
-          message_type_name(request.type), " to '", to.name, "'")));
+      return Future<Message>::ready(
+          common::sent_after_shutdown(self_.name, request.type, to.name));
     }
     if (peer == rank_by_name_.end()) {
       return Future<Message>::ready(absl::UnavailableError(

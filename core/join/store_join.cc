@@ -81,8 +81,8 @@ class Round {
   int64_t count(const char* name) { return store_.add(key(name), 0); }
 
   void erase() {
-    for (const char* name :
-         {"arrived", "arrived_all", "active", "counted", "counted_all"}) {
+    for (const char* name : {"arrived", "arrived_all", "active", "counted",
+                             "counted_all", "left", "left_all"}) {
       store_.deleteKey(key(name));
     }
   }
@@ -138,7 +138,15 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
             r, absl::StrCat(round.count("counted"), " of ", world_size_,
                             " workers reported their counts"));
       }
-      if (round.count("active") == 0) return absl::OkStatus();
+      if (round.count("active") == 0) {
+        // Rank 0's process usually hosts the store (env://, tcp://): it
+        // leaves last, once every worker has read the outcome, so that none
+        // finds the store gone. Late workers (past the deadline) do not
+        // make the join fail: the group has drained.
+        round.arrive("left", world_size_);
+        if (rank_ == 0) round.wait_all("left", deadline);
+        return absl::OkStatus();
+      }
 
       const absl::Duration left = deadline - absl::Now();
       absl::SleepFor(std::min(backoff, std::max(left, absl::ZeroDuration())));

@@ -10,8 +10,9 @@
 //   2. a barrier of all workers over the store (a counter key per round);
 //   3. every worker adds its `active_count` (outgoing pending + incoming
 //      being handled) to a per-round sum and waits until all have added;
-//   4. if the sum is 0, every worker returns OK in the same round; otherwise
-//      all go on to the next round.
+//   4. if the sum is 0, every worker returns OK in the same round (rank 0,
+//      whose process usually hosts the store, only once every worker has
+//      read the sum); otherwise all go on to the next round.
 //
 // Every worker reads the same final sum, so all leave in the same round and
 // their round counters stay in step across repeated join() calls. Keys live

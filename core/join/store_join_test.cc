@@ -1,5 +1,6 @@
 #include "core/join/store_join.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/synchronization/notification.h>
@@ -129,6 +130,76 @@ class Group {
   std::vector<std::thread> threads_;
   std::atomic<int> finished_{0};
 };
+
+// A worker's view of the shared store whose read of the round's sum is
+// slow, and that notes when that read returned.
+class SlowSumReader : public c10d::Store {
+ public:
+  explicit SlowSumReader(std::shared_ptr<c10d::Store> store)
+      : store_(std::move(store)) {}
+
+  absl::Time sum_read_at() {
+    absl::MutexLock lock(&mu_);
+    return read_at_;
+  }
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store_->set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return store_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    const bool sum_read = value == 0 && absl::EndsWith(key, "/active");
+    if (sum_read) absl::SleepFor(absl::Milliseconds(300));
+    const int64_t result = store_->add(key, value);
+    if (sum_read) {
+      absl::MutexLock lock(&mu_);
+      read_at_ = absl::Now();
+    }
+    return result;
+  }
+  bool deleteKey(const std::string& key) override {
+    return store_->deleteKey(key);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return store_->check(keys);
+  }
+  int64_t getNumKeys() override { return store_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override {
+    store_->wait(keys);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  const std::shared_ptr<c10d::Store> store_;
+  absl::Mutex mu_;
+  absl::Time read_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+};
+
+// Rank 0's process usually hosts the store: it must not return (and exit)
+// while another worker still reads the outcome from it.
+TEST(StoreJoin, RankZeroLeavesOnlyAfterEveryWorkerReadTheOutcome) {
+  std::shared_ptr<c10d::Store> shared = make_store();
+  auto slow = std::make_shared<SlowSumReader>(shared);
+  StoreJoin zero(shared, "test", 0, 2);
+  StoreJoin one(slow, "test", 1, 2);
+  FakeAgent agent0;
+  FakeAgent agent1;
+  absl::Time zero_left = absl::InfinitePast();
+  absl::Status zero_result;
+  std::thread thread([&] {
+    zero_result = zero.join(agent0.hooks(), kBound);
+    zero_left = absl::Now();
+  });
+  EXPECT_THAT(one.join(agent1.hooks(), kBound), IsOk());
+  thread.join();
+  EXPECT_THAT(zero_result, IsOk());
+  EXPECT_GE(zero_left, slow->sum_read_at());
+}
 
 TEST(StoreJoin, IdleWorkersLeaveInTheFirstRound) {
   Group group(4);

@@ -24,6 +24,7 @@
 #include "core/rpc.h"
 #include "rref/rref.h"
 #include "testing/multiprocess.h"
+#include "testing/scenario_backend.h"
 #include "testing/status_matchers.h"
 #include "testing/test_ops.h"
 
@@ -33,14 +34,10 @@ namespace {
 using ::testing::HasSubstr;
 using ::tether::testing::IsOk;
 using ::tether::testing::StatusIs;
+using ::tether::testing::backend_under_test;
 
 constexpr int kWorld = 4;
 constexpr absl::Duration kBound = absl::Seconds(60);
-
-std::string backend_under_test() {
-  const char* backend = std::getenv("TETHER_TEST_BACKEND");
-  return backend != nullptr ? backend : "tensorpipe";
-}
 
 // init_rpc over env:// as a launched worker would, named "w<rank>".
 void init(int rank, int world_size, absl::Duration timeout = kBound) {
@@ -51,6 +48,7 @@ void init(int rank, int world_size, absl::Duration timeout = kBound) {
   }();
   RpcOptions options;
   options.backend = backend_under_test();
+  options.backend_settings = ::tether::testing::backend_settings_under_test();
   options.init_method = "env://";
   options.num_worker_threads = 16;
   options.default_timeout = timeout;

@@ -17,6 +17,7 @@
 #include "backends/builtin.h"
 #include "core/rpc.h"
 #include "testing/multiprocess.h"
+#include "testing/scenario_backend.h"
 #include "testing/status_matchers.h"
 #include "testing/test_ops.h"
 
@@ -27,13 +28,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::tether::testing::IsOk;
 using ::tether::testing::StatusIs;
+using ::tether::testing::backend_under_test;
 
 constexpr int kWorld = 4;
-
-std::string backend_under_test() {
-  const char* backend = std::getenv("TETHER_TEST_BACKEND");
-  return backend != nullptr ? backend : "tensorpipe";
-}
 
 // init_rpc over env:// as a launched worker would, named "w<rank>".
 void init(int rank, int world_size) {
@@ -44,6 +41,7 @@ void init(int rank, int world_size) {
   }();
   RpcOptions options;
   options.backend = backend_under_test();
+  options.backend_settings = ::tether::testing::backend_settings_under_test();
   options.init_method = "env://";
   options.num_worker_threads = 8;
   options.default_timeout = absl::Seconds(60);

@@ -25,6 +25,7 @@
 #include "rref/rref.h"
 #include "rref/rref_testing.h"
 #include "testing/multiprocess.h"
+#include "testing/scenario_backend.h"
 #include "testing/status_matchers.h"
 
 namespace {
@@ -58,14 +59,10 @@ using ::tether::testing::kRemoteAdd;
 using ::tether::testing::kSumAll;
 using ::tether::testing::kValueOf;
 using ::tether::testing::StatusIs;
+using ::tether::testing::backend_under_test;
 
 constexpr int kWorld = 4;
 constexpr absl::Duration kBound = ::tether::testing::kRRefOpTimeout;
-
-std::string backend_under_test() {
-  const char* backend = std::getenv("TETHER_TEST_BACKEND");
-  return backend != nullptr ? backend : "tensorpipe";
-}
 
 // init_rpc over env:// as a launched worker would, named "w<rank>", serving
 // RRefs.
@@ -77,6 +74,7 @@ void init(int rank, int world_size) {
   }();
   RpcOptions options;
   options.backend = backend_under_test();
+  options.backend_settings = ::tether::testing::backend_settings_under_test();
   options.init_method = "env://";
   // Nested calls hold a pool thread per hop while they wait.
   options.num_worker_threads = 16;

@@ -1,0 +1,233 @@
+#include "backends/libfabric/internal/frame.h"
+
+#include <absl/status/status.h>
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace tether::backends::libfabric::internal {
+namespace {
+
+constexpr char kMagic[4] = {'T', 'L', 'F', '1'};
+
+// Fixed-width little-endian fields (every supported host is little-endian;
+// memcpy keeps unaligned access well-defined).
+template <typename T>
+void put(char*& out, T value) {
+  std::memcpy(out, &value, sizeof(T));
+  out += sizeof(T);
+}
+
+template <typename T>
+T get(const char*& in) {
+  T value;
+  std::memcpy(&value, in, sizeof(T));
+  in += sizeof(T);
+  return value;
+}
+
+absl::Status malformed(absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed libfabric frame: ", what));
+}
+
+constexpr size_t kSegmentSize = 1 + 8;
+constexpr size_t kRemoteExtra = 8 + 8;
+
+}  // namespace
+
+uint64_t bulk_tag(uint32_t rank, uint64_t sequence) {
+  return (uint64_t{2} << 60) | (static_cast<uint64_t>(rank) << 40) |
+         (sequence & kSequenceMask);
+}
+
+void write_header(const FrameHeader& header, char* out) {
+  std::memcpy(out, kMagic, sizeof(kMagic));
+  out += sizeof(kMagic);
+  put<uint8_t>(out, static_cast<uint8_t>(header.kind));
+  put<uint8_t>(out, header.flags);
+  put<uint16_t>(out, header.credits);
+  put<uint32_t>(out, header.src_rank);
+  put<uint32_t>(out, 0);
+  put<uint64_t>(out, header.arg0);
+  put<uint64_t>(out, header.arg1);
+  put<uint64_t>(out, header.arg2);
+}
+
+absl::StatusOr<FrameHeader> read_header(absl::string_view frame) {
+  if (frame.size() < kHeaderSize) {
+    return malformed(absl::StrCat(frame.size(), " bytes"));
+  }
+  if (std::memcmp(frame.data(), kMagic, sizeof(kMagic)) != 0) {
+    return malformed("bad magic");
+  }
+  const char* in = frame.data() + sizeof(kMagic);
+  FrameHeader header;
+  const uint8_t kind = get<uint8_t>(in);
+  if (kind < static_cast<uint8_t>(FrameKind::kRequest) ||
+      kind > static_cast<uint8_t>(FrameKind::kGoodbye)) {
+    return malformed(absl::StrCat("unknown kind ", kind));
+  }
+  header.kind = static_cast<FrameKind>(kind);
+  header.flags = get<uint8_t>(in);
+  constexpr uint8_t kKnownFlags =
+      kFlagControlSlot | kFlagReturnsControlSlot | kFlagBodyRemote;
+  if ((header.flags & ~kKnownFlags) != 0) {
+    return malformed(absl::StrCat("unknown flags ", header.flags));
+  }
+  if ((header.flags & kFlagBodyRemote) != 0 && !carries_message(header.kind)) {
+    return malformed("a remote body on a control frame");
+  }
+  header.credits = get<uint16_t>(in);
+  header.src_rank = get<uint32_t>(in);
+  if (get<uint32_t>(in) != 0) return malformed("reserved bytes set");
+  header.arg0 = get<uint64_t>(in);
+  header.arg1 = get<uint64_t>(in);
+  header.arg2 = get<uint64_t>(in);
+  return header;
+}
+
+void write_message_head(const MessageHead& head, char* out) {
+  put<int32_t>(out, static_cast<int32_t>(head.type));
+  put<int32_t>(out, head.code);
+  put<int64_t>(out, head.id);
+  put<uint64_t>(out, head.body_size);
+  put<uint64_t>(out, head.body_address);
+  put<uint64_t>(out, head.body_key);
+}
+
+absl::StatusOr<MessageHead> read_message_head(absl::string_view bytes) {
+  if (bytes.size() < kMessageHeadSize) {
+    return malformed(absl::StrCat("message head of ", bytes.size(), " bytes"));
+  }
+  const char* in = bytes.data();
+  MessageHead head;
+  head.type = static_cast<MessageType>(get<int32_t>(in));
+  head.code = get<int32_t>(in);
+  head.id = get<int64_t>(in);
+  head.body_size = get<uint64_t>(in);
+  head.body_address = get<uint64_t>(in);
+  head.body_key = get<uint64_t>(in);
+  if (head.body_size > kMaxSegmentBytes) {
+    return malformed(absl::StrCat("a body of ", head.body_size, " bytes"));
+  }
+  return head;
+}
+
+size_t body_size(const std::vector<SegmentDesc>& segments) {
+  size_t size = 4;
+  for (const SegmentDesc& segment : segments) {
+    size += kSegmentSize;
+    if (segment.remote) {
+      size += kRemoteExtra;
+    } else {
+      size += segment.size;
+    }
+  }
+  return size;
+}
+
+void write_body(const std::vector<SegmentDesc>& segments,
+                const std::vector<const char*>& inline_data, char* out) {
+  put<uint32_t>(out, static_cast<uint32_t>(segments.size()));
+  for (const SegmentDesc& segment : segments) {
+    put<uint8_t>(out, segment.remote ? 1 : 0);
+    put<uint64_t>(out, segment.size);
+    if (segment.remote) {
+      put<uint64_t>(out, segment.address);
+      put<uint64_t>(out, segment.key);
+    }
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].remote || segments[i].size == 0) continue;
+    std::memcpy(out, inline_data[i], segments[i].size);
+    out += segments[i].size;
+  }
+}
+
+absl::StatusOr<Body> read_body(absl::string_view bytes) {
+  const char* in = bytes.data();
+  const char* const end = bytes.data() + bytes.size();
+  if (bytes.size() < 4) return malformed("body shorter than its count");
+  const uint32_t count = get<uint32_t>(in);
+  if (count == 0 || count > kMaxSegments) {
+    return malformed(absl::StrCat(count, " segments"));
+  }
+  Body body;
+  body.segments.reserve(count);
+  uint64_t inline_bytes = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (static_cast<size_t>(end - in) < kSegmentSize) {
+      return malformed("body ends inside its segment list");
+    }
+    SegmentDesc segment;
+    const uint8_t remote = get<uint8_t>(in);
+    if (remote > 1) return malformed(absl::StrCat("segment mode ", remote));
+    segment.remote = remote == 1;
+    segment.size = get<uint64_t>(in);
+    if (segment.size > kMaxSegmentBytes) {
+      return malformed(absl::StrCat("a segment of ", segment.size, " bytes"));
+    }
+    if (segment.remote) {
+      if (static_cast<size_t>(end - in) < kRemoteExtra) {
+        return malformed("body ends inside its segment list");
+      }
+      if (segment.size == 0) return malformed("an empty remote segment");
+      segment.address = get<uint64_t>(in);
+      segment.key = get<uint64_t>(in);
+    } else {
+      inline_bytes += segment.size;
+    }
+    body.segments.push_back(segment);
+  }
+  if (static_cast<uint64_t>(end - in) != inline_bytes) {
+    return malformed(absl::StrCat("body has ", end - in,
+                                  " bytes of inline data for ", inline_bytes));
+  }
+  body.inline_data.reserve(count);
+  for (const SegmentDesc& segment : body.segments) {
+    if (segment.remote) {
+      body.inline_data.push_back(nullptr);
+    } else {
+      body.inline_data.push_back(in);
+      in += segment.size;
+    }
+  }
+  return body;
+}
+
+namespace {
+
+absl::Status add_chunks(uint32_t segment, uint64_t size, uint64_t chunk_size,
+                        std::vector<Chunk>& out) {
+  if (chunk_size == 0) return malformed("chunk size 0");
+  const uint64_t count = (size + chunk_size - 1) / chunk_size;
+  if (count > kMaxChunks || out.size() + count > kMaxChunks) {
+    return malformed(absl::StrCat("more than ", kMaxChunks, " chunks"));
+  }
+  for (uint64_t offset = 0; offset < size; offset += chunk_size) {
+    out.push_back(Chunk{segment, offset, std::min(chunk_size, size - offset)});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status plan_body_chunks(uint64_t body_size, uint64_t chunk_size,
+                              std::vector<Chunk>& out) {
+  return add_chunks(kBodySegment, body_size, chunk_size, out);
+}
+
+absl::Status plan_chunks(const std::vector<SegmentDesc>& segments,
+                         uint64_t chunk_size, std::vector<Chunk>& out) {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (!segments[i].remote) continue;
+    absl::Status added = add_chunks(static_cast<uint32_t>(i), segments[i].size,
+                                    chunk_size, out);
+    if (!added.ok()) return added;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tether::backends::libfabric::internal

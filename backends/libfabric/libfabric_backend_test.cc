@@ -1,0 +1,408 @@
+// What is specific to the libfabric backend: settings, providers, both
+// rendezvous modes, flow control, the registration cache, lost peers. The
+// Agent contract itself is checked by the conformance suites
+// (libfabric_*_agent_test.cc). Every test runs on real endpoints of both
+// providers that run here (tcp;ofi_rxm and shm), and is skipped, saying why,
+// for a provider this machine lacks.
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
+#include <vector>
+
+#include "backends/libfabric/libfabric_agent.h"
+#include "core/agent.h"
+#include "testing/agent_checks.h"
+#include "testing/agent_testing.h"
+#include "testing/status_matchers.h"
+
+namespace tether::backends {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::tether::testing::echo;
+using ::tether::testing::HeldResponses;
+using ::tether::testing::IsOk;
+using ::tether::testing::kBound;
+using ::tether::testing::make_storage;
+using ::tether::testing::ping;
+using ::tether::testing::StatusIs;
+using ::tether::testing::storage_matches;
+using Settings = ::tether::testing::AgentGroup::Settings;
+
+// `size` libfabric agents meeting in this process, on `provider`.
+class Group : public ::tether::testing::AgentGroup {
+ public:
+  Group(const std::string& provider, int size, Settings settings = {},
+        std::vector<int> create = {})
+      : AgentGroup(libfabric_backend({{"libfabric.provider", provider}}), size,
+                   std::move(settings), std::move(create)) {}
+};
+
+absl::Status create_status(const Settings& settings) {
+  ::tether::testing::AgentGroup group(libfabric_backend(), 1, settings);
+  return group.error(0);
+}
+
+LibfabricStats stats_of(Agent& agent) {
+  absl::StatusOr<LibfabricStats> stats = libfabric_stats(agent);
+  EXPECT_THAT(stats, IsOk());
+  return stats.ok() ? *stats : LibfabricStats();
+}
+
+// The provider under test; skips the test when it is absent here.
+class Provider : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const absl::Status viable =
+        libfabric_backend({{"libfabric.provider", GetParam()}}).viable();
+    if (!viable.ok()) GTEST_SKIP() << viable;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Providers, Provider,
+                         ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? "Shm" : "Tcp";
+                         });
+
+// A request with a payload of `payload` bytes and storages of `sizes`
+// bytes goes to agent 1 and comes back intact.
+void expect_round_trip(Group& group, size_t payload,
+                       const std::vector<size_t>& sizes) {
+  Message request = ping(std::string(payload, 'p'));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    request.storages.push_back(make_storage(sizes[i], static_cast<uint8_t>(i)));
+  }
+  absl::StatusOr<Message> response =
+      group[0]
+          .send(group[1].self(), std::move(request), kBound)
+          .get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  EXPECT_EQ(response->payload.size(), payload + 5);
+  EXPECT_EQ(response->payload, std::string(payload, 'p') + "/pong");
+  ASSERT_EQ(response->storages.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_TRUE(storage_matches(response->storages[i], sizes[i],
+                                static_cast<uint8_t>(i)))
+        << "storage " << i << " of " << sizes[i] << " bytes";
+  }
+}
+
+TEST(LibfabricBackend, IsNamedLibfabricAndViableHere) {
+  Backend backend = libfabric_backend();
+  EXPECT_EQ(backend.name, "libfabric");
+  EXPECT_THAT(backend.viable(), IsOk());
+}
+
+TEST(LibfabricBackend, UnknownProviderIsNotViableNamingIt) {
+  EXPECT_THAT(
+      libfabric_backend({{"libfabric.provider", "carrier_pigeon"}}).viable(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("carrier_pigeon"), HasSubstr("tcp;ofi_rxm"))));
+  EXPECT_THAT(create_status({{"libfabric.provider", "carrier_pigeon"}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("'carrier_pigeon' is not available")));
+}
+
+TEST(LibfabricBackend, BadSettingsAreInvalidArgumentNamingTheKey) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"libfabric.rendezvous_threshold", "lots"},
+           {"libfabric.rendezvous_threshold", "16"},
+           {"libfabric.rendezvous_threshold", "-1"},
+           {"libfabric.rendezvous", "dma"},
+           {"libfabric.credits", "0"},
+           {"libfabric.peer_timeout_ms", "5"},
+           {"libfabric.init_timeout_ms", "soon"},
+           {"libfabric.mr_cache_entries", "-3"},
+           {"libfabric.spin_us", "1e3"},
+           {"libfabric.provider", " "},
+           {"libfabric.address", "no-such-interface0"},
+       }) {
+    EXPECT_THAT(create_status({{key, value}}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)))
+        << key << "=" << value;
+  }
+  EXPECT_THAT(create_status({{"libfabric.threshold", "4096"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("libfabric.threshold"),
+                             HasSubstr("libfabric.rendezvous_threshold"))));
+}
+
+TEST(LibfabricBackend, IgnoresOtherBackendsSettings) {
+  EXPECT_THAT(create_status({{"tensorpipe.transports", "uv"}}), IsOk());
+}
+
+TEST(LibfabricBackend, ProvidersOfAGroupMustMatch) {
+  if (!libfabric_backend({{"libfabric.provider", "shm"}}).viable().ok()) {
+    GTEST_SKIP() << "shm is not available here";
+  }
+  // Rank 0 on tcp;ofi_rxm, rank 1 on shm: each refuses the other.
+  Backend mixed = libfabric_backend();
+  mixed.create = [create = mixed.create](AgentSetup setup) {
+    setup.settings["libfabric.provider"] =
+        setup.self.id == 0 ? "tcp;ofi_rxm" : "shm";
+    return create(std::move(setup));
+  };
+  ::tether::testing::AgentGroup group(mixed, 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(group.error(rank),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("'shm'"), HasSubstr("'tcp;ofi_rxm'"))));
+  }
+}
+
+// shm names its memory regions (files in /dev/shm) after the endpoint; a
+// killed process leaves its file behind. Opening an shm endpoint removes
+// those of tether's endpoints whose process is gone, and no others.
+TEST(LibfabricBackend, ShmRemovesRegionsOfDeadProcesses) {
+  if (!libfabric_backend({{"libfabric.provider", "shm"}}).viable().ok()) {
+    GTEST_SKIP() << "shm is not available here";
+  }
+  char link[64] = {0};
+  ASSERT_GT(::readlink("/proc/self/ns/pid", link, sizeof(link)), 0);
+  std::string ns;
+  for (const char* c = link; *c != '\0'; ++c) {
+    if (*c >= '0' && *c <= '9') ns += *c;
+  }
+  pid_t dead = 0;
+  for (pid_t pid = 4000000; pid > 1 && dead == 0; --pid) {
+    if (::kill(pid, 0) != 0 && errno == ESRCH) dead = pid;
+  }
+  ASSERT_NE(dead, 0);
+  const std::string stale =
+      absl::StrCat("/dev/shm/tether-lf-", ns, "-", dead, "-1:0:0");
+  const std::string alive =
+      absl::StrCat("/dev/shm/tether-lf-", ns, "-", ::getpid(), "-1:0:0");
+  const std::string foreign = absl::StrCat("/dev/shm/", dead, ":0:0");
+  for (const std::string& path : {stale, alive, foreign}) {
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_NE(file, nullptr) << path;
+    std::fclose(file);
+  }
+  Group group("shm", 1);
+  ASSERT_TRUE(group.ok()) << group.error(0);
+  EXPECT_NE(::access(stale.c_str(), F_OK), 0);
+  EXPECT_EQ(::access(alive.c_str(), F_OK), 0);
+  EXPECT_EQ(::access(foreign.c_str(), F_OK), 0);
+  std::remove(alive.c_str());
+  std::remove(foreign.c_str());
+}
+
+TEST(LibfabricBackend, CreationTimesOutNamingMissingRanks) {
+  Group group("tcp;ofi_rxm", 3, {{"libfabric.init_timeout_ms", "200"}},
+              /*create=*/{0});
+  EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                       HasSubstr("rank(s) 1, 2")));
+}
+
+TEST(LibfabricBackend, PublishesItsAddressRecordInTheStore) {
+  Group group("tcp;ofi_rxm", 2);
+  ASSERT_TRUE(group.ok());
+  std::vector<uint8_t> bytes = group.store().get("tether/libfabric/1");
+  const std::string text(bytes.begin(), bytes.end());
+  EXPECT_THAT(text, HasSubstr("provider=tcp;ofi_rxm\n"));
+  EXPECT_THAT(text, HasSubstr("address="));
+  EXPECT_THAT(text, HasSubstr("credits=16\n"));
+}
+
+TEST_P(Provider, ReportsWhatItRunsOn) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  LibfabricStats stats = stats_of(group[0]);
+  EXPECT_EQ(stats.provider, GetParam());
+  EXPECT_EQ(stats.rendezvous, "read");
+  EXPECT_EQ(stats.credits, 16u);
+  // shm's inject size (4 KiB) bounds its eager frames.
+  const uint64_t threshold = GetParam() == "shm" ? 3072 : 16 << 10;
+  EXPECT_EQ(stats.rendezvous_threshold, threshold);
+  EXPECT_EQ(stats.eager_buffer_bytes, threshold + 1024);
+}
+
+// Payloads and storages below, at and above the rendezvous threshold, in
+// several chunks, in each rendezvous mode.
+TEST_P(Provider, RoundTripsOfEverySizeInEachRendezvousMode) {
+  for (const char* mode : {"read", "tagged"}) {
+    SCOPED_TRACE(mode);
+    Group group(GetParam(), 2,
+                {{"libfabric.rendezvous", mode},
+                 {"libfabric.rendezvous_threshold", "16384"}});
+    ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+    EXPECT_EQ(stats_of(group[0]).rendezvous, mode);
+    group.start_all(echo);
+    expect_round_trip(group, 0, {});
+    expect_round_trip(group, 10, {0, 1, 100});
+    expect_round_trip(group, 100, {(16 << 10) - 1, 16 << 10, (16 << 10) + 1});
+    expect_round_trip(group, 20 << 10, {1 << 20, 3});
+    expect_round_trip(group, 5, {(40 << 20) + 7});
+    // The last three requests had parts of at least the threshold.
+    EXPECT_EQ(stats_of(group[0]).rendezvous_sent, 3u);
+  }
+}
+
+// Thousands of storages: their descriptors do not fit an eager buffer, so
+// the body itself goes by rendezvous.
+TEST_P(Provider, ManyStoragesSendTheirListByRendezvous) {
+  for (const char* mode : {"read", "tagged"}) {
+    Group group(GetParam(), 2, {{"libfabric.rendezvous", mode}});
+    ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+    group.start_all(echo);
+    std::vector<size_t> sizes(3000, 24);
+    sizes[1000] = 100 << 10;
+    expect_round_trip(group, 30, sizes);
+  }
+}
+
+TEST_P(Provider, SmallThresholdSendsMostThingsByRendezvous) {
+  Group group(GetParam(), 2, {{"libfabric.rendezvous_threshold", "256"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  expect_round_trip(group, 300, {255, 256, 4096});
+  EXPECT_EQ(stats_of(group[0]).eager_buffer_bytes, 256u + 1024u);
+}
+
+// A fast sender and a receiver that does not answer: the sender never has
+// more frames in flight than the receiver's credits plus its control slot,
+// and everything arrives once the receiver answers.
+TEST_P(Provider, CreditsBoundFramesInFlight) {
+  Group group(GetParam(), 2, {{"libfabric.credits", "2"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  auto held = std::make_shared<HeldResponses>();
+  ASSERT_THAT(group[0].start(echo), IsOk());
+  ASSERT_THAT(group[1].start([held](Message request) {
+    return held->hold(std::move(request));
+  }),
+              IsOk());
+  constexpr int kCalls = 64;
+  std::vector<Future<Message>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(group[0].send(group[1].self(), ping(absl::StrCat(i)), kBound));
+  }
+  held->wait_for(kCalls);
+  held->release_all();
+  for (int i = 0; i < kCalls; ++i) {
+    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk());
+    EXPECT_EQ(response->payload, absl::StrCat(i, "/late"));
+  }
+  const LibfabricStats sender = stats_of(group[0]);
+  EXPECT_EQ(sender.credits, 2u);
+  EXPECT_LE(sender.max_frames_in_flight, 3u);
+  EXPECT_GT(sender.credit_waits, 0u);
+  EXPECT_LE(stats_of(group[1]).max_frames_in_flight, 3u);
+}
+
+// A round trip of `storage` through agent 1 (echo): it comes back intact.
+void expect_echoed(Group& group, const c10::Storage& storage) {
+  Message request = ping("s");
+  request.storages.push_back(storage);
+  absl::StatusOr<Message> response =
+      group[0]
+          .send(group[1].self(), std::move(request), kBound)
+          .get(absl::Now() + kBound);
+  ASSERT_THAT(response, IsOk());
+  ASSERT_EQ(response->storages.size(), 1u);
+  ASSERT_EQ(response->storages[0].nbytes(), storage.nbytes());
+  EXPECT_EQ(std::memcmp(response->storages[0].data(), storage.data(),
+                        storage.nbytes()),
+            0);
+}
+
+TEST_P(Provider, RegistrationCacheServesRepeatedSends) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  const c10::Storage storage = make_storage(1 << 20, 7);
+  for (int i = 0; i < 5; ++i) expect_echoed(group, storage);
+  const LibfabricStats stats = stats_of(group[0]);
+  EXPECT_EQ(stats.mr_cache_misses, 1u);
+  EXPECT_EQ(stats.mr_cache_hits, 4u);
+}
+
+TEST_P(Provider, RegistrationCacheEvictsBeyondItsBounds) {
+  Group group(GetParam(), 2, {{"libfabric.mr_cache_entries", "2"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  std::vector<c10::Storage> held;
+  for (int i = 0; i < 5; ++i) {
+    held.push_back(make_storage(100 << 10, static_cast<uint8_t>(i)));
+    expect_echoed(group, held.back());
+  }
+  const LibfabricStats stats = stats_of(group[0]);
+  EXPECT_EQ(stats.mr_cache_misses, 5u);
+  EXPECT_EQ(stats.mr_cache_evictions, 3u);
+}
+
+// Storages the application no longer holds are not kept for the cache.
+TEST_P(Provider, RegistrationCacheLetsDroppedStoragesGo) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  for (int i = 0; i < 5; ++i) {
+    expect_echoed(group, make_storage(100 << 10, static_cast<uint8_t>(i)));
+  }
+  // The last one goes when another registration is released (or at the
+  // agent's next housekeeping tick); one the test still holds stays.
+  const c10::Storage kept = make_storage(100 << 10, 9);
+  expect_echoed(group, kept);
+  const LibfabricStats stats = stats_of(group[0]);
+  EXPECT_EQ(stats.mr_cache_misses, 6u);
+  EXPECT_EQ(stats.mr_cache_evictions, 5u);
+}
+
+// Keepalives, answered by the peer's progress thread, keep a peer whose
+// handler holds a request alive well past libfabric.peer_timeout_ms. (A peer
+// that dies silently is lost after it: the multi-process conformance suite
+// kills one.)
+TEST_P(Provider, PeerHoldingARequestStaysAlivePastThePeerTimeout) {
+  Group group(GetParam(), 2, {{"libfabric.peer_timeout_ms", "500"}});
+  ASSERT_TRUE(group.ok());
+  auto holder = std::make_shared<HeldResponses>();
+  group.start_all(
+      [holder](Message request) { return holder->hold(std::move(request)); });
+  Future<Message> pending =
+      group[0].send(group[1].self(), ping("p"), absl::InfiniteDuration());
+  holder->wait_for(1);
+  // Alive but holding: keepalives keep it so, well past the timeout.
+  EXPECT_THAT(pending.wait(absl::Now() + absl::Milliseconds(1500)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  holder->release_all();
+  EXPECT_THAT(pending.get(absl::Now() + kBound), IsOk());
+}
+
+TEST_P(Provider, PeerShutdownFailsPendingRequestsWithUnavailable) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok());
+  auto held = std::make_shared<HeldResponses>();
+  group.start_all(
+      [held](Message request) { return held->hold(std::move(request)); });
+  ::tether::testing::expect_peer_shutdown_fails_pending(group[0], group[1],
+                                                        *held);
+}
+
+TEST_P(Provider, RequestsArrivingBeforeStartAreServedAfterIt) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok());
+  ::tether::testing::expect_served_after_start(group[0], group[1]);
+}
+
+TEST_P(Provider, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok());
+  ::tether::testing::expect_shutdown_inside_handler_is_safe(group[0],
+                                                            group[1]);
+}
+
+}  // namespace
+}  // namespace tether::backends
