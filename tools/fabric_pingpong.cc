@@ -5,14 +5,17 @@
 //   bazel build -c opt //tools:tether_run //tools:fabric_pingpong
 //   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/fabric_pingpong
 //       --provider='tcp;ofi_rxm' --wait=fd  (one command line)
+//   [--iterations=N] [--quick] [--max_bytes=N]  (as tools/bench.py passes)
 //
 // Both processes open one FI_EP_RDM endpoint as the backend does
 // (backends/libfabric/internal/fabric.h) and exchange their names through
 // a TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it). Then, with no
 // tether code on the data path (only fi_tsend, fi_trecv, fi_read and
 // fi_cq_read):
-//   - ping-pong: rank 0 sends a tagged message of each size, rank 1 sends
-//     it back; per-round-trip samples give p50 and p99;
+//   - ping-pong: rank 0 sends a tagged message of each size (8 B to 64 MiB,
+//     up to --max_bytes), rank 1 sends it back; per-round-trip samples give
+//     p50 and p99, and bytes both ways over the p50 an echo bandwidth
+//     comparable with the bench's tensor echo;
 //   - tagged bandwidth: rank 0 streams messages of each size, 16 in flight,
 //     into receives rank 1 keeps posted; rank 1 acknowledges the last;
 //   - read bandwidth: rank 1 pulls rank 0's registered buffer with fi_read
@@ -20,7 +23,8 @@
 // --wait=poll spins on the completion queue; --wait=fd sleeps on its file
 // descriptor between completions (as the backend's progress thread does
 // where the provider offers one), which costs a wake-up per message.
-// Prints a table and one JSON line (rank 0).
+// Prints a table and one JSON line (rank 0), with the "p50_us" (smallest
+// size) and "sweep" rows tools/bench.py reads.
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
@@ -139,15 +143,21 @@ class Endpoint {
 };
 
 void send(Endpoint& ep, char* buffer, size_t size, void* desc) {
-  ep.post([&] { return fi_tsend(ep.fabric().ep(), buffer, size, desc, ep.peer,
-                                kTag, nullptr); },
-          "fi_tsend");
+  ep.post(
+      [&] {
+        return fi_tsend(ep.fabric().ep(), buffer, size, desc, ep.peer, kTag,
+                        nullptr);
+      },
+      "fi_tsend");
 }
 
 void receive(Endpoint& ep, char* buffer, size_t size, void* desc) {
-  ep.post([&] { return fi_trecv(ep.fabric().ep(), buffer, size, desc, FI_ADDR_UNSPEC,
-                                kTag, 0, nullptr); },
-          "fi_trecv");
+  ep.post(
+      [&] {
+        return fi_trecv(ep.fabric().ep(), buffer, size, desc, FI_ADDR_UNSPEC,
+                        kTag, 0, nullptr);
+      },
+      "fi_trecv");
 }
 
 struct Latency {
@@ -156,8 +166,8 @@ struct Latency {
   double p99_us;
 };
 
-Latency ping_pong(Endpoint& ep, int rank, char* buffer, void* desc,
-                  size_t size, int iterations) {
+Latency ping_pong(Endpoint& ep, int rank, char* buffer, void* desc, size_t size,
+                  int iterations) {
   std::vector<double> samples;
   for (int i = -iterations / 10; i < iterations; ++i) {  // warm-up first
     const auto start = Clock::now();
@@ -178,9 +188,9 @@ Latency ping_pong(Endpoint& ep, int rank, char* buffer, void* desc,
     }
   }
   std::sort(samples.begin(), samples.end());
-  return Latency{size, samples[samples.size() / 2],
-                 samples[std::min(samples.size() - 1,
-                                  samples.size() * 99 / 100)]};
+  return Latency{
+      size, samples[samples.size() / 2],
+      samples[std::min(samples.size() - 1, samples.size() * 99 / 100)]};
 }
 
 // GB/s of `count` messages of `size` bytes, rank 0 to rank 1.
@@ -221,13 +231,12 @@ double tagged_bandwidth(Endpoint& ep, int rank, char* buffer, void* desc,
 }
 
 // GB/s of `count` reads of `size` bytes by rank 1 from rank 0's buffer.
-double read_bandwidth(Endpoint& ep, int rank, c10d::Store& store,
-                      char* buffer, const MemoryRegion& region, size_t size,
-                      int count) {
+double read_bandwidth(Endpoint& ep, int rank, c10d::Store& store, char* buffer,
+                      const MemoryRegion& region, size_t size, int count) {
   char done = 0;
   if (rank == 0) {
-    const std::string where = absl::StrCat(region.remote_address(buffer), " ",
-                                           region.key());
+    const std::string where =
+        absl::StrCat(region.remote_address(buffer), " ", region.key());
     store.set(absl::StrCat("read/", size),
               std::vector<uint8_t>(where.begin(), where.end()));
     // The target progresses too (manual-progress providers serve reads in
@@ -248,10 +257,12 @@ double read_bandwidth(Endpoint& ep, int rank, c10d::Store& store,
       ep.wait(1);
       --in_flight;
     }
-    ep.post([&] { return fi_read(ep.fabric().ep(), buffer, size,
-                                 region.desc(), ep.peer, address, key,
-                                 nullptr); },
-            "fi_read");
+    ep.post(
+        [&] {
+          return fi_read(ep.fabric().ep(), buffer, size, region.desc(), ep.peer,
+                         address, key, nullptr);
+        },
+        "fi_read");
     ++in_flight;
     in_flight -= ep.take_early();
   }
@@ -269,6 +280,8 @@ int main(int argc, char** argv) {
   std::string provider = "tcp;ofi_rxm";
   std::string wait = "fd";
   int iterations = 2000;
+  bool quick = false;
+  int64_t max_bytes = int64_t{64} << 20;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--provider=", 0) == 0) {
@@ -279,13 +292,19 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--iterations=", 0) == 0 &&
                absl::SimpleAtoi(arg.substr(13), &iterations) &&
                iterations >= 10) {
+    } else if (arg == "--quick") {
+      quick = true;
+    } else if (arg.rfind("--max_bytes=", 0) == 0 &&
+               absl::SimpleAtoi(arg.substr(12), &max_bytes) && max_bytes >= 8) {
     } else {
       std::fprintf(stderr,
                    "usage: fabric_pingpong [--provider=NAME] "
-                   "[--wait=fd|poll] [--iterations=N>=10]\n");
+                   "[--wait=fd|poll] [--iterations=N>=10] [--quick] "
+                   "[--max_bytes=N>=8]\n");
       return 2;
     }
   }
+  if (quick) iterations = std::min(iterations, 300);
   const int rank = env_int("RANK");
   if (env_int("WORLD_SIZE") != 2) die("run with --nproc 2");
   const char* host = std::getenv("MASTER_ADDR");
@@ -307,14 +326,16 @@ int main(int argc, char** argv) {
   if (!name.ok()) die(name.status().ToString());
   store.set(absl::StrCat("name/", rank),
             std::vector<uint8_t>(name->begin(), name->end()));
-  const std::vector<uint8_t> theirs = store.get(absl::StrCat("name/", 1 - rank));
+  const std::vector<uint8_t> theirs =
+      store.get(absl::StrCat("name/", 1 - rank));
   absl::StatusOr<std::vector<fi_addr_t>> peer =
       ep.fabric().insert({std::string(theirs.begin(), theirs.end())});
   if (!peer.ok()) die(peer.status().ToString());
   ep.peer = (*peer)[0];
 
-  constexpr size_t kLargest = size_t{16} << 20;
-  std::vector<char> buffer(kLargest, 'x');
+  const size_t largest =
+      std::min(size_t{64} << 20, static_cast<size_t>(max_bytes));
+  std::vector<char> buffer(std::max(largest, size_t{16} << 20), 'x');
   absl::StatusOr<std::unique_ptr<MemoryRegion>> region =
       ep.fabric().register_memory(
           buffer.data(), buffer.size(),
@@ -324,23 +345,27 @@ int main(int argc, char** argv) {
   void* desc = (*region)->desc();
 
   std::vector<Latency> latencies;
-  for (size_t size : {size_t{8}, size_t{1} << 10, size_t{8} << 10,
-                      size_t{64} << 10, size_t{1} << 20}) {
-    latencies.push_back(ping_pong(ep, rank, buffer.data(), desc, size,
-                                  size >= (size_t{64} << 10) ? iterations / 4
-                                                             : iterations));
+  for (size_t size :
+       {size_t{8}, size_t{1} << 10, size_t{8} << 10, size_t{64} << 10,
+        size_t{1} << 20, size_t{16} << 20, size_t{64} << 20}) {
+    if (size > largest) break;
+    const int rounds = size >= (size_t{16} << 20)
+                           ? std::max(10, iterations / 100)
+                       : size >= (size_t{64} << 10) ? iterations / 4
+                                                    : iterations;
+    latencies.push_back(ping_pong(ep, rank, buffer.data(), desc, size, rounds));
   }
   std::vector<std::pair<size_t, double>> tagged;
   std::vector<std::pair<size_t, double>> reads;
-  for (size_t size : {size_t{64} << 10, size_t{1} << 20, kLargest}) {
-    const int count = static_cast<int>(
-        std::max<size_t>(16, (size_t{1} << 30) / size / 2));
+  for (size_t size : {size_t{64} << 10, size_t{1} << 20, size_t{16} << 20}) {
+    const int count =
+        static_cast<int>(std::max<size_t>(16, (size_t{1} << 30) / size / 2));
     tagged.emplace_back(
         size, tagged_bandwidth(ep, rank, buffer.data(), desc, size, count));
     if (ep.fabric().has_rma()) {
       // Rank 1 measures; rank 0 prints.
-      const double measured = read_bandwidth(ep, rank, store, buffer.data(),
-                                             **region, size, count);
+      const double measured =
+          read_bandwidth(ep, rank, store, buffer.data(), **region, size, count);
       const std::string key = absl::StrCat("read_gbps/", size);
       if (rank == 1) {
         const std::string text = absl::StrCat(measured);
@@ -364,14 +389,13 @@ int main(int argc, char** argv) {
               ep.fabric().provider_name().c_str(),
               ep.sleeps() ? "sleeping on the completion queue's fd"
                           : "polling the completion queue");
-  std::printf("%-24s %12s %12s\n", "ping-pong round trip", "p50 us",
-              "p99 us");
+  std::printf("%-24s %12s %12s\n", "ping-pong round trip", "p50 us", "p99 us");
   std::vector<std::string> json;
   for (const Latency& l : latencies) {
     std::printf("%-24s %12.1f %12.1f\n", absl::StrCat(l.size, " B").c_str(),
                 l.p50_us, l.p99_us);
-    json.push_back(absl::StrCat("\"rtt_", l.size, "\": {\"p50_us\": ",
-                                l.p50_us, ", \"p99_us\": ", l.p99_us, "}"));
+    json.push_back(absl::StrCat("\"rtt_", l.size, "\": {\"p50_us\": ", l.p50_us,
+                                ", \"p99_us\": ", l.p99_us, "}"));
   }
   std::printf("%-24s %12s %12s\n", "bandwidth", "tagged GB/s", "read GB/s");
   for (size_t i = 0; i < tagged.size(); ++i) {
@@ -383,8 +407,17 @@ int main(int argc, char** argv) {
                                 "\": {\"tagged_gbps\": ", tagged[i].second,
                                 ", \"read_gbps\": ", read, "}"));
   }
-  std::printf("JSON {\"provider\": \"%s\", \"wait\": \"%s\", %s}\n",
-              ep.fabric().provider_name().c_str(),
-              ep.sleeps() ? "fd" : "poll", absl::StrJoin(json, ", ").c_str());
+  std::vector<std::string> sweep;
+  for (const Latency& l : latencies) {
+    sweep.push_back(absl::StrCat(
+        "{\"bytes\": ", l.size, ", \"p50_us\": ", l.p50_us, ", \"GBps\": ",
+        2.0 * static_cast<double>(l.size) / (l.p50_us * 1e3), "}"));
+  }
+  std::printf(
+      "JSON {\"provider\": \"%s\", \"wait\": \"%s\", \"p50_us\": %g, "
+      "\"sweep\": [%s], %s}\n",
+      ep.fabric().provider_name().c_str(), ep.sleeps() ? "fd" : "poll",
+      latencies.front().p50_us, absl::StrJoin(sweep, ", ").c_str(),
+      absl::StrJoin(json, ", ").c_str());
   return 0;
 }
