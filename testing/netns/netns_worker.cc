@@ -4,7 +4,7 @@
 // fails within its timeout, brings the link back and checks that calls work
 // again; rank 1 serves until told to stop. Environment: RANK, WORLD_SIZE,
 // MASTER_ADDR/PORT (as the launcher sets them), TETHER_TEST_BACKEND (default
-// tensorpipe), LISTEN_ADDR (this worker's address in its namespace),
+// tensorpipe; also grpc and libfabric over tcp;ofi_rxm), LISTEN_ADDR (this worker's address in its namespace),
 // PEER_LINK_DOWN / PEER_LINK_UP (shell commands rank 0 runs).
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
@@ -52,6 +52,13 @@ int main() {
     options.backend_settings["tensorpipe.transports"] = "uv";
     options.backend_settings["tensorpipe.channels"] = "basic";
     options.backend_settings["tensorpipe.address"] = env("LISTEN_ADDR");
+  } else if (options.backend == "grpc") {
+    options.backend_settings["grpc.address"] = env("LISTEN_ADDR");
+  } else if (options.backend == "libfabric") {
+    // TCP across the namespaces; a silent peer is lost after 3 s of it.
+    options.backend_settings["libfabric.provider"] = "tcp;ofi_rxm";
+    options.backend_settings["libfabric.address"] = env("LISTEN_ADDR");
+    options.backend_settings["libfabric.peer_timeout_ms"] = "3000";
   }
   absl::Status up = tether::init_rpc(absl::StrCat("w", rank), rank, 2, options,
                                      registry);
