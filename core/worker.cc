@@ -1,8 +1,11 @@
 #include "core/worker.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <absl/synchronization/mutex.h>
 #include <c10/core/thread_pool.h>
 
+#include <optional>
 #include <utility>
 
 #include "core/rendezvous.h"
@@ -67,6 +70,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     const std::string& name, int rank, int world_size,
     const RpcOptions& options, const BackendRegistry& registry,
     const std::vector<ExtensionFactory>& extensions) {
+#ifdef TETHER_NO_MUTEX_DEADLOCK_DETECTION
+  // Debian's Abseil checks every lock for deadlock cycles (it is built
+  // without NDEBUG): a graph update per acquisition on every hot path.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
   if (options.max_calls_in_flight < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_calls_in_flight must not be negative, got ",
@@ -440,11 +448,50 @@ absl::StatusOr<c10::IValue> Worker::rpc_sync(const To& to,
   return rpc_async(to, fn, std::move(args), std::move(kwargs), timeout).get();
 }
 
+namespace {
+
+// A CALL this small is decoded on the agent's thread, and run there when it
+// is a builtin operator (below): moving it to the pool would cost two
+// thread hand-offs (to the pool, and the response back to the agent's
+// thread), most of a small call's round trip.
+constexpr int64_t kInlineCallBytes = 64 * 1024;
+
+bool small_call(const Message& request) {
+  if (request.type != MessageType::kCall) return false;
+  int64_t bytes = static_cast<int64_t>(request.payload.size());
+  for (const c10::Storage& storage : request.storages) {
+    bytes += static_cast<int64_t>(storage.nbytes());
+  }
+  return bytes <= kInlineCallBytes;
+}
+
+bool contains_rref(const c10::IValue& v) {
+  if (v.isRRef()) return true;
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (contains_rref(e)) return true;
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (contains_rref(e)) return true;
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& entry : v.toGenericDict()) {
+      if (contains_rref(entry.key()) || contains_rref(entry.value())) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 Future<Message> Worker::handle_request(Message request) {
   Promise<Message> promise;
-  auto shared = std::make_shared<Message>(std::move(request));
-  auto handler = handlers_.find(shared->type);
+  auto handler = handlers_.find(request.type);
   if (handler != handlers_.end()) {
+    auto shared = std::make_shared<Message>(std::move(request));
     const RequestHandler* serve = &handler->second;
     pool_->run([this, promise, shared, serve] {
       ServingScope scope(this);
@@ -456,6 +503,27 @@ Future<Message> Worker::handle_request(Message request) {
     });
     return promise.future();
   }
+  if (small_call(request)) {
+    ServingScope scope(this);
+    auto call = std::make_shared<DecodedCall>();
+    if (std::optional<Message> malformed = decode_call(request, *call)) {
+      return Future<Message>::ready(*std::move(malformed));
+    }
+    // A builtin operator on small tensors is cheap and never blocks: it runs
+    // here, on the agent's thread. Anything else may (a user function, a
+    // TorchScript function, a call that waits for its RRef arguments'
+    // confirmation, a step of distributed autograd): the pool runs it.
+    if (!call->autograd.in_context() &&
+        absl::StartsWith(call->fn, "aten::") && !contains_rref(call->value)) {
+      return Future<Message>::ready(run_call(*call));
+    }
+    pool_->run([this, promise, call] {
+      ServingScope scope(this);
+      promise.set(run_call(*call));
+    });
+    return promise.future();
+  }
+  auto shared = std::make_shared<Message>(std::move(request));
   pool_->run([this, promise, shared] {
     ServingScope scope(this);
     promise.set(process_request(*shared));
@@ -470,8 +538,17 @@ Message Worker::process_request(const Message& request) {
         absl::StrCat("worker ", describe(self), " cannot handle a ",
                      message_type_name(request.type), " request")));
   }
-  wire::AutogradMeta autograd;
-  absl::StatusOr<c10::IValue> call = decode(request, &autograd);
+  DecodedCall call;
+  if (std::optional<Message> malformed = decode_call(request, call)) {
+    return *std::move(malformed);
+  }
+  return run_call(call);
+}
+
+std::optional<Message> Worker::decode_call(const Message& request,
+                                           DecodedCall& out) {
+  const WorkerInfo& self = agent_->self();
+  absl::StatusOr<c10::IValue> call = decode(request, &out.autograd);
   if (!call.ok()) {
     return exception_message(absl::Status(
         call.status().code(),
@@ -488,27 +565,34 @@ Message Worker::process_request(const Message& request) {
         ": malformed CALL: expected (name, args, kwargs)")));
   }
   const auto& parts = call->toTupleRef().elements();
-  const std::string& fn = parts[0].toStringRef();
-  std::vector<c10::IValue> args = parts[1].toTupleRef().elements().vec();
-  Kwargs kwargs;
+  out.fn = parts[0].toStringRef();
+  out.args = parts[1].toTupleRef().elements().vec();
   for (const auto& entry : parts[2].toGenericDict()) {
     if (!entry.key().isString()) {
       return exception_message(absl::InvalidArgumentError(absl::StrCat(
-          "Error on worker ", describe(self), " calling '", fn,
+          "Error on worker ", describe(self), " calling '", out.fn,
           "': keyword argument names must be strings")));
     }
-    kwargs.emplace(entry.key().toStringRef(), entry.value());
+    out.kwargs.emplace(entry.key().toStringRef(), entry.value());
   }
+  out.value = *std::move(call);
+  return std::nullopt;
+}
+
+Message Worker::run_call(DecodedCall& call) {
+  const WorkerInfo& self = agent_->self();
+  const std::string& fn = call.fn;
+  const wire::AutogradMeta& autograd = call.autograd;
   ServingContext serving(*this, autograd);
   if (call_gate_) {
-    if (absl::Status ready = call_gate_(*call); !ready.ok()) {
+    if (absl::Status ready = call_gate_(call.value); !ready.ok()) {
       return exception_message(absl::Status(
           ready.code(), absl::StrCat("Error on worker ", describe(self),
                                      " calling '", fn, "': ", ready.message())));
     }
   }
   absl::StatusOr<c10::IValue> result =
-      callables_.call(fn, std::move(args), kwargs);
+      callables_.call(fn, std::move(call.args), call.kwargs);
   if (!result.ok()) {
     return exception_message(absl::Status(
         result.status().code(),

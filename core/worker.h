@@ -1,7 +1,8 @@
 // Worker: one member of an RPC group, and the public API of tether's core.
 //
 // A Worker owns one Agent (chosen by backend name from a BackendRegistry),
-// the callables it serves and a thread pool that runs them. Several Workers
+// the callables it serves and a thread pool that runs them (a small call of
+// a builtin operator runs on the agent thread it arrived on). Several Workers
 // may live in one process (tests do this); the free functions of
 // core/rpc.h act on the process's default Worker, or on the Worker whose
 // request the calling thread is serving.
@@ -23,6 +24,7 @@
 #include <absl/time/time.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -224,9 +226,10 @@ class Worker {
   void set_autograd_hook(AutogradHook* hook);
   AutogradHook* autograd_hook() const { return autograd_hook_; }
 
-  // Runs on the pool thread after a CALL's arguments are decoded and before
-  // the function runs; an error fails the call with it. The RRef layer waits
-  // here until the owner has confirmed every RRef among the arguments.
+  // Runs after a CALL's arguments are decoded and before the function runs,
+  // on the pool thread (a call with RRef arguments always runs there); an
+  // error fails the call with it. The RRef layer waits here until the owner
+  // has confirmed every RRef among the arguments.
   // `call` is the decoded (name, args, kwargs) tuple.
   void set_call_gate(std::function<absl::Status(const c10::IValue& call)> gate);
 
@@ -288,7 +291,19 @@ class Worker {
                                absl::Duration timeout);
   // RESOURCE_EXHAUSTED if `message` is over options_.limits.
   absl::Status check_limits(const Message& message) const;
+  // A CALL, decoded: the (name, args, kwargs) tuple and its parts.
+  struct DecodedCall {
+    c10::IValue value;
+    wire::AutogradMeta autograd;
+    std::string fn;
+    std::vector<c10::IValue> args;
+    Kwargs kwargs;
+  };
   Message process_request(const Message& request);
+  // Decodes a CALL into `out`; the EXCEPTION response if it is malformed.
+  std::optional<Message> decode_call(const Message& request, DecodedCall& out);
+  // Runs a decoded call (after the call gate) and encodes its response.
+  Message run_call(DecodedCall& call);
 
   const RpcOptions options_;
   Callables callables_;

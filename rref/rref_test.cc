@@ -349,7 +349,9 @@ TEST_F(RRefs, ThousandCreatedAndDroppedReleaseEverything) {
             remote(*workers_[t % 3], (t + i) % 3, "aten::add.Tensor",
                    {at::ones({2}), at::ones({2})});
         ASSERT_THAT(r, IsOk());
-        if (i % 10 == 0) ASSERT_THAT(r->to_here(), IsOk());
+        if (i % 10 == 0) {
+          ASSERT_THAT(r->to_here(), IsOk());
+        }
       }
     });
   }

@@ -56,7 +56,9 @@ std::vector<std::unique_ptr<Worker>> start(
 // Stops every worker; a lost peer is fine for groups that refused each other.
 void stop(std::vector<std::unique_ptr<Worker>>& workers) {
   for (auto& w : workers) {
-    if (w != nullptr) EXPECT_THAT(w->shutdown(/*graceful=*/false), IsOk());
+    if (w != nullptr) {
+      EXPECT_THAT(w->shutdown(/*graceful=*/false), IsOk());
+    }
   }
 }
 

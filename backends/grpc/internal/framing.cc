@@ -9,6 +9,8 @@
 #include <limits>
 #include <new>
 
+#include "core/internal/receive_buffers.h"
+
 namespace tether::backends::grpc_internal {
 namespace {
 
@@ -388,10 +390,9 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
       partial->payload.resize(partial->sizes[0]);
       partial->storages.reserve(count - 1);
       for (uint32_t i = 1; i < count; ++i) {
-        partial->storages.emplace_back(c10::Storage::use_byte_size_t(),
-                                       partial->sizes[i],
-                                       c10::GetCPUAllocator(),
-                                       /*resizable=*/false);
+        // Large ones reuse buffers that received earlier tensors.
+        partial->storages.push_back(
+            tether::internal::receive_storage(partial->sizes[i]));
       }
     } catch (const std::exception& e) {
       partial->payload.clear();

@@ -9,6 +9,8 @@
 #include <exception>
 #include <utility>
 
+#include "core/internal/receive_buffers.h"
+
 namespace tether::backends::internal {
 namespace {
 
@@ -323,10 +325,9 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
     frame->payload.resize(header->payload_size);
     frame->storages.reserve(header->storage_sizes.size());
     for (uint64_t size : header->storage_sizes) {
-      frame->storages.emplace_back(c10::Storage::use_byte_size_t(),
-                                   static_cast<size_t>(size),
-                                   c10::GetCPUAllocator(),
-                                   /*resizable=*/false);
+      // Large ones reuse buffers that received earlier tensors.
+      frame->storages.push_back(
+          tether::internal::receive_storage(static_cast<size_t>(size)));
     }
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(

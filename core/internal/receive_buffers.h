@@ -1,0 +1,54 @@
+// Receive buffers for large incoming tensors, reused.
+//
+// A backend that receives a tensor into a fresh storage pays for the pages
+// of that storage: a buffer as large as 64 MiB is mapped fresh from the
+// kernel on every allocation, and every one of its pages faults in (and is
+// zeroed) on first write, which on the project's machines costs more than
+// the copy itself (docs/benchmarks.md, "What the profiles show"). The
+// backends (tensorpipe, grpc) ask for their large receive storages here:
+// a storage comes from a small, bounded cache of buffers by size, and goes
+// back to it when its last user (the tensor the user holds) drops it. A
+// new buffer is aligned and advised to use transparent huge pages, so even
+// a miss faults once per 2 MiB rather than once per 4 KiB.
+//
+// Ownership: a storage owns its buffer until released; then the cache owns
+// it (or frees it when full). The cache is process-wide: storages outlive
+// the agents that made them.
+//
+// Thread safety: every function may be called from any thread; storages
+// may be released on any thread.
+#ifndef TETHER_CORE_INTERNAL_RECEIVE_BUFFERS_H_
+#define TETHER_CORE_INTERNAL_RECEIVE_BUFFERS_H_
+
+#include <c10/core/Storage.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tether::internal {
+
+// Storages of at least this many bytes come from the cache.
+constexpr size_t kReusedBufferBytes = size_t{2} << 20;
+
+// What the cache holds at most, in bytes of idle buffers.
+constexpr size_t kReceiveCacheBytes = size_t{256} << 20;
+
+// A CPU storage of `nbytes` (not resizable), its contents undefined: a
+// cached buffer of that size when one is idle, else a new one. Below
+// kReusedBufferBytes, an ordinary storage of LibTorch's CPU allocator.
+// Throws c10::Error (as LibTorch's allocator does) when memory runs out.
+c10::Storage receive_storage(size_t nbytes);
+
+struct ReceiveBufferStats {
+  int64_t reused = 0;     // storages served from the cache
+  int64_t allocated = 0;  // new buffers (of at least kReusedBufferBytes)
+  size_t idle_bytes = 0;  // bytes the cache holds now
+};
+ReceiveBufferStats receive_buffer_stats();
+
+// Frees every idle buffer (tests; a process that wants its memory back).
+void drop_idle_receive_buffers();
+
+}  // namespace tether::internal
+
+#endif  // TETHER_CORE_INTERNAL_RECEIVE_BUFFERS_H_
