@@ -1,9 +1,10 @@
 // SerialExecutor: one thread that runs posted tasks in order.
 //
 // Used by the backends for the work they keep off their callers' and their
-// library's threads: the tensorpipe agent calls into tensorpipe from one
-// (tensorpipe may borrow the calling thread to run its event loop, and so its
-// callbacks would run on a user's thread, inside send()); the gRPC agent
+// library's threads: the tensorpipe agent opens pipes from one, writes there
+// what cannot be written from the caller's thread, and runs there the
+// callbacks tensorpipe hands to a caller's thread (it borrows the calling
+// thread to run its event loop); the gRPC agent
 // delivers received messages on a few (so gRPC's shared callback threads only
 // parse bytes and never run a request handler).
 //
