@@ -15,6 +15,20 @@
 // storage, in chunks taken round robin between the messages queued on a
 // stream, so a large message does not hold up small ones behind it.
 //
+// Authentication (core/auth), when the group shares a secret
+// (RpcOptions::auth_secret or TETHER_AUTH_SECRET): on every stream, before
+// any message, each side sends a hello frame with its name and a fresh
+// challenge, answers the other's hello with a proof frame (HMAC-SHA256 over
+// both challenges, both names and its role; the secret never travels) and
+// checks the other's proof. A side sends messages only once it has checked
+// the peer's proof, and accepts none before: a frame other than the
+// handshake is refused before anything is allocated for it. A refusal (no
+// secret on one side, a wrong proof, a name that is not the stream's, no
+// proof within 20 s) is logged on the refusing side and ends the stream;
+// its requests fail with UNAUTHENTICATED and the reason (a server tells
+// the client why in the stream's status; a client can only cancel). The
+// call metadata (who opens the stream) is only a claim until then.
+//
 // A stream that ends (the peer closed it, crashed, or stopped answering
 // keepalive pings) fails the requests that left on it with UNAVAILABLE and
 // is dropped with its channel; the next send opens a new one. A message over
