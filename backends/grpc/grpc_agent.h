@@ -72,9 +72,13 @@
 // joins then finish on a thread of their own).
 //
 // Ownership: a request's storages are referenced, not copied, until gRPC has
-// written them (core/message.h: do not write to them meanwhile); received
-// storages are fresh allocations. The first agent made holds gRPC
-// initialised for the rest of the process (see docs/decisions.md).
+// written them (core/message.h: do not write to them meanwhile). Received
+// storages own their memory: bytes copied out of gRPC's slices (at most
+// 64 KiB each, so a storage cannot adopt them) into blocks that storages of
+// 256 KiB and more take from a process-wide pool of the blocks of freed
+// received storages (internal/receive_pool.h: up to 256 MiB kept). The
+// first agent made holds gRPC initialised for the rest of the process (see
+// docs/decisions.md).
 #ifndef TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
 #define TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
 

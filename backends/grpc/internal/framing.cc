@@ -1,13 +1,14 @@
 #include "backends/grpc/internal/framing.h"
 
 #include <absl/strings/str_cat.h>
-#include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <new>
+
+#include "backends/grpc/internal/receive_pool.h"
 
 namespace tether::backends::grpc_internal {
 namespace {
@@ -299,8 +300,9 @@ struct Assembler::Partial {
   }
 };
 
-Assembler::Assembler(uint64_t max_message_bytes)
-    : max_message_bytes_(max_message_bytes) {}
+Assembler::Assembler(uint64_t max_message_bytes, c10::Allocator* allocator)
+    : max_message_bytes_(max_message_bytes),
+      allocator_(allocator != nullptr ? allocator : &ReceivePool::get()) {}
 
 Assembler::~Assembler() = default;
 
@@ -442,8 +444,7 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
       partial->storages.reserve(count - 1);
       for (uint32_t i = 1; i < count; ++i) {
         partial->storages.emplace_back(c10::Storage::use_byte_size_t(),
-                                       partial->sizes[i],
-                                       c10::GetCPUAllocator(),
+                                       partial->sizes[i], allocator_,
                                        /*resizable=*/false);
       }
     } catch (const std::exception& e) {

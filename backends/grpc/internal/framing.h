@@ -46,6 +46,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
 #include <grpcpp/support/slice.h>
 
@@ -169,7 +170,10 @@ struct Received {
 // Rebuilds messages from the frames of one stream, in the order they come.
 class Assembler {
  public:
-  explicit Assembler(uint64_t max_message_bytes);
+  // Received storages get their memory from `allocator` (nullptr: the
+  // process's ReceivePool, receive_pool.h).
+  explicit Assembler(uint64_t max_message_bytes,
+                     c10::Allocator* allocator = nullptr);
   ~Assembler();
   Assembler(const Assembler&) = delete;
   Assembler& operator=(const Assembler&) = delete;
@@ -207,6 +211,7 @@ class Assembler {
                              std::vector<Received>& done);
 
   const uint64_t max_message_bytes_;
+  c10::Allocator* const allocator_;
   // Not empty while the gate is closed: why.
   std::string gate_;
   // Keyed by (is_response, id).
