@@ -75,7 +75,7 @@
 // written them (core/message.h: do not write to them meanwhile). Received
 // storages own their memory: bytes copied out of gRPC's slices (at most
 // 64 KiB each, so a storage cannot adopt them) into blocks that storages of
-// 256 KiB and more take from a process-wide pool of the blocks of freed
+// 4 MiB and more take from a process-wide pool of the blocks of freed
 // received storages (internal/receive_pool.h: up to 256 MiB kept). The
 // first agent made holds gRPC initialised for the rest of the process (see
 // docs/decisions.md).
