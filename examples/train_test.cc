@@ -1,10 +1,14 @@
-// The main job's model trained across real processes (TensorPipe): with one
-// trainer every step's loss equals single-process LibTorch training; with
-// two trainers sharing the parameter server both run to the end and learn.
+// The main job's model trained across real processes, on the backend named
+// by TETHER_TEST_BACKEND (set per cc_test in BUILD; TensorPipe by default):
+// with one trainer every step's loss equals single-process LibTorch
+// training; with two trainers sharing the parameter server both run to the
+// end and learn.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "autograd/autograd.h"
 #include "backends/builtin.h"
@@ -18,6 +22,11 @@ namespace {
 
 using ::tether::testing::IsOk;
 
+std::string backend_under_test() {
+  const char* backend = std::getenv("TETHER_TEST_BACKEND");
+  return backend != nullptr ? backend : "tensorpipe";
+}
+
 void init(int rank, int world) {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry;
@@ -25,6 +34,7 @@ void init(int rank, int world) {
     return r;
   }();
   RpcOptions options;
+  options.backend = backend_under_test();
   options.init_method = "env://";
   ASSERT_THAT(init_rpc(rank == 0 ? "ps" : absl::StrCat("trainer", rank), rank,
                        world, options, *registry,

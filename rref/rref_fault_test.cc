@@ -339,7 +339,7 @@ TEST_P(RRefFaults, DeletionOfUsersRacingWithForks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RRefFaults,
-                         ::testing::Values("loopback", "tensorpipe"),
+                         ::testing::Values("loopback", "tensorpipe", "grpc"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

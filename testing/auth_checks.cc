@@ -76,6 +76,12 @@ void expect_same_secret_works(const std::string& backend,
   ASSERT_NE(workers[1], nullptr);
   EXPECT_THAT(add(*workers[0], "w1"), IsOk());
   EXPECT_THAT(add(*workers[1], "w0"), IsOk());
+  // Large tensors too (a backend may send them apart from the handshake).
+  const at::Tensor large = at::ones({1 << 18});
+  absl::StatusOr<c10::IValue> sum =
+      workers[1]->rpc_sync("w0", "aten::add.Tensor", {large, large});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(sum->toTensor().equal(large * 2));
   stop(workers);
   // The same through the environment.
   ::setenv(auth::kSecretEnv, kSecret, 1);

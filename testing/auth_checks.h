@@ -17,8 +17,9 @@ namespace tether::testing {
 
 using BackendSettings = absl::flat_hash_map<std::string, std::string>;
 
-// Two workers with the same secret call each other (and the secret may come
-// from TETHER_AUTH_SECRET instead of the options).
+// Two workers with the same secret call each other, with small and 1 MiB
+// tensors (and the secret may come from TETHER_AUTH_SECRET instead of the
+// options).
 void expect_same_secret_works(const std::string& backend,
                               const BackendSettings& settings = {});
 

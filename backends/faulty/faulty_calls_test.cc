@@ -112,7 +112,7 @@ TEST_P(FaultyCalls, DroppedBackwardMessageFailsTheRootWithinTheTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FaultyCalls,
-                         ::testing::Values("loopback", "tensorpipe"),
+                         ::testing::Values("loopback", "tensorpipe", "grpc"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

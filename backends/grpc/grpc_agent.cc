@@ -46,6 +46,7 @@
 #include "backends/common/agent_support.h"
 #include "backends/grpc/internal/framing.h"
 #include "backends/grpc/internal/settings.h"
+#include "core/auth/auth.h"
 #include "core/internal/pending_requests.h"
 #include "core/internal/serial_executor.h"
 #include "core/internal/timer.h"
@@ -56,6 +57,8 @@ namespace {
 
 using common::ScopedMark;
 using grpc_internal::Assembler;
+using grpc_internal::AuthFrame;
+using grpc_internal::AuthStep;
 using grpc_internal::OutgoingCursor;
 using grpc_internal::OutgoingMessage;
 using grpc_internal::Received;
@@ -82,6 +85,10 @@ constexpr absl::Duration kServerShutdownGrace = absl::Seconds(1);
 // at all). gRPC's "min reconnect backoff" is left alone: it is also the
 // time a connection attempt may take (20 s), which a loaded machine needs.
 constexpr int kReconnectBackoffMs = 100;
+// A stream whose peer has not proven the shared secret this long after it
+// started is refused (a peer that never answers must not hold the link and
+// the requests queued on it).
+constexpr absl::Duration kAuthBound = absl::Seconds(20);
 constexpr int kMaxReconnectBackoffMs = 1000;
 
 // ------------------------------------------------------------ thread marks
@@ -105,9 +112,10 @@ class Stream {
   // At most one write at a time; `buffer` lives until on_write_done().
   virtual void start_write(const ::grpc::ByteBuffer* buffer) = 0;
   virtual void start_read() = 0;
-  // Ends the call (once), telling the peer `why` where the side allows;
-  // no operation is started after it.
-  virtual void end(const std::string& why) = 0;
+  // Ends the call (once), telling the peer `code` and `why` where the side
+  // allows (a server; a client can only cancel); no operation is started
+  // after it.
+  virtual void end(absl::StatusCode code, const std::string& why) = 0;
 };
 
 // One bidirectional stream with a peer, either side of it: the messages
@@ -116,17 +124,31 @@ class Stream {
 // that arrived on it (weakly).
 class Link : public std::enable_shared_from_this<Link> {
  public:
-  Link(std::weak_ptr<State> state, const void* owner, std::string self_name,
-       int rank, PendingRequests::Connection connection, bool is_client,
-       const Settings& settings)
+  // `auth`: the shared secret, when this worker has one (then nothing but
+  // the handshake is sent or accepted until the peer has proven it).
+  Link(std::weak_ptr<State> state, const void* owner, std::string self,
+       std::string peer, int rank, PendingRequests::Connection connection,
+       bool is_client, const Settings& settings,
+       const std::optional<auth::Authenticator>& auth)
       : state_(std::move(state)),
         owner_(owner),
-        self_name_(std::move(self_name)),
+        self_(std::move(self)),
+        self_name_(absl::StrCat("worker '", self_, "'")),
+        peer_(std::move(peer)),
         rank_(rank),
         connection_(connection),
         is_client_(is_client),
         chunk_bytes_(settings.chunk_bytes),
-        assembler_(settings.max_message_bytes) {}
+        auth_(auth),
+        own_challenge_(auth ? auth->challenge() : std::string()),
+        verified_(!auth),
+        assembler_(settings.max_message_bytes) {
+    if (auth_) {
+      assembler_.close_gate(absl::StrCat(
+          "worker '", self_, "' requires authentication and worker '", peer_,
+          "' sent a message without it"));
+    }
+  }
 
   int rank() const { return rank_; }
   PendingRequests::Connection connection() const { return connection_; }
@@ -145,9 +167,14 @@ class Link : public std::enable_shared_from_this<Link> {
   bool enqueue(std::shared_ptr<const OutgoingMessage> message)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Ends the stream, once; `why` is what its requests fail with (unless
-  // gRPC's own status says more). Idempotent.
-  void close(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the stream, once; `why` is what its requests fail with, with
+  // `code` (unless gRPC's own status says more). Idempotent.
+  void close(absl::string_view why,
+             absl::StatusCode code = absl::StatusCode::kUnavailable)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Refuses the stream if the peer has not authenticated by now.
+  void check_authenticated() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reactions, on gRPC's threads.
   void on_write_done(bool ok) ABSL_LOCKS_EXCLUDED(mu_);
@@ -159,24 +186,43 @@ class Link : public std::enable_shared_from_this<Link> {
                std::unique_ptr<Stream> client) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // A step of the peer's handshake (from the read reaction, inside
+  // assembler_.consume()); UNAUTHENTICATED refuses the stream.
+  absl::Status on_auth(const AuthFrame& frame) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether write_next() has something to send.
+  bool can_write() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !control_.empty() || (verified_ && !queue_.empty());
+  }
   void write_next() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the call if both a reactor and a reason are there.
   void end_if_closed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::weak_ptr<State> state_;
   const void* const owner_;
+  const std::string self_;
   const std::string self_name_;  // "worker '<name>'", for the peer
+  const std::string peer_;
   const int rank_;
   const PendingRequests::Connection connection_;
   const bool is_client_;
   const size_t chunk_bytes_;
+  const std::optional<auth::Authenticator> auth_;
+  const std::string own_challenge_;
 
   mutable absl::Mutex mu_;
   Stream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::string why_ ABSL_GUARDED_BY(mu_);
+  absl::StatusCode code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kUnavailable;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // Handshake: the peer's challenge once its hello came; whether its proof
+  // checked out (messages wait in queue_ until then).
+  std::string peer_challenge_ ABSL_GUARDED_BY(mu_);
+  bool hello_received_ ABSL_GUARDED_BY(mu_) = false;
+  bool verified_ ABSL_GUARDED_BY(mu_);
+  // Handshake frames, sent before anything in queue_.
+  std::deque<::grpc::Slice> control_ ABSL_GUARDED_BY(mu_);
   std::deque<OutgoingCursor> queue_ ABSL_GUARDED_BY(mu_);
   ::grpc::ByteBuffer write_buffer_ ABSL_GUARDED_BY(mu_);
   // Only the read reaction touches it, one at a time.
@@ -194,6 +240,7 @@ class State : public std::enable_shared_from_this<State> {
         workers_(std::move(setup.workers)),
         store_(std::move(setup.store)),
         settings_(std::move(settings)),
+        auth_(std::move(setup.auth)),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         incoming_(self_.name),
@@ -232,7 +279,8 @@ class State : public std::enable_shared_from_this<State> {
   // For links: `link`'s stream is gone, `why`. `client` (a client
   // stream's reactor) is deleted later, off gRPC's threads.
   void on_link_done(const std::shared_ptr<Link>& link, absl::string_view why,
-                    std::unique_ptr<Stream> client) ABSL_LOCKS_EXCLUDED(mu_);
+                    absl::StatusCode code, std::unique_ptr<Stream> client)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // A request's way back: the link it came on.
@@ -277,6 +325,7 @@ class State : public std::enable_shared_from_this<State> {
   const std::vector<WorkerInfo> workers_;
   const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
+  const std::optional<auth::Authenticator> auth_;
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
   // Per rank, "host:port" (set by init(), then const).
   std::vector<std::string> peer_addresses_;
@@ -338,7 +387,7 @@ class ClientStream final
     StartWrite(buffer);
   }
   void start_read() override { StartRead(&read_buffer_); }
-  void end(const std::string& /*why*/) override {
+  void end(absl::StatusCode /*code*/, const std::string& /*why*/) override {
     // A client can only cancel; the peer sees its stream cancelled.
     context_.TryCancel();
     RemoveHold();
@@ -379,8 +428,9 @@ class ServerStream final : public ::grpc::ServerGenericBidiReactor,
     StartWrite(buffer);
   }
   void start_read() override { StartRead(&read_buffer_); }
-  void end(const std::string& why) override {
-    Finish(::grpc::Status(::grpc::StatusCode::UNAVAILABLE, why));
+  void end(absl::StatusCode code, const std::string& why) override {
+    // absl's codes are gRPC's, number for number.
+    Finish(::grpc::Status(static_cast<::grpc::StatusCode>(code), why));
   }
 
   void OnReadDone(bool ok) override {
@@ -443,25 +493,102 @@ void Link::attach(Stream* stream) {
     end_if_closed();
     return;
   }
+  if (auth_) {
+    // Both sides open with their challenge; each proves itself on the
+    // other's (see on_auth()).
+    control_.push_back(grpc_internal::make_auth_frame(
+        {AuthStep::kHello, self_, own_challenge_}));
+  }
   stream_->start_read();
-  if (!writing_ && !queue_.empty()) write_next();
+  if (!writing_ && can_write()) write_next();
 }
 
 bool Link::enqueue(std::shared_ptr<const OutgoingMessage> message) {
   absl::MutexLock lock(&mu_);
   if (closed_) return false;
   queue_.emplace_back(std::move(message));
-  if (stream_ != nullptr && !writing_) write_next();
+  if (stream_ != nullptr && !writing_ && can_write()) write_next();
   return true;
 }
 
+absl::Status Link::on_auth(const AuthFrame& frame) {
+  if (!auth_) {
+    return absl::UnauthenticatedError(
+        is_client_
+            ? absl::StrCat("worker '", peer_,
+                           "' requires authentication and worker '", self_,
+                           "' has no secret (RpcOptions::auth_secret or ",
+                           auth::kSecretEnv, ")")
+            : absl::StrCat("worker '", self_,
+                           "' does not authenticate peers (it has no secret: "
+                           "RpcOptions::auth_secret or ",
+                           auth::kSecretEnv, ") and worker '", peer_,
+                           "' does; the group must agree on one"));
+  }
+  if (frame.name != peer_) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the peer of worker '", self_, "' on a stream with '",
+                     peer_, "' says it is '", frame.name, "'"));
+  }
+  const auth::Role own_role =
+      is_client_ ? auth::Role::kClient : auth::Role::kServer;
+  const auth::Role peer_role =
+      is_client_ ? auth::Role::kServer : auth::Role::kClient;
+  absl::MutexLock lock(&mu_);
+  if (frame.step == AuthStep::kHello) {
+    if (hello_received_) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("worker '", peer_, "' sent a second challenge"));
+    }
+    hello_received_ = true;
+    peer_challenge_ = frame.data;
+    control_.push_back(grpc_internal::make_auth_frame(
+        {AuthStep::kProof, self_,
+         auth_->prove(own_role, self_, peer_, frame.data, own_challenge_)}));
+  } else {
+    if (!hello_received_ || verified_) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "worker '", peer_, "' sent a proof out of turn"));
+    }
+    if (!auth_->verify(frame.data, peer_role, peer_, self_, own_challenge_,
+                       peer_challenge_)) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("worker '", peer_,
+                       "' failed to authenticate (a different secret?)"));
+    }
+    // Every frame after the proof comes from a proven peer.
+    verified_ = true;
+    assembler_.open_gate();
+  }
+  if (stream_ != nullptr && !closed_ && !writing_ && can_write()) write_next();
+  return absl::OkStatus();
+}
+
+void Link::check_authenticated() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (verified_ || closed_) return;
+  }
+  const std::string why =
+      absl::StrCat("worker '", peer_, "' did not authenticate within ",
+                   absl::FormatDuration(kAuthBound));
+  LOG(WARNING) << "gRPC agent of worker '" << self_
+               << "' refuses a stream with worker '" << peer_ << "': " << why;
+  close(why, absl::StatusCode::kUnauthenticated);
+}
+
 void Link::write_next() {
-  // Frames round robin from the queued messages, up to about one chunk's
-  // worth: small messages share a gRPC message, a large one gives way after
-  // each chunk.
+  // Handshake frames first. Then frames round robin from the queued
+  // messages, up to about one chunk's worth: small messages share a gRPC
+  // message, a large one gives way after each chunk.
   std::vector<::grpc::Slice> slices;
   size_t bytes = 0;
-  while (!queue_.empty() && bytes < chunk_bytes_) {
+  while (!control_.empty()) {
+    bytes += control_.front().size();
+    slices.push_back(std::move(control_.front()));
+    control_.pop_front();
+  }
+  while (verified_ && !queue_.empty() && bytes < chunk_bytes_) {
     OutgoingCursor cursor = std::move(queue_.front());
     queue_.pop_front();
     bytes += cursor.append_next_frame(chunk_bytes_, slices);
@@ -473,19 +600,21 @@ void Link::write_next() {
   stream_->start_write(&write_buffer_);
 }
 
-void Link::close(absl::string_view why) {
+void Link::close(absl::string_view why, absl::StatusCode code) {
   absl::MutexLock lock(&mu_);
   if (closed_) return;
   closed_ = true;
   why_ = std::string(why);
+  code_ = code;
   queue_.clear();
+  control_.clear();
   end_if_closed();
 }
 
 void Link::end_if_closed() {
   if (!closed_ || ended_ || stream_ == nullptr) return;
   ended_ = true;
-  stream_->end(absl::StrCat(self_name_, " ended the stream: ", why_));
+  stream_->end(code_, absl::StrCat(self_name_, " ended the stream: ", why_));
 }
 
 void Link::on_write_done(bool ok) {
@@ -493,7 +622,7 @@ void Link::on_write_done(bool ok) {
   writing_ = false;
   write_buffer_.Clear();
   // A failed write means a broken call: the read side ends the link.
-  if (!ok || closed_ || queue_.empty()) return;
+  if (!ok || closed_ || !can_write()) return;
   write_next();
 }
 
@@ -504,11 +633,21 @@ void Link::on_read_done(bool ok, const ::grpc::ByteBuffer& buffer) {
   }
   std::vector<Received> done;
   std::vector<::grpc::Slice> slices;
-  absl::Status consumed = buffer.Dump(&slices).ok()
-                              ? assembler_.consume(slices, done)
-                              : absl::InvalidArgumentError("unreadable bytes");
+  absl::Status consumed =
+      buffer.Dump(&slices).ok()
+          ? assembler_.consume(
+                slices, done,
+                [this](const AuthFrame& frame) { return on_auth(frame); })
+          : absl::InvalidArgumentError("unreadable bytes");
   slices.clear();
   if (!consumed.ok()) {
+    if (consumed.code() == absl::StatusCode::kUnauthenticated) {
+      LOG(WARNING) << "gRPC agent of worker '" << self_
+                   << "' refuses a stream with worker '" << peer_
+                   << "': " << consumed.message();
+      close(consumed.message(), absl::StatusCode::kUnauthenticated);
+      return;
+    }
     LOG(WARNING) << "gRPC agent: closing a stream with rank " << rank_ << ": "
                  << consumed.message();
     close(consumed.message());
@@ -528,23 +667,30 @@ void Link::on_read_done(bool ok, const ::grpc::ByteBuffer& buffer) {
 void Link::on_done(const std::optional<::grpc::Status>& status,
                    std::unique_ptr<Stream> client) {
   std::string why;
+  absl::StatusCode code;
   {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     stream_ = nullptr;
     queue_.clear();
+    control_.clear();
     why = why_.empty() ? "the stream ended" : why_;
-    if (status.has_value() && !status->ok() &&
+    code = code_;
+    if (code_ != absl::StatusCode::kUnauthenticated && status.has_value() &&
+        !status->ok() &&
         status->error_code() != ::grpc::StatusCode::CANCELLED) {
       // gRPC knows best why the call ended (connection refused, handshake
       // failed, the peer refused the stream...).
       why = status->error_message();
+      if (status->error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
+        code = absl::StatusCode::kUnauthenticated;
+      }
     }
   }
   // The link may go with the reactor: keep it for this call.
   std::shared_ptr<Link> self = shared_from_this();
   if (std::shared_ptr<State> state = state_.lock()) {
-    state->on_link_done(self, why, std::move(client));
+    state->on_link_done(self, why, code, std::move(client));
   }
 }
 
@@ -697,11 +843,20 @@ std::shared_ptr<::grpc::Channel> State::make_channel(int rank) const {
 }
 
 std::shared_ptr<Link> State::add_link(int rank, bool is_client) {
-  auto link = std::make_shared<Link>(
-      weak_from_this(), this, absl::StrCat("worker '", self_.name, "'"), rank,
-      next_connection_++, is_client, settings_);
+  auto link = std::make_shared<Link>(weak_from_this(), this, self_.name,
+                                     workers_[rank].name, rank,
+                                     next_connection_++, is_client, settings_,
+                                     auth_);
   links_[rank].push_back(link);
   ++live_streams_;
+  if (auth_) {
+    timers_->schedule(absl::Now() + kAuthBound,
+                      [weak = std::weak_ptr<Link>(link)] {
+                        if (std::shared_ptr<Link> link = weak.lock()) {
+                          link->check_authenticated();
+                        }
+                      });
+  }
   return link;
 }
 
@@ -854,7 +1009,7 @@ void State::send_response(const std::weak_ptr<Link>& weak_link, int64_t id,
 }
 
 void State::on_link_done(const std::shared_ptr<Link>& link,
-                         absl::string_view why,
+                         absl::string_view why, absl::StatusCode code,
                          std::unique_ptr<Stream> client) {
   bool closed = false;
   {
@@ -880,11 +1035,18 @@ void State::on_link_done(const std::shared_ptr<Link>& link,
     retired.swap(state.retired_streams_);
     // Deleted after the lock (declared before it).
   });
+  const std::string peer = absl::StrCat("worker '", workers_[link->rank()].name,
+                                        "' (rank ", link->rank(), ")");
   pending_.fail_connection(
       link->connection(),
-      absl::UnavailableError(absl::StrCat(
-          "lost the connection between worker '", self_.name, "' and worker '",
-          workers_[link->rank()].name, "' (rank ", link->rank(), "): ", why)));
+      code == absl::StatusCode::kUnauthenticated
+          ? absl::UnauthenticatedError(
+                absl::StrCat("worker '", self_.name, "' and ", peer,
+                             " did not authenticate each other: ", why))
+          : absl::Status(code, absl::StrCat("lost the connection between "
+                                            "worker '",
+                                            self_.name, "' and ", peer, ": ",
+                                            why)));
 }
 
 // --------------------------------------------------------- join, shutdown

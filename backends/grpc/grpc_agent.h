@@ -15,6 +15,20 @@
 // storage, in chunks taken round robin between the messages queued on a
 // stream, so a large message does not hold up small ones behind it.
 //
+// Authentication (core/auth), when the group shares a secret
+// (RpcOptions::auth_secret or TETHER_AUTH_SECRET): on every stream, before
+// any message, each side sends a hello frame with its name and a fresh
+// challenge, answers the other's hello with a proof frame (HMAC-SHA256 over
+// both challenges, both names and its role; the secret never travels) and
+// checks the other's proof. A side sends messages only once it has checked
+// the peer's proof, and accepts none before: a frame other than the
+// handshake is refused before anything is allocated for it. A refusal (no
+// secret on one side, a wrong proof, a name that is not the stream's, no
+// proof within 20 s) is logged on the refusing side and ends the stream;
+// its requests fail with UNAUTHENTICATED and the reason (a server tells
+// the client why in the stream's status; a client can only cancel). The
+// call metadata (who opens the stream) is only a claim until then.
+//
 // A stream that ends (the peer closed it, crashed, or stopped answering
 // keepalive pings) fails the requests that left on it with UNAVAILABLE and
 // is dropped with its channel; the next send opens a new one. A message over
@@ -58,9 +72,13 @@
 // joins then finish on a thread of their own).
 //
 // Ownership: a request's storages are referenced, not copied, until gRPC has
-// written them (core/message.h: do not write to them meanwhile); received
-// storages are fresh allocations. The first agent made holds gRPC
-// initialised for the rest of the process (see docs/decisions.md).
+// written them (core/message.h: do not write to them meanwhile). Received
+// storages own their memory: bytes copied out of gRPC's slices (at most
+// 64 KiB each, so a storage cannot adopt them) into blocks that storages of
+// 2 MiB and more take from the process-wide cache of the buffers of freed
+// received storages (core/internal/receive_buffers.h: up to 256 MiB). The
+// first agent made holds gRPC initialised for the rest of the process (see
+// docs/decisions.md).
 #ifndef TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
 #define TETHER_BACKENDS_GRPC_GRPC_AGENT_H_
 

@@ -16,11 +16,16 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 
@@ -324,6 +329,91 @@ class RawClient final
     return ::grpc::Status(::grpc::StatusCode::DEADLINE_EXCEEDED, "no end");
   }
   return outcome->status;
+}
+
+namespace {
+
+// For a single-quoted shell word.
+std::string shell_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Certificates::Certificates() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string pattern =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tether_tls_XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) return;
+  const std::string script = absl::StrCat(R"(set -e
+cd ')",
+                                          pattern, R"('
+cat > ca.cnf <<'EOF'
+[req]
+distinguished_name = dn
+[dn]
+[ca_ext]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+EOF
+ca() {
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out $1.key
+  openssl req -x509 -new -key $1.key -out $1.pem -days 2 -subj "/CN=$1" \
+      -config ca.cnf -extensions ca_ext
+}
+leaf() {  # name, ca, subjectAltName
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out $1.key
+  openssl req -new -key $1.key -out $1.csr -subj "/CN=$1"
+  printf '%s\n' 'basicConstraints = CA:FALSE' \
+      'keyUsage = critical,digitalSignature,keyEncipherment' \
+      'extendedKeyUsage = serverAuth,clientAuth' \
+      "subjectAltName = $3" > $1.ext
+  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial \
+      -out $1.pem -days 2 -extfile $1.ext
+}
+ca ca
+ca rogue_ca
+leaf worker ca IP:127.0.0.1,DNS:localhost
+leaf rogue rogue_ca IP:127.0.0.1,DNS:localhost
+leaf named ca DNS:tether-worker
+echo 'not a certificate' > junk.pem
+)");
+  const std::string command =
+      absl::StrCat("/bin/sh -c '", shell_escape(script), "' 2>&1");
+  FILE* out = ::popen(command.c_str(), "r");
+  if (out == nullptr) return;
+  char line[512];
+  std::string log;
+  while (std::fgets(line, sizeof(line), out) != nullptr) log += line;
+  if (::pclose(out) != 0) {
+    ADD_FAILURE() << "openssl failed:\n" << log;
+    return;
+  }
+  directory_ = pattern;
+}
+
+std::string Certificates::read(const std::string& file) const {
+  std::ifstream in(path(file));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+::tether::testing::AgentSettings Certificates::settings(
+    const std::string& name, const std::string& ca, bool mutual) const {
+  return {{"grpc.tls_cert", path(name + ".pem")},
+          {"grpc.tls_key", path(name + ".key")},
+          {"grpc.tls_ca", path(ca + ".pem")},
+          {"grpc.tls_mutual", mutual ? "on" : "off"}};
 }
 
 }  // namespace tether::backends::grpc_testing

@@ -9,6 +9,7 @@
 
 #include <absl/base/thread_annotations.h>
 #include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/status.h>
@@ -93,6 +94,34 @@ class TcpProxy {
     std::shared_ptr<::grpc::ChannelCredentials> credentials,
     const std::map<std::string, std::string>& metadata,
     const std::vector<std::string>& messages);
+
+// Certificates made by the openssl CLI for one test run, in a fresh
+// directory: a CA, a rogue CA, "worker" (signed by the CA, for 127.0.0.1
+// and localhost), "rogue" (signed by the rogue CA), "named" (signed by the
+// CA, for DNS:tether-worker only) and junk.pem (not a certificate).
+class Certificates {
+ public:
+  // Makes them; empty directory() if openssl failed (a test failure).
+  Certificates();
+
+  const std::string& directory() const { return directory_; }
+
+  std::string path(const std::string& file) const {
+    return absl::StrCat(directory_, "/", file);
+  }
+
+  // The contents of `file`.
+  std::string read(const std::string& file) const;
+
+  // Settings for an agent whose identity is `name` (.pem and .key), trusting
+  // the peers that `ca` signed.
+  ::tether::testing::AgentSettings settings(const std::string& name,
+                                            const std::string& ca = "ca",
+                                            bool mutual = true) const;
+
+ private:
+  std::string directory_;
+};
 
 }  // namespace tether::backends::grpc_testing
 

@@ -29,6 +29,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::tether::backends::grpc_testing::Certificates;
 using ::tether::backends::grpc_testing::create_agents;
 using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
@@ -41,103 +42,6 @@ using ::tether::testing::ping;
 using ::tether::testing::StatusIs;
 using ::tether::testing::storage_matches;
 using Settings = ::tether::testing::AgentSettings;
-
-// The certificates of this test run, in a fresh directory.
-class Certificates {
- public:
-  // Makes them; empty directory() if openssl failed (the reason is logged).
-  Certificates() {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    std::string pattern =
-        absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tether_tls_XXXXXX");
-    if (::mkdtemp(pattern.data()) == nullptr) return;
-    const std::string script = absl::StrCat(R"(set -e
-cd ')",
-                                            pattern, R"('
-cat > ca.cnf <<'EOF'
-[req]
-distinguished_name = dn
-[dn]
-[ca_ext]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-EOF
-ca() {
-  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out $1.key
-  openssl req -x509 -new -key $1.key -out $1.pem -days 2 -subj "/CN=$1" \
-      -config ca.cnf -extensions ca_ext
-}
-leaf() {  # name, ca, subjectAltName
-  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out $1.key
-  openssl req -new -key $1.key -out $1.csr -subj "/CN=$1"
-  printf '%s\n' 'basicConstraints = CA:FALSE' \
-      'keyUsage = critical,digitalSignature,keyEncipherment' \
-      'extendedKeyUsage = serverAuth,clientAuth' \
-      "subjectAltName = $3" > $1.ext
-  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial \
-      -out $1.pem -days 2 -extfile $1.ext
-}
-ca ca
-ca rogue_ca
-leaf worker ca IP:127.0.0.1,DNS:localhost
-leaf rogue rogue_ca IP:127.0.0.1,DNS:localhost
-leaf named ca DNS:tether-worker
-echo 'not a certificate' > junk.pem
-)");
-    const std::string command =
-        absl::StrCat("/bin/sh -c '", escape(script), "' 2>&1");
-    FILE* out = ::popen(command.c_str(), "r");
-    if (out == nullptr) return;
-    char line[512];
-    std::string log;
-    while (std::fgets(line, sizeof(line), out) != nullptr) log += line;
-    if (::pclose(out) != 0) {
-      ADD_FAILURE() << "openssl failed:\n" << log;
-      return;
-    }
-    directory_ = pattern;
-  }
-
-  const std::string& directory() const { return directory_; }
-
-  std::string path(const std::string& file) const {
-    return absl::StrCat(directory_, "/", file);
-  }
-
-  std::string read(const std::string& file) const {
-    std::ifstream in(path(file));
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
-  // Settings for an agent whose identity is `name` (.pem and .key), trusting
-  // the peers that `ca` signed.
-  Settings settings(const std::string& name, const std::string& ca = "ca",
-                    bool mutual = true) const {
-    return {{"grpc.tls_cert", path(name + ".pem")},
-            {"grpc.tls_key", path(name + ".key")},
-            {"grpc.tls_ca", path(ca + ".pem")},
-            {"grpc.tls_mutual", mutual ? "on" : "off"}};
-  }
-
- private:
-  // For a single-quoted shell word.
-  static std::string escape(const std::string& text) {
-    std::string out;
-    for (char c : text) {
-      if (c == '\'') {
-        out += "'\\''";
-      } else {
-        out += c;
-      }
-    }
-    return out;
-  }
-
-  std::string directory_;
-};
 
 class GrpcTls : public ::testing::Test {
  protected:

@@ -1,7 +1,6 @@
 #include "backends/grpc/internal/framing.h"
 
 #include <absl/strings/str_cat.h>
-#include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
 #include <cstring>
@@ -194,6 +193,21 @@ size_t OutgoingCursor::append_next_frame(size_t chunk_bytes,
   return kPrefixBytes + kChunkFixedBytes + length;
 }
 
+::grpc::Slice make_auth_frame(const AuthFrame& frame) {
+  const uint64_t body = 8 + frame.name.size() + frame.data.size();
+  ::grpc::Slice slice(kPrefixBytes + body);
+  auto* p = const_cast<uint8_t*>(slice.begin());
+  put_prefix(p, FrameKind::kAuth, 0, body);
+  put<uint8_t>(p, static_cast<uint8_t>(frame.step));
+  put<uint8_t>(p, 0);
+  put<uint16_t>(p, 0);
+  put<uint32_t>(p, static_cast<uint32_t>(frame.name.size()));
+  std::memcpy(p, frame.name.data(), frame.name.size());
+  p += frame.name.size();
+  std::memcpy(p, frame.data.data(), frame.data.size());
+  return slice;
+}
+
 // ---------------------------------------------------------------- receiving
 
 // Reads bytes across the slices of one gRPC message, up to a limit.
@@ -292,7 +306,8 @@ Assembler::Assembler(uint64_t max_message_bytes)
 Assembler::~Assembler() = default;
 
 absl::Status Assembler::consume(const std::vector<::grpc::Slice>& slices,
-                                std::vector<Received>& done) {
+                                std::vector<Received>& done,
+                                const AuthHandler& on_auth) {
   Reader reader(slices);
   if (reader.remaining() == 0) return malformed("an empty gRPC message");
   while (reader.remaining() > 0) {
@@ -314,7 +329,15 @@ absl::Status Assembler::consume(const std::vector<::grpc::Slice>& slices,
     }
     Reader body = reader.take(body_bytes);
     absl::Status status;
-    if (kind == static_cast<uint8_t>(FrameKind::kChunk)) {
+    if (kind == static_cast<uint8_t>(FrameKind::kAuth)) {
+      if (flags != 0) return malformed("unknown flags");
+      absl::StatusOr<AuthFrame> frame = read_auth(body);
+      if (!frame.ok()) return frame.status();
+      if (!on_auth) return malformed("an unexpected authentication frame");
+      status = on_auth(*frame);
+    } else if (!gate_.empty()) {
+      return absl::UnauthenticatedError(gate_);
+    } else if (kind == static_cast<uint8_t>(FrameKind::kChunk)) {
       if ((flags & ~kFlagResponse) != 0) return malformed("unknown flags");
       status = consume_chunk((flags & kFlagResponse) != 0, body, done);
     } else if (kind >= static_cast<uint8_t>(FrameKind::kRequest) &&
@@ -327,6 +350,35 @@ absl::Status Assembler::consume(const std::vector<::grpc::Slice>& slices,
     if (!status.ok()) return status;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<AuthFrame> Assembler::read_auth(Reader& body) {
+  uint8_t fixed[8];
+  if (!body.read(fixed, sizeof(fixed))) {
+    return malformed("a truncated authentication frame");
+  }
+  const uint8_t step = fixed[0];
+  if (step != static_cast<uint8_t>(AuthStep::kHello) &&
+      step != static_cast<uint8_t>(AuthStep::kProof)) {
+    return malformed(absl::StrCat("unknown authentication step ", step));
+  }
+  if (fixed[1] != 0 || get<uint16_t>(fixed + 2) != 0) {
+    return malformed("reserved bytes set");
+  }
+  const uint32_t name_bytes = get<uint32_t>(fixed + 4);
+  if (name_bytes > body.remaining() || name_bytes > kMaxAuthFieldBytes ||
+      body.remaining() - name_bytes > kMaxAuthFieldBytes) {
+    return malformed(absl::StrCat("an authentication frame of ",
+                                  body.remaining(), " bytes with a name of ",
+                                  name_bytes));
+  }
+  AuthFrame frame;
+  frame.step = static_cast<AuthStep>(step);
+  frame.name.resize(name_bytes);
+  frame.data.resize(body.remaining() - name_bytes);
+  body.read(frame.name.data(), frame.name.size());
+  body.read(frame.data.data(), frame.data.size());
+  return frame;
 }
 
 absl::Status Assembler::consume_head(FrameKind kind, Reader& body,

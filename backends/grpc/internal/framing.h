@@ -26,6 +26,13 @@
 // An error response carries the absl::StatusCode and, as its payload, the
 // status message.
 //
+// Authentication (kind 5), when the workers share a secret (core/auth): the
+// first frames each side sends on a stream, before any message:
+//   step u8 (1 hello, 2 proof) | 3 zero bytes | name size u32 | the sender's
+//   worker name | data (hello: the sender's challenge; proof: its HMAC)
+// An Assembler with a closed gate (close_gate()) refuses any other frame
+// until the agent opens it, before allocating anything for it.
+//
 // Ownership: an OutgoingMessage is immutable once made and shared with the
 // slices that point into it. An Assembler owns the messages it is building.
 //
@@ -39,11 +46,13 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
 #include <grpcpp/support/slice.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,7 +67,22 @@ enum class FrameKind : uint8_t {
   kResponse = 2,
   kError = 3,
   kChunk = 4,
+  kAuth = 5,
 };
+
+enum class AuthStep : uint8_t {
+  kHello = 1,
+  kProof = 2,
+};
+
+struct AuthFrame {
+  AuthStep step = AuthStep::kHello;
+  std::string name;
+  std::string data;
+};
+
+// The longest name and data an authentication frame may carry.
+inline constexpr size_t kMaxAuthFieldBytes = 4096;
 
 // Buffers up to this many bytes in all ride in the head frame (copied: a
 // copy this small costs less than a slice of its own).
@@ -105,6 +129,9 @@ std::shared_ptr<const OutgoingMessage> make_response(
                                         uint64_t max_message_bytes,
                                         absl::string_view what);
 
+// The frame of one authentication step.
+::grpc::Slice make_auth_frame(const AuthFrame& frame);
+
 // Walks the frames of one message.
 class OutgoingCursor {
  public:
@@ -143,16 +170,31 @@ struct Received {
 // Rebuilds messages from the frames of one stream, in the order they come.
 class Assembler {
  public:
+  // Large received storages reuse the buffers of freed ones
+  // (core/internal/receive_buffers.h).
   explicit Assembler(uint64_t max_message_bytes);
   ~Assembler();
   Assembler(const Assembler&) = delete;
   Assembler& operator=(const Assembler&) = delete;
 
+  // Called with each authentication frame, in stream order (it may open the
+  // gate for the frames after it); an error stops consume() with it.
+  using AuthHandler = std::function<absl::Status(const AuthFrame&)>;
+
   // Consumes the frames of one gRPC message and appends the messages they
-  // complete to `done`. INVALID_ARGUMENT when the bytes break the protocol:
-  // the stream cannot be trusted after that.
+  // complete to `done`. INVALID_ARGUMENT when the bytes break the protocol
+  // (an authentication frame without `on_auth` included): the stream cannot
+  // be trusted after that. UNAUTHENTICATED (the gate's reason) for a frame
+  // other than authentication while the gate is closed, or whatever
+  // `on_auth` returned.
   [[nodiscard]] absl::Status consume(const std::vector<::grpc::Slice>& slices,
-                                     std::vector<Received>& done);
+                                     std::vector<Received>& done,
+                                     const AuthHandler& on_auth = nullptr);
+
+  // Until open_gate(), only authentication frames pass; any other is
+  // refused with UNAUTHENTICATED and `why`.
+  void close_gate(std::string why) { gate_ = std::move(why); }
+  void open_gate() { gate_.clear(); }
 
   // Messages begun and not yet complete.
   size_t partial() const { return partial_.size(); }
@@ -161,12 +203,15 @@ class Assembler {
   struct Partial;
   class Reader;
 
+  static absl::StatusOr<AuthFrame> read_auth(Reader& body);
   absl::Status consume_head(FrameKind kind, Reader& body,
                             std::vector<Received>& done);
   absl::Status consume_chunk(bool is_response, Reader& body,
                              std::vector<Received>& done);
 
   const uint64_t max_message_bytes_;
+  // Not empty while the gate is closed: why.
+  std::string gate_;
   // Keyed by (is_response, id).
   absl::flat_hash_map<std::pair<bool, int64_t>, std::unique_ptr<Partial>>
       partial_;

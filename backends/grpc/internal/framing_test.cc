@@ -264,5 +264,92 @@ TEST(GrpcFraming, MalformedFramesAreInvalidArgument) {
   }
 }
 
+TEST(GrpcFraming, AuthFramesReachTheHandlerInOrderAndOpenTheGate) {
+  const std::string hello =
+      flatten({make_auth_frame({AuthStep::kHello, "w1", "challenge"})});
+  const std::string proof =
+      flatten({make_auth_frame({AuthStep::kProof, "w1", std::string(32, 'p')})});
+  const std::vector<std::string> request =
+      frames_of(make_request(request_with({8})));
+  ASSERT_EQ(request.size(), 1u);
+  Assembler assembler(1 << 30);
+  assembler.close_gate("no messages before authentication");
+  std::vector<AuthFrame> seen;
+  Assembler::AuthHandler handler = [&](const AuthFrame& frame) {
+    seen.push_back(frame);
+    if (frame.step == AuthStep::kProof) assembler.open_gate();
+    return absl::OkStatus();
+  };
+  std::vector<Received> done;
+  // One gRPC message: hello, proof, then a request the proof let through.
+  ASSERT_THAT(assembler.consume(sliced(hello + proof + request[0], 5), done,
+                                handler),
+              IsOk());
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].step, AuthStep::kHello);
+  EXPECT_EQ(seen[0].name, "w1");
+  EXPECT_EQ(seen[0].data, "challenge");
+  EXPECT_EQ(seen[1].step, AuthStep::kProof);
+  EXPECT_EQ(seen[1].data, std::string(32, 'p'));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_THAT(done[0].result, IsOk());
+}
+
+TEST(GrpcFraming, ClosedGateRefusesMessagesBeforeTheirHead) {
+  const std::vector<std::string> request =
+      frames_of(make_request(request_with({kInlineLimit + kChunk})));
+  Assembler assembler(1 << 30);
+  assembler.close_gate("worker 'w0' requires authentication");
+  EXPECT_THAT(consume_bytes(assembler, request[0]),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("requires authentication")));
+  EXPECT_EQ(assembler.partial(), 0u);
+}
+
+TEST(GrpcFraming, HandlerErrorStopsTheMessage) {
+  const std::string hello =
+      flatten({make_auth_frame({AuthStep::kHello, "w1", "c"})});
+  Assembler assembler(1 << 30);
+  std::vector<Received> done;
+  EXPECT_THAT(
+      assembler.consume(sliced(hello, 64), done,
+                        [](const AuthFrame&) {
+                          return absl::UnauthenticatedError("no secret here");
+                        }),
+      StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("no secret")));
+  // Without a handler, an authentication frame breaks the protocol.
+  EXPECT_THAT(consume_bytes(assembler, hello),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(GrpcFraming, MalformedAuthFramesAreInvalidArgument) {
+  const std::string hello =
+      flatten({make_auth_frame({AuthStep::kHello, "w1", "challenge"})});
+  std::vector<std::pair<std::string, std::string>> cases;
+  std::string bad_step = hello;
+  bad_step[kPrefixBytes] = 9;
+  cases.push_back({"unknown step", bad_step});
+  std::string long_name = hello;
+  long_name[kPrefixBytes + 4] = 100;  // more name than the body holds
+  cases.push_back({"name past the body", long_name});
+  std::string reserved = hello;
+  reserved[kPrefixBytes + 1] = 1;
+  cases.push_back({"reserved bytes", reserved});
+  cases.push_back({"truncated", hello.substr(0, kPrefixBytes + 4)});
+  const std::string huge = flatten({make_auth_frame(
+      {AuthStep::kHello, "w1", std::string(kMaxAuthFieldBytes + 1, 'x')})});
+  cases.push_back({"too much data", huge});
+  for (const auto& [what, bytes] : cases) {
+    Assembler assembler(1 << 30);
+    std::vector<Received> done;
+    EXPECT_THAT(assembler.consume(sliced(bytes, 7), done,
+                                  [](const AuthFrame&) {
+                                    return absl::OkStatus();
+                                  }),
+                StatusIs(absl::StatusCode::kInvalidArgument))
+        << what;
+  }
+}
+
 }  // namespace
 }  // namespace tether::backends::grpc_internal
