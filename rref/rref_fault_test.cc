@@ -339,7 +339,8 @@ TEST_P(RRefFaults, DeletionOfUsersRacingWithForks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RRefFaults,
-                         ::testing::Values("loopback", "tensorpipe"),
+                         ::testing::Values("loopback", "tensorpipe",
+                                           "libfabric"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -112,7 +112,8 @@ TEST_P(FaultyCalls, DroppedBackwardMessageFailsTheRootWithinTheTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FaultyCalls,
-                         ::testing::Values("loopback", "tensorpipe"),
+                         ::testing::Values("loopback", "tensorpipe",
+                                           "libfabric"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -52,6 +52,9 @@ int main() {
     options.backend_settings["tensorpipe.transports"] = "uv";
     options.backend_settings["tensorpipe.channels"] = "basic";
     options.backend_settings["tensorpipe.address"] = env("LISTEN_ADDR");
+  } else if (options.backend == "libfabric") {
+    options.backend_settings["libfabric.provider"] = "tcp;ofi_rxm";
+    options.backend_settings["libfabric.address"] = env("LISTEN_ADDR");
   }
   absl::Status up = tether::init_rpc(absl::StrCat("w", rank), rank, 2, options,
                                      registry);
