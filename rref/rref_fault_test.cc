@@ -339,7 +339,8 @@ TEST_P(RRefFaults, DeletionOfUsersRacingWithForks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RRefFaults,
-                         ::testing::Values("loopback", "tensorpipe", "grpc"),
+                         ::testing::Values("loopback", "tensorpipe", "grpc",
+                                           "libfabric"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -112,7 +112,8 @@ TEST_P(FaultyCalls, DroppedBackwardMessageFailsTheRootWithinTheTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FaultyCalls,
-                         ::testing::Values("loopback", "tensorpipe", "grpc"),
+                         ::testing::Values("loopback", "tensorpipe", "grpc",
+                                           "libfabric"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -44,6 +44,7 @@
 #include "backends/libfabric/internal/frame.h"
 #include "backends/libfabric/internal/mr_cache.h"
 #include "backends/libfabric/internal/settings.h"
+#include "core/auth/auth.h"
 #include "core/internal/check.h"
 #include "core/internal/pending_requests.h"
 #include "core/internal/timer.h"
@@ -52,6 +53,8 @@
 namespace tether::backends {
 namespace {
 
+using libfabric::internal::AuthFrame;
+using libfabric::internal::AuthStep;
 using libfabric::internal::Body;
 using libfabric::internal::Chunk;
 using libfabric::internal::Fabric;
@@ -323,6 +326,19 @@ struct Peer {
   bool gone = false;
   // Bumped when it is lost: requests sent later are on a new connection.
   uint32_t epoch = 0;
+
+  // Authentication (AgentSetup::auth; internal/frame.h has the handshake),
+  // one per direction. Our requests to it wait in auth_waiting until it
+  // has proved itself and accepted our proof.
+  enum class ClientAuth { kNone, kHelloSent, kProofSent, kReady };
+  ClientAuth client_auth = ClientAuth::kNone;
+  std::string client_challenge;  // ours, in our kHello
+  std::deque<std::pair<int64_t, Message>> auth_waiting;
+  // Its requests to us are accepted once it is kAuthenticated.
+  enum class ServerAuth { kNone, kAwaitProof, kAuthenticated };
+  ServerAuth server_auth = ServerAuth::kNone;
+  std::string server_challenge;  // ours, in our kServerProof
+  std::string hello_challenge;   // its, from its kHello
 };
 
 // A request that arrived before start().
@@ -427,6 +443,8 @@ class State : public std::enable_shared_from_this<State> {
         workers_(std::move(setup.workers)),
         store_(std::move(setup.store)),
         settings_(std::move(settings)),
+        limits_(setup.limits),
+        auth_(std::move(setup.auth)),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
@@ -498,6 +516,18 @@ class State : public std::enable_shared_from_this<State> {
   bool send_due_credits();
   void on_frame(Op* op, size_t length);
 
+  // Authentication.
+  void send_auth(int rank, AuthFrame frame);
+  void on_auth_frame(Peer& peer, absl::string_view tail);
+  // Whether a frame of `kind` from `peer` may be acted on; if not, it is
+  // dropped with a log line (and a request is refused).
+  bool admitted(Peer& peer, const FrameHeader& header);
+  // As the server: tells the peer why, forgets its handshake.
+  void refuse(Peer& peer, const std::string& why);
+  // As the client: fails our requests to the peer with `status`
+  // (UNAUTHENTICATED); the next request starts a new handshake.
+  void fail_client_auth(Peer& peer, const absl::Status& status);
+
   // Messages.
   void start_request(int rank, int64_t id, Message request);
   void respond(int rank, int64_t id, const absl::StatusOr<Message>& result);
@@ -536,6 +566,8 @@ class State : public std::enable_shared_from_this<State> {
   const std::vector<WorkerInfo> workers_;
   const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
+  const MessageLimits limits_;
+  const std::optional<auth::Authenticator> auth_;
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
   join::StoreJoin joiner_;
 
@@ -1477,7 +1509,11 @@ void State::on_frame(Op* op, size_t length) {
     peer.queued_listed = true;
     queued_ranks_.push_back(peer.rank);
   }
+  if (!admitted(peer, *header)) return;
   switch (header->kind) {
+    case FrameKind::kAuth:
+      on_auth_frame(peer, bytes.substr(frame::kHeaderSize));
+      return;
     case FrameKind::kRequest:
     case FrameKind::kResponse:
     case FrameKind::kError:
@@ -1513,6 +1549,179 @@ void State::on_frame(Op* op, size_t length) {
   }
 }
 
+// ---------------------------------------------------------- authentication
+
+void State::send_auth(int rank, AuthFrame frame) {
+  OutFrame out;
+  out.header.kind = FrameKind::kAuth;
+  out.tail = frame::write_auth(frame);
+  enqueue(rank, std::move(out));
+}
+
+bool State::admitted(Peer& peer, const FrameHeader& header) {
+  if (!auth_) return true;
+  const bool client_ready = peer.client_auth == Peer::ClientAuth::kReady;
+  const bool server_ready =
+      peer.server_auth == Peer::ServerAuth::kAuthenticated;
+  switch (header.kind) {
+    case FrameKind::kAuth:
+    case FrameKind::kKeepalive:
+    case FrameKind::kKeepaliveAck:
+    case FrameKind::kCredit:
+      // The handshake itself, and what keeps frames and liveness going
+      // (their only effect is in the header, on our own flow control).
+      return true;
+    case FrameKind::kRequest:
+      if (server_ready) return true;
+      break;
+    case FrameKind::kResponse:
+    case FrameKind::kError:
+      if (client_ready) return true;
+      break;
+    case FrameKind::kRelease:
+    case FrameKind::kClearToSend:
+    case FrameKind::kGoodbye:
+      if (client_ready || server_ready) return true;
+      break;
+  }
+  LOG(WARNING) << "libfabric agent of worker '" << self_.name
+               << "' drops a frame (kind " << static_cast<int>(header.kind)
+               << ") from " << describe(peer.rank)
+               << ", which has not authenticated";
+  if (frame::carries_message(header.kind) && header.arg0 != 0) {
+    // Its buffers are not pulled: let it release them.
+    send_control(peer.rank, FrameKind::kRelease, header.arg0);
+  }
+  if (header.kind == FrameKind::kRequest) {
+    refuse(peer, absl::StrCat("worker '", self_.name,
+                              "' requires authentication and the peer sent a "
+                              "request without it"));
+  }
+  return false;
+}
+
+void State::on_auth_frame(Peer& peer, absl::string_view tail) {
+  absl::StatusOr<AuthFrame> frame = frame::read_auth(tail);
+  if (!frame.ok()) {
+    LOG(WARNING) << "libfabric agent of worker '" << self_.name
+                 << "' drops an authentication frame from "
+                 << describe(peer.rank) << ": " << frame.status().message();
+    return;
+  }
+  const std::string& name = peer.name;
+  switch (frame->step) {
+    // ---- we serve its requests
+    case AuthStep::kHello:
+      if (!auth_) {
+        refuse(peer, absl::StrCat("worker '", self_.name,
+                                  "' does not authenticate peers (it has no "
+                                  "secret); the group must agree on one"));
+        return;
+      }
+      if (frame->name != name) {
+        refuse(peer, absl::StrCat("rank ", peer.rank, " is worker '", name,
+                                  "', not '", frame->name, "'"));
+        return;
+      }
+      peer.server_auth = Peer::ServerAuth::kAwaitProof;
+      peer.server_challenge = auth_->challenge();
+      peer.hello_challenge = frame->challenge;
+      send_auth(peer.rank,
+                AuthFrame{AuthStep::kServerProof, self_.name,
+                          peer.server_challenge,
+                          auth_->prove(auth::Role::kServer, self_.name, name,
+                                       frame->challenge,
+                                       peer.server_challenge)});
+      return;
+    case AuthStep::kClientProof:
+      if (!auth_ || peer.server_auth != Peer::ServerAuth::kAwaitProof) {
+        refuse(peer, "an unexpected authentication step");
+        return;
+      }
+      if (!auth_->verify(frame->proof, auth::Role::kClient, name, self_.name,
+                         peer.server_challenge, peer.hello_challenge)) {
+        refuse(peer, "authentication failed (a different secret?)");
+        return;
+      }
+      peer.server_auth = Peer::ServerAuth::kAuthenticated;
+      send_auth(peer.rank, AuthFrame{AuthStep::kAccepted, self_.name, "", ""});
+      return;
+    // ---- it serves our requests
+    case AuthStep::kServerProof:
+      if (!auth_ || peer.client_auth != Peer::ClientAuth::kHelloSent) break;
+      if (frame->name != name ||
+          !auth_->verify(frame->proof, auth::Role::kServer, name, self_.name,
+                         peer.client_challenge, frame->challenge)) {
+        fail_client_auth(
+            peer, absl::UnauthenticatedError(absl::StrCat(
+                      "worker '", name,
+                      "' failed to authenticate (a different secret?)")));
+        return;
+      }
+      peer.client_auth = Peer::ClientAuth::kProofSent;
+      send_auth(peer.rank,
+                AuthFrame{AuthStep::kClientProof, self_.name, "",
+                          auth_->prove(auth::Role::kClient, self_.name, name,
+                                       frame->challenge,
+                                       peer.client_challenge)});
+      return;
+    case AuthStep::kAccepted: {
+      if (!auth_ || peer.client_auth != Peer::ClientAuth::kProofSent) break;
+      peer.client_auth = Peer::ClientAuth::kReady;
+      std::deque<std::pair<int64_t, Message>> waiting;
+      waiting.swap(peer.auth_waiting);
+      for (auto& [id, request] : waiting) {
+        if (!pending_.contains(id)) {  // timed out meanwhile
+          peer.requests.erase(id);
+          continue;
+        }
+        send_message(peer.rank, FrameKind::kRequest, id, 0,
+                     std::move(request));
+      }
+      return;
+    }
+    case AuthStep::kRefused:
+      if (peer.requests.empty() && peer.auth_waiting.empty() &&
+          peer.client_auth == Peer::ClientAuth::kNone) {
+        break;  // nothing of ours it could be about
+      }
+      if (!auth_) {
+        fail_client_auth(
+            peer, absl::UnauthenticatedError(absl::StrCat(
+                      "worker '", name, "' requires authentication and worker '",
+                      self_.name, "' has no secret (RpcOptions::auth_secret or ",
+                      auth::kSecretEnv, "): ", frame->proof)));
+      } else {
+        fail_client_auth(peer, absl::UnauthenticatedError(absl::StrCat(
+                                   "worker '", name, "' refused worker '",
+                                   self_.name, "': ", frame->proof)));
+      }
+      return;
+  }
+  LOG(WARNING) << "libfabric agent of worker '" << self_.name
+               << "' drops an out-of-turn authentication frame (step "
+               << static_cast<int>(frame->step) << ") from "
+               << describe(peer.rank);
+}
+
+void State::refuse(Peer& peer, const std::string& why) {
+  LOG(WARNING) << "libfabric agent of worker '" << self_.name << "' refused "
+               << describe(peer.rank) << ": " << why;
+  peer.server_auth = Peer::ServerAuth::kNone;
+  send_auth(peer.rank, AuthFrame{AuthStep::kRefused, self_.name, "", why});
+}
+
+void State::fail_client_auth(Peer& peer, const absl::Status& status) {
+  LOG(WARNING) << "libfabric agent of worker '" << self_.name
+               << "' fails its requests to " << describe(peer.rank) << ": "
+               << status.message();
+  peer.client_auth = Peer::ClientAuth::kNone;
+  peer.auth_waiting.clear();
+  std::vector<int64_t> ids(peer.requests.begin(), peer.requests.end());
+  peer.requests.clear();
+  for (int64_t id : ids) pending_.complete(id, status);
+}
+
 // --------------------------------------------------------------- messages
 
 void State::start_request(int rank, int64_t id, Message request) {
@@ -1524,6 +1733,16 @@ void State::start_request(int rank, int64_t id, Message request) {
   if (!pending_.set_connection(id, connection_of(peer))) return;  // timed out
   peer.requests.insert(id);
   request.id = id;
+  if (auth_ && peer.client_auth != Peer::ClientAuth::kReady) {
+    peer.auth_waiting.emplace_back(id, std::move(request));
+    if (peer.client_auth == Peer::ClientAuth::kNone) {
+      peer.client_challenge = auth_->challenge();
+      peer.client_auth = Peer::ClientAuth::kHelloSent;
+      send_auth(rank, AuthFrame{AuthStep::kHello, self_.name,
+                                peer.client_challenge, ""});
+    }
+    return;
+  }
   send_message(rank, FrameKind::kRequest, id, 0, std::move(request));
 }
 
@@ -1723,7 +1942,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   }
   absl::Status status = absl::OkStatus();
   const bool remote = transfer != 0;
-  if (remote && (in->chunk_size == 0 ||
+  if (remote && (in->chunk_size < frame::kMinChunkSize ||
                  in->chunk_size > fabric_->max_message_size())) {
     status = absl::InvalidArgumentError(
         absl::StrCat("chunk size ", in->chunk_size, " from ", describe(rank)));
@@ -1731,6 +1950,13 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   if (status.ok() && (header.flags & frame::kFlagBodyRemote)) {
     if (!remote) {
       status = absl::InvalidArgumentError("a remote body without a transfer");
+    } else if (head->body_size > frame::max_body_size(limits_)) {
+      // Before allocating it: no message within the limits has one as large.
+      status = absl::ResourceExhaustedError(absl::StrCat(
+          "a message body of ", head->body_size,
+          " bytes is over what the limits allow (MessageLimits: ",
+          limits_.max_payload_bytes, " payload bytes, ", limits_.max_storages,
+          " storages, ", limits_.max_storage_bytes, " storage bytes)"));
     } else {
       in->pulling_body = true;
       try {
@@ -1785,6 +2011,10 @@ absl::Status State::set_up_segments(Incoming& in, absl::string_view bytes) {
   if (!body.ok()) return body.status();
   if (in.kind == FrameKind::kError && body->segments.size() != 1) {
     return absl::InvalidArgumentError("storages in an error message");
+  }
+  // Before allocating anything for it (storages, pulls).
+  if (absl::Status within = frame::check_limits(*body, limits_); !within.ok()) {
+    return within;
   }
   Message& message = in.message;
   try {
@@ -2115,6 +2345,9 @@ void State::fail_peer(int rank, const absl::Status& status) {
   }
   peer.lost = status;
   pending_.fail_connection(connection_of(peer), status);
+  // A handshake in progress is abandoned; the next request starts anew.
+  peer.auth_waiting.clear();
+  peer.client_auth = Peer::ClientAuth::kNone;
   ++peer.epoch;
   peer.requests.clear();
   peer.queue.clear();

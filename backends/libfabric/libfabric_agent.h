@@ -45,6 +45,25 @@
 // a tick): DEADLINE_EXCEEDED if its own timeout comes first, UNAVAILABLE
 // otherwise.
 //
+// Authentication (AgentSetup::auth set): there are no connections, so the
+// challenge-response of core/auth runs per ordered pair of workers when the
+// first request goes from one (the client) to the other (the server):
+// hello, the server's proof, the client's proof, accepted (or refused, with
+// the reason). The client's requests wait until the server has accepted;
+// the server drops, with a log line, every request, response, release,
+// clear-to-send and goodbye frame from a peer that has not authenticated in
+// that direction (credit and keepalive frames pass: they only feed flow
+// control), and refuses its requests. A refused handshake fails the
+// client's calls to that peer at once with UNAUTHENTICATED naming the peer
+// and the reason; the next call tries again. Frames are not bound to the
+// handshake and nothing is encrypted (docs/security.md).
+//
+// Limits (AgentSetup::limits): a message frame announcing more payload
+// bytes, storages or storage bytes than the limits, or a remote descriptor
+// list longer than a message within them can need, is refused before
+// anything is allocated or pulled for it; a request's sender gets
+// RESOURCE_EXHAUSTED naming the limit, and both agents carry on.
+//
 // Providers (libfabric.provider): "tcp;ofi_rxm" (the default) and "shm"
 // (processes of one host) run on any Linux machine; "verbs;ofi_rxm"
 // (InfiniBand, RoCE) and "efa" (AWS) on RDMA hardware. viable() and create()

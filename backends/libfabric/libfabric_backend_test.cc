@@ -397,6 +397,80 @@ TEST_P(Provider, RequestsArrivingBeforeStartAreServedAfterIt) {
   ::tether::testing::expect_served_after_start(group[0], group[1]);
 }
 
+// The backend on `provider` whose agents all have `limits`.
+Backend limited_backend(const std::string& provider, MessageLimits limits) {
+  Backend backend = libfabric_backend({{"libfabric.provider", provider}});
+  backend.create = [create = backend.create, limits](AgentSetup setup) {
+    setup.limits = limits;
+    return create(std::move(setup));
+  };
+  return backend;
+}
+
+absl::StatusOr<Message> send_sized(Agent& from, Agent& to, size_t payload,
+                                   const std::vector<size_t>& sizes) {
+  Message request = ping(std::string(payload, 'p'));
+  for (size_t size : sizes) request.storages.push_back(make_storage(size, 1));
+  return from.send(to.self(), std::move(request), kBound)
+      .get(absl::Now() + kBound);
+}
+
+// Frames announcing more than the receiver's MessageLimits are refused
+// before it allocates or pulls anything: the sender's call fails with
+// RESOURCE_EXHAUSTED naming the limit, and the receiver serves on.
+TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
+  MessageLimits limits;
+  limits.max_payload_bytes = 4096;
+  limits.max_storages = 4;
+  limits.max_storage_bytes = 1 << 20;
+  for (const char* mode : {"read", "tagged"}) {
+    SCOPED_TRACE(mode);
+    ::tether::testing::AgentGroup group(
+        limited_backend(GetParam(), limits), 2,
+        {{"libfabric.rendezvous", mode},
+         {"libfabric.rendezvous_threshold", "16384"}});
+    ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+    group.start_all(echo);
+    // Inline payload, too many storages, storage bytes by rendezvous.
+    EXPECT_THAT(send_sized(group[0], group[1], 5000, {}),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("max_payload_bytes"),
+                               HasSubstr("agent1"))));
+    EXPECT_THAT(send_sized(group[0], group[1], 1, {1, 1, 1, 1, 1}),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("max_storages")));
+    EXPECT_THAT(send_sized(group[0], group[1], 1, {(1 << 20) + 1}),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("max_storage_bytes")));
+    EXPECT_THAT(send_sized(group[0], group[1], 1, {600 << 10, 600 << 10}),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("max_storage_bytes")));
+    // Nothing was pulled for them.
+    EXPECT_EQ(stats_of(group[1]).bytes_pulled, 0u);
+    // Within the limits: served.
+    EXPECT_THAT(send_sized(group[0], group[1], 4000, {1 << 20}), IsOk());
+    EXPECT_THAT(send_sized(group[0], group[1], 1, {1, 1, 1, 1}), IsOk());
+  }
+}
+
+// A descriptor list too long for an eager buffer (its body by rendezvous)
+// that no message within the limits could need is refused before the body
+// is allocated or pulled.
+TEST_P(Provider, RemoteBodiesOverTheLimitsAreRefusedBeforePulling) {
+  MessageLimits limits;
+  limits.max_payload_bytes = 1024;
+  limits.max_storages = 4;
+  limits.max_storage_bytes = 1024;
+  ::tether::testing::AgentGroup group(limited_backend(GetParam(), limits), 2);
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  EXPECT_THAT(send_sized(group[0], group[1], 1, std::vector<size_t>(3000, 1)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("over what the limits allow")));
+  EXPECT_EQ(stats_of(group[1]).bytes_pulled, 0u);
+  EXPECT_THAT(send_sized(group[0], group[1], 10, {10}), IsOk());
+}
+
 TEST_P(Provider, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
   Group group(GetParam(), 2);
   ASSERT_TRUE(group.ok());

@@ -66,7 +66,7 @@ absl::StatusOr<FrameHeader> read_header(absl::string_view frame) {
   FrameHeader header;
   const uint8_t kind = get<uint8_t>(in);
   if (kind < static_cast<uint8_t>(FrameKind::kRequest) ||
-      kind > static_cast<uint8_t>(FrameKind::kGoodbye)) {
+      kind > static_cast<uint8_t>(FrameKind::kAuth)) {
     return malformed(absl::StrCat("unknown kind ", kind));
   }
   header.kind = static_cast<FrameKind>(kind);
@@ -154,6 +154,13 @@ absl::StatusOr<Body> read_body(absl::string_view bytes) {
   if (count == 0 || count > kMaxSegments) {
     return malformed(absl::StrCat(count, " segments"));
   }
+  // Every segment takes at least kSegmentSize bytes: a count the bytes
+  // cannot hold is refused before anything is reserved for it.
+  if (static_cast<uint64_t>(count) * kSegmentSize >
+      static_cast<uint64_t>(end - in)) {
+    return malformed(absl::StrCat(count, " segments in ", bytes.size(),
+                                  " bytes"));
+  }
   Body body;
   body.segments.reserve(count);
   uint64_t inline_bytes = 0;
@@ -195,6 +202,87 @@ absl::StatusOr<Body> read_body(absl::string_view bytes) {
     }
   }
   return body;
+}
+
+absl::Status check_limits(const Body& body, const MessageLimits& limits) {
+  const uint64_t payload = body.segments.empty() ? 0 : body.segments[0].size;
+  if (payload > static_cast<uint64_t>(limits.max_payload_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a payload of ", payload, " bytes is over the limit of ",
+        limits.max_payload_bytes, " (MessageLimits::max_payload_bytes)"));
+  }
+  const uint64_t storages = body.segments.empty() ? 0 : body.segments.size() - 1;
+  if (storages > static_cast<uint64_t>(limits.max_storages)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(storages, " storages are over the limit of ",
+                     limits.max_storages, " (MessageLimits::max_storages)"));
+  }
+  uint64_t bytes = 0;
+  for (size_t i = 1; i < body.segments.size(); ++i) {
+    bytes += body.segments[i].size;  // each <= kMaxSegmentBytes: no overflow
+    if (bytes > static_cast<uint64_t>(limits.max_storage_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the storages' bytes are over the limit of ",
+          limits.max_storage_bytes, " (MessageLimits::max_storage_bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t max_body_size(const MessageLimits& limits) {
+  const uint64_t segments = static_cast<uint64_t>(limits.max_storages) + 1;
+  return 4 + segments * (kSegmentSize + kRemoteExtra) +
+         static_cast<uint64_t>(limits.max_payload_bytes) +
+         static_cast<uint64_t>(limits.max_storage_bytes);
+}
+
+std::string write_auth(const AuthFrame& frame) {
+  const absl::string_view fields[3] = {frame.name, frame.challenge,
+                                       frame.proof};
+  std::string out(7, '\0');
+  char* at = out.data();
+  put<uint8_t>(at, static_cast<uint8_t>(frame.step));
+  for (absl::string_view field : fields) {
+    put<uint16_t>(at, static_cast<uint16_t>(
+                          std::min(field.size(), kMaxAuthField)));
+  }
+  for (absl::string_view field : fields) {
+    out.append(field.data(), std::min(field.size(), kMaxAuthField));
+  }
+  return out;
+}
+
+absl::StatusOr<AuthFrame> read_auth(absl::string_view tail) {
+  if (tail.size() < 7) {
+    return malformed(absl::StrCat("an auth frame of ", tail.size(), " bytes"));
+  }
+  const char* in = tail.data();
+  AuthFrame frame;
+  const uint8_t step = get<uint8_t>(in);
+  if (step < static_cast<uint8_t>(AuthStep::kHello) ||
+      step > static_cast<uint8_t>(AuthStep::kRefused)) {
+    return malformed(absl::StrCat("auth step ", step));
+  }
+  frame.step = static_cast<AuthStep>(step);
+  size_t sizes[3];
+  size_t total = 7;
+  for (size_t& size : sizes) {
+    size = get<uint16_t>(in);
+    if (size > kMaxAuthField) {
+      return malformed(absl::StrCat("an auth field of ", size, " bytes"));
+    }
+    total += size;
+  }
+  if (total != tail.size()) {
+    return malformed(absl::StrCat("an auth frame of ", tail.size(),
+                                  " bytes announcing ", total));
+  }
+  std::string* fields[3] = {&frame.name, &frame.challenge, &frame.proof};
+  for (int i = 0; i < 3; ++i) {
+    fields[i]->assign(in, sizes[i]);
+    in += sizes[i];
+  }
+  return frame;
 }
 
 namespace {

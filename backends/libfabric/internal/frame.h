@@ -41,6 +41,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/message.h"
@@ -65,6 +66,9 @@ enum class FrameKind : uint8_t {
   kCredit = 8,
   // The sender shuts down: fail what waits for it.
   kGoodbye = 9,
+  // A step of the authentication handshake (AgentSetup::auth); the tail is
+  // an AuthFrame (write_auth()).
+  kAuth = 10,
 };
 
 inline bool carries_message(FrameKind kind) {
@@ -92,6 +96,9 @@ uint64_t bulk_tag(uint32_t rank, uint64_t sequence);
 constexpr uint32_t kMaxSegments = (uint32_t{1} << 20) + 1;
 constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 40;
 constexpr uint64_t kMaxChunks = uint64_t{1} << 24;
+// A peer announcing smaller chunks is refused: tiny chunks would make a
+// message within the limits plan millions of them.
+constexpr uint64_t kMinChunkSize = 4096;
 
 struct FrameHeader {
   FrameKind kind = FrameKind::kCredit;
@@ -121,6 +128,43 @@ struct SegmentDesc {
   uint64_t key = 0;
 };
 
+// Authentication, per ordered peer pair (issue #10): the worker that sends
+// requests (the client) proves itself to the one that serves them (the
+// server) and the other way round, before the server accepts any request
+// and before the client accepts any response:
+//
+//   client -> server  kHello        name, client challenge
+//   server -> client  kServerProof  name, server challenge, server's proof
+//   client -> server  kClientProof  name, client's proof
+//   server -> client  kAccepted     name   (or kRefused, reason in `proof`)
+//
+// Proofs are core/auth's HMACs, bound to both names, roles and challenges.
+// The client sends its requests only once accepted, so the provider's
+// message ordering does not matter.
+enum class AuthStep : uint8_t {
+  kHello = 1,
+  kServerProof = 2,
+  kClientProof = 3,
+  kAccepted = 4,
+  kRefused = 5,
+};
+
+// step u8 | name size u16 | challenge size u16 | proof size u16 | name
+// | challenge | proof; each field at most kMaxAuthField bytes.
+struct AuthFrame {
+  AuthStep step = AuthStep::kHello;
+  std::string name;
+  std::string challenge;
+  std::string proof;  // the refusal's reason for kRefused
+};
+constexpr size_t kMaxAuthField = 512;
+
+// Longer fields are cut to kMaxAuthField bytes (a refusal's reason; names
+// and HMACs are shorter).
+std::string write_auth(const AuthFrame& frame);
+// INVALID_ARGUMENT unless `tail` is exactly one well-formed AuthFrame.
+[[nodiscard]] absl::StatusOr<AuthFrame> read_auth(absl::string_view tail);
+
 // Writes exactly kHeaderSize bytes.
 void write_header(const FrameHeader& header, char* out);
 // INVALID_ARGUMENT unless `frame` starts with a well-formed header.
@@ -149,6 +193,15 @@ struct Body {
 // INVALID_ARGUMENT for a malformed body (counts, sizes, or inline bytes
 // that do not add up to exactly `bytes`).
 [[nodiscard]] absl::StatusOr<Body> read_body(absl::string_view bytes);
+
+// RESOURCE_EXHAUSTED, naming the limit, when `body` announces more than
+// `limits` allow (payload bytes, storages, storage bytes); checked before
+// anything is allocated for it.
+[[nodiscard]] absl::Status check_limits(const Body& body,
+                                        const MessageLimits& limits);
+// The largest encoded body a message within `limits` can have: a remote
+// body announced larger is refused before it is allocated.
+uint64_t max_body_size(const MessageLimits& limits);
 
 // One piece of a remote transfer: of the body (segment == kBodySegment) or
 // of segment `segment`.

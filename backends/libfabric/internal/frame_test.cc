@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,93 @@ TEST(Frame, ChunkPlansAreBounded) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(plan_body_chunks(10, 0, chunks),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(Frame, AuthFramesRoundTrip) {
+  AuthFrame frame;
+  frame.step = AuthStep::kServerProof;
+  frame.name = "w1";
+  frame.challenge = std::string(32, '\x7f');
+  frame.proof = std::string("\0proof", 6);
+  absl::StatusOr<AuthFrame> read = read_auth(write_auth(frame));
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(read->step, AuthStep::kServerProof);
+  EXPECT_EQ(read->name, "w1");
+  EXPECT_EQ(read->challenge, frame.challenge);
+  EXPECT_EQ(read->proof, frame.proof);
+  // A long refusal reason is cut, not refused.
+  frame.step = AuthStep::kRefused;
+  frame.proof = std::string(5000, 'r');
+  read = read_auth(write_auth(frame));
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(read->proof.size(), kMaxAuthField);
+}
+
+TEST(Frame, MalformedAuthFramesAreInvalidArgument) {
+  AuthFrame frame;
+  frame.name = "w0";
+  frame.challenge = "0123456789";
+  const std::string good = write_auth(frame);
+  std::string bad_step = good;
+  bad_step[0] = 9;
+  std::string too_long_field = good;
+  too_long_field[1] = static_cast<char>(0xff);
+  too_long_field[2] = static_cast<char>(0xff);
+  for (const std::string& bad :
+       {std::string(), good.substr(0, 6), good.substr(0, good.size() - 1),
+        good + "x", bad_step, too_long_field}) {
+    EXPECT_THAT(read_auth(bad), StatusIs(absl::StatusCode::kInvalidArgument))
+        << bad.size();
+  }
+  // An auth frame's header is a valid header.
+  FrameHeader header;
+  header.kind = FrameKind::kAuth;
+  EXPECT_THAT(read_header(header_bytes(header)), IsOk());
+}
+
+TEST(Frame, BodiesOverTheLimitsAreResourceExhausted) {
+  MessageLimits limits;
+  limits.max_payload_bytes = 100;
+  limits.max_storages = 2;
+  limits.max_storage_bytes = 1000;
+  auto body_of = [](std::vector<uint64_t> sizes) {
+    Body body;
+    for (uint64_t size : sizes) {
+      SegmentDesc segment;
+      segment.size = size;
+      segment.remote = true;
+      body.segments.push_back(segment);
+    }
+    return body;
+  };
+  EXPECT_THAT(check_limits(body_of({100, 500, 500}), limits), IsOk());
+  EXPECT_THAT(check_limits(body_of({101}), limits),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_payload_bytes")));
+  EXPECT_THAT(check_limits(body_of({0, 1, 1, 1}), limits),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_storages")));
+  EXPECT_THAT(check_limits(body_of({0, 500, 501}), limits),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_storage_bytes")));
+  EXPECT_THAT(check_limits(body_of({0, kMaxSegmentBytes, kMaxSegmentBytes}),
+                           limits),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  // A body within the limits is never larger than max_body_size.
+  std::vector<SegmentDesc> segments(3);
+  segments[0].size = 100;
+  segments[1].size = 500;
+  segments[2].size = 500;
+  EXPECT_LE(body_size(segments), max_body_size(limits));
+}
+
+TEST(Frame, ASegmentCountTheBodyCannotHoldIsRefusedBeforeReserving) {
+  std::string body(4, '\0');
+  const uint32_t count = kMaxSegments;
+  std::memcpy(body.data(), &count, 4);
+  body += std::string(20, '\0');
+  EXPECT_THAT(read_body(body), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("segments in")));
 }
 
 TEST(Frame, BulkTagsCarryTheRankAndSequence) {
