@@ -85,10 +85,6 @@ constexpr absl::Duration kServerShutdownGrace = absl::Seconds(1);
 // at all). gRPC's "min reconnect backoff" is left alone: it is also the
 // time a connection attempt may take (20 s), which a loaded machine needs.
 constexpr int kReconnectBackoffMs = 100;
-// A stream whose peer has not proven the shared secret this long after it
-// started is refused (a peer that never answers must not hold the link and
-// the requests queued on it).
-constexpr absl::Duration kAuthBound = absl::Seconds(20);
 constexpr int kMaxReconnectBackoffMs = 1000;
 
 // ------------------------------------------------------------ thread marks
@@ -139,6 +135,7 @@ class Link : public std::enable_shared_from_this<Link> {
         connection_(connection),
         is_client_(is_client),
         chunk_bytes_(settings.chunk_bytes),
+        auth_timeout_(settings.auth_timeout),
         auth_(auth),
         own_challenge_(auth ? auth->challenge() : std::string()),
         verified_(!auth),
@@ -206,6 +203,7 @@ class Link : public std::enable_shared_from_this<Link> {
   const PendingRequests::Connection connection_;
   const bool is_client_;
   const size_t chunk_bytes_;
+  const absl::Duration auth_timeout_;
   const std::optional<auth::Authenticator> auth_;
   const std::string own_challenge_;
 
@@ -571,7 +569,7 @@ void Link::check_authenticated() {
   }
   const std::string why =
       absl::StrCat("worker '", peer_, "' did not authenticate within ",
-                   absl::FormatDuration(kAuthBound));
+                   absl::FormatDuration(auth_timeout_));
   LOG(WARNING) << "gRPC agent of worker '" << self_
                << "' refuses a stream with worker '" << peer_ << "': " << why;
   close(why, absl::StatusCode::kUnauthenticated);
@@ -850,7 +848,7 @@ std::shared_ptr<Link> State::add_link(int rank, bool is_client) {
   links_[rank].push_back(link);
   ++live_streams_;
   if (auth_) {
-    timers_->schedule(absl::Now() + kAuthBound,
+    timers_->schedule(absl::Now() + settings_.auth_timeout,
                       [weak = std::weak_ptr<Link>(link)] {
                         if (std::shared_ptr<Link> link = weak.lock()) {
                           link->check_authenticated();

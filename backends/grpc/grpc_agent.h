@@ -24,7 +24,7 @@
 // the peer's proof, and accepts none before: a frame other than the
 // handshake is refused before anything is allocated for it. A refusal (no
 // secret on one side, a wrong proof, a name that is not the stream's, no
-// proof within 20 s) is logged on the refusing side and ends the stream;
+// proof within grpc.auth_timeout_ms) is logged on the refusing side and ends the stream;
 // its requests fail with UNAUTHENTICATED and the reason (a server tells
 // the client why in the stream's status; a client can only cancel). The
 // call metadata (who opens the stream) is only a claim until then.
@@ -62,6 +62,9 @@
 //                         is set from it (not left at its 4 MiB default)
 //   grpc.init_timeout_ms  how long creation waits for every rank's address
 //                         (default 60000)
+//   grpc.auth_timeout_ms  with a shared secret: a stream whose peer has not
+//                         proven it this long after the stream began is
+//                         refused (default 20000)
 //
 // Threads: gRPC's callback threads (shared by every gRPC user in the process)
 // parse frames and never run user code; the agent's completion threads run

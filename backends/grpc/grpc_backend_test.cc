@@ -16,6 +16,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -25,6 +26,8 @@
 #include "backends/grpc/grpc_agent.h"
 #include "backends/grpc/grpc_testing.h"
 #include "core/agent.h"
+#include "core/auth/auth.h"
+#include "core/rendezvous.h"
 #include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
@@ -115,6 +118,7 @@ TEST(GrpcBackend, BadSettingsAreInvalidArgumentNamingTheKey) {
       {"grpc.max_message_bytes", "lots"},
       {"grpc.chunk_bytes", "100"},
       {"grpc.init_timeout_ms", "soon"},
+      {"grpc.auth_timeout_ms", "0"},
       {"grpc.adress", "127.0.0.1"},  // a typo of a known key
   };
   for (const auto& [key, value] : cases) {
@@ -360,6 +364,59 @@ TEST(GrpcBackend, StreamsFromStrangersAreRefused) {
         << status.error_message();
   }
   EXPECT_THAT(call(group[0], group[1], ping("fine")), IsOk());
+}
+
+// A stranger that opens a stream claiming to be agent0 and then says
+// nothing (no hello, no proof) holds it only until grpc.auth_timeout_ms; the
+// agent refuses it with UNAUTHENTICATED and goes on serving agent0 itself.
+TEST(GrpcBackend, AStreamThatNeverAuthenticatesIsRefusedInTime) {
+  absl::StatusOr<std::optional<auth::Authenticator>> authenticator =
+      auth::Authenticator::from("the-group-secret-0123456789");
+  ASSERT_THAT(authenticator, IsOk());
+  std::vector<RendezvousResult> members = meet_group(2);
+  std::vector<std::unique_ptr<Agent>> agents(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      AgentSetup setup;
+      setup.self = members[rank].self;
+      setup.workers = members[rank].workers;
+      setup.store = members[rank].store;
+      setup.group_key = members[rank].group_key;
+      setup.settings = {{"grpc.auth_timeout_ms", "300"}};
+      setup.auth = *authenticator;
+      absl::StatusOr<std::unique_ptr<Agent>> agent =
+          grpc_backend().create(std::move(setup));
+      EXPECT_THAT(agent, IsOk());
+      if (agent.ok()) agents[rank] = *std::move(agent);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_NE(agents[0], nullptr);
+  ASSERT_NE(agents[1], nullptr);
+  ASSERT_THAT(agents[0]->start(echo), IsOk());
+  ASSERT_THAT(agents[1]->start(echo), IsOk());
+  const std::map<std::string, std::string> as_agent0 = {
+      {"tether-from-rank", "0"},
+      {"tether-from-name", "agent0"},
+      {"tether-to-name", "agent1"}};
+  const absl::Time began = absl::Now();
+  ::grpc::Status status =
+      raw_stream(published_address(members[0], 1),
+                 ::grpc::InsecureChannelCredentials(), as_agent0, {},
+                 /*writes_done=*/false);
+  const absl::Duration took = absl::Now() - began;
+  EXPECT_EQ(status.error_code(), ::grpc::StatusCode::UNAUTHENTICATED)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              AllOf(HasSubstr("agent0"),
+                    HasSubstr("did not authenticate within 300ms")));
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, kBound);
+  EXPECT_THAT(call(*agents[0], *agents[1], ping("fine")), IsOk());
+  EXPECT_THAT(call(*agents[1], *agents[0], ping("back")), IsOk());
+  agents[0]->shutdown();
+  agents[1]->shutdown();
 }
 
 TEST(GrpcBackend, GarbageOnAStreamClosesItAndNothingElse) {

@@ -258,9 +258,11 @@ class RawClient final
   // `channel` must outlive the call. raw_stream() deletes the reactor and
   // then the channel after OnDone, on its own thread: gRPC must not destroy
   // a channel (which the context holds too) in one of its callbacks.
-  RawClient(std::vector<std::string> messages,
+  RawClient(std::vector<std::string> messages, bool writes_done,
             std::shared_ptr<RawOutcome> outcome)
-      : messages_(std::move(messages)), outcome_(std::move(outcome)) {}
+      : messages_(std::move(messages)),
+        writes_done_(writes_done),
+        outcome_(std::move(outcome)) {}
 
   void start(const std::shared_ptr<::grpc::Channel>& channel,
              const std::map<std::string, std::string>& metadata) {
@@ -290,7 +292,7 @@ class RawClient final
   // Only from start() and OnWriteDone: one write at a time.
   void write_next() {
     if (next_ == messages_.size()) {
-      StartWritesDone();
+      if (writes_done_) StartWritesDone();
       return;
     }
     ::grpc::Slice slice(messages_[next_]);
@@ -300,6 +302,7 @@ class RawClient final
   }
 
   const std::vector<std::string> messages_;
+  const bool writes_done_;
   const std::shared_ptr<RawOutcome> outcome_;
   size_t next_ = 0;
   ::grpc::ClientContext context_;
@@ -313,13 +316,13 @@ class RawClient final
     const std::string& address,
     std::shared_ptr<::grpc::ChannelCredentials> credentials,
     const std::map<std::string, std::string>& metadata,
-    const std::vector<std::string>& messages) {
+    const std::vector<std::string>& messages, bool writes_done) {
   ::grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   std::shared_ptr<::grpc::Channel> channel = ::grpc::CreateCustomChannel(
       absl::StrCat("ipv4:", address), std::move(credentials), args);
   auto outcome = std::make_shared<RawOutcome>();
-  auto client = std::make_unique<RawClient>(messages, outcome);
+  auto client = std::make_unique<RawClient>(messages, writes_done, outcome);
   client->start(channel, metadata);
   if (!outcome->done.WaitForNotificationWithTimeout(kBound)) {
     ADD_FAILURE() << "a raw stream to " << address << " did not end";

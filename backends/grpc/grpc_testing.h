@@ -86,14 +86,15 @@ class TcpProxy {
 };
 
 // Opens a stream of the agent's method to `address` with `metadata`, writes
-// `messages` (raw bytes, one gRPC message each), and returns the status the
-// stream ends with (bounded by testing::kBound). For tests of what an agent
-// does with strangers and garbage.
+// `messages` (raw bytes, one gRPC message each), then half-closes it unless
+// `writes_done` is false (the stream then stays open, saying nothing more),
+// and returns the status the stream ends with (bounded by testing::kBound).
+// For tests of what an agent does with strangers and garbage.
 ::grpc::Status raw_stream(
     const std::string& address,
     std::shared_ptr<::grpc::ChannelCredentials> credentials,
     const std::map<std::string, std::string>& metadata,
-    const std::vector<std::string>& messages);
+    const std::vector<std::string>& messages, bool writes_done = true);
 
 // Certificates made by the openssl CLI for one test run, in a fresh
 // directory: a CA, a rogue CA, "worker" (signed by the CA, for 127.0.0.1

@@ -1,8 +1,9 @@
 // Soak (issue #10; not in the default run): 4 worker processes mix calls,
 // async fan-outs, RRefs passed between workers, remote modules and
 // distributed autograd for TETHER_SOAK_SECONDS (default 600) over the
-// faulty backend wrapping TensorPipe with random delays on every message
-// (faulty.jitter_ms), so messages overtake each other. Every result is
+// faulty backend wrapping TensorPipe (or TETHER_SOAK_BACKEND: grpc,
+// libfabric) with random delays on every message (faulty.jitter_ms), so
+// messages overtake each other. Every result is
 // checked; at the end each worker must have seen zero errors, and its private
 // memory (RssAnon) and thread count must be flat after the warm-up.
 // TETHER_SOAK_OPS (e.g. "03") limits the mix to some operations: 0 rpc_sync,
@@ -10,6 +11,7 @@
 //
 //   bazel test //testing/soak:soak_test --test_output=streamed
 //   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_SECONDS=120
+//   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_BACKEND=grpc
 #include <ATen/ATen.h>
 #include <absl/random/random.h>
 #include <absl/strings/str_cat.h>
@@ -175,11 +177,15 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
       return r;
     }();
     RpcOptions options;
-    // TETHER_SOAK_JITTER_MS=0: plain TensorPipe, no injected delays.
+    const char* backend_env = std::getenv("TETHER_SOAK_BACKEND");
+    const std::string backend =
+        backend_env != nullptr && *backend_env != '\0' ? backend_env
+                                                        : "tensorpipe";
+    // TETHER_SOAK_JITTER_MS=0: the plain backend, no injected delays.
     const int64_t jitter = env_int("TETHER_SOAK_JITTER_MS", 5);
-    options.backend = jitter > 0 ? "faulty" : "tensorpipe";
+    options.backend = jitter > 0 ? "faulty" : backend;
     if (jitter > 0) {
-      options.backend_settings = {{"faulty.inner", "tensorpipe"},
+      options.backend_settings = {{"faulty.inner", backend},
                                   {"faulty.jitter_ms", absl::StrCat(jitter)}};
     }
     options.default_timeout = absl::Seconds(60);
@@ -241,7 +247,7 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
       }
       std::printf("soak summary: %lld operations in %lld s, %lld errors; "
                   "private memory (RssAnon) after warm-up %lld kB, at most "
-                  "%lld kB; shared memory (TensorPipe's rings) %lld kB at the "
+                  "%lld kB; shared memory (RssShmem) %lld kB at the "
                   "end; threads %d, at most %d\n",
                   static_cast<long long>(soak.ops),
                   static_cast<long long>(seconds),

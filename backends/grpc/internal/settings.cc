@@ -32,6 +32,7 @@ constexpr char kCompletionThreadsKey[] = "grpc.completion_threads";
 constexpr char kMaxMessageKey[] = "grpc.max_message_bytes";
 constexpr char kChunkKey[] = "grpc.chunk_bytes";
 constexpr char kInitTimeoutKey[] = "grpc.init_timeout_ms";
+constexpr char kAuthTimeoutKey[] = "grpc.auth_timeout_ms";
 
 constexpr int kMaxCompletionThreads = 64;
 constexpr uint64_t kMinChunk = 4 << 10;
@@ -191,14 +192,16 @@ absl::StatusOr<Settings> parse_settings(
       if (value.empty()) return bad_value(key, value, "a host name");
       settings.tls.server_name = value;
     } else if (key == kKeepaliveKey || key == kKeepaliveTimeoutKey ||
-               key == kInitTimeoutKey) {
+               key == kInitTimeoutKey || key == kAuthTimeoutKey) {
       const int64_t min = key == kKeepaliveKey ? 0 : 1;
       absl::StatusOr<int64_t> ms = parse_int(key, value, min, int64_t{1} << 31);
       if (!ms.ok()) return ms.status();
       absl::Duration& target = key == kKeepaliveKey ? settings.keepalive
                                : key == kKeepaliveTimeoutKey
                                    ? settings.keepalive_timeout
-                                   : settings.init_timeout;
+                                   : key == kInitTimeoutKey
+                                       ? settings.init_timeout
+                                       : settings.auth_timeout;
       target = absl::Milliseconds(*ms);
     } else if (key == kCompletionThreadsKey) {
       absl::StatusOr<int64_t> threads =
@@ -220,7 +223,8 @@ absl::StatusOr<Settings> parse_settings(
           absl::StrJoin({kAddressKey, kTlsCertKey, kTlsKeyKey, kTlsCaKey,
                          kTlsMutualKey, kTlsServerNameKey, kKeepaliveKey,
                          kKeepaliveTimeoutKey, kCompletionThreadsKey,
-                         kMaxMessageKey, kChunkKey, kInitTimeoutKey},
+                         kMaxMessageKey, kChunkKey, kInitTimeoutKey,
+                         kAuthTimeoutKey},
                         ", ")));
     }
   }

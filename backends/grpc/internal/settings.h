@@ -39,6 +39,10 @@ struct Settings {
   uint64_t max_message_bytes = uint64_t{1} << 31;
   uint64_t chunk_bytes = uint64_t{1} << 20;
   absl::Duration init_timeout = absl::Seconds(60);
+  // A stream whose peer has not proven the shared secret this long after it
+  // started is refused (a peer that never answers must not hold the link and
+  // the requests queued on it).
+  absl::Duration auth_timeout = absl::Seconds(20);
 };
 
 // Parses the "grpc.*" keys of `raw` (others belong to other backends).
