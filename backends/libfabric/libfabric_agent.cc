@@ -318,6 +318,9 @@ struct Peer {
   absl::Time last_heard = absl::InfinitePast();
   absl::Time expecting_since = absl::InfiniteFuture();
   absl::Time keepalive_sent = absl::InfinitePast();
+  // The first keepalive of the current silence that our own progress
+  // thread then had time to hear an answer to (see housekeeping()).
+  absl::Time asked_at = absl::InfinitePast();
   bool ack_queued = false;
   // Frames went either way: it is told goodbye at shutdown.
   bool talked = false;
@@ -634,6 +637,7 @@ class State : public std::enable_shared_from_this<State> {
   uint64_t next_transfer_ = 1;
   uint64_t next_sequence_ = 0;
   absl::Time last_prune_ = absl::InfinitePast();
+  absl::Time last_housekeeping_ = absl::InfinitePast();
   LibfabricStats stats_;
 };
 
@@ -2371,6 +2375,13 @@ void State::housekeeping(absl::Time now) {
   mr_cache_->drop_unheld();
   const bool prune = now - last_prune_ >= keepalive_interval_;
   if (prune) last_prune_ = now;
+  // Our own thread may have stalled (a starved or stopped process): the
+  // answers to keepalives sent before may be waiting unread, so they prove
+  // nothing, and each peer is asked again before it can be lost.
+  const bool we_stalled =
+      last_housekeeping_ != absl::InfinitePast() &&
+      now - last_housekeeping_ > keepalive_interval_;
+  last_housekeeping_ = now;
   for (Peer& peer : peers_) {
     if (peer.rank == self_.id || peer.lost) continue;
     if (prune) {
@@ -2396,7 +2407,17 @@ void State::housekeeping(absl::Time now) {
     }
     const absl::Time quiet_since = std::max(peer.last_heard, peer.expecting_since);
     const absl::Duration silence = now - quiet_since;
-    if (silence > settings_.peer_timeout) {
+    if (we_stalled || peer.asked_at <= quiet_since) {
+      peer.asked_at = absl::InfinitePast();  // not asked in this silence
+    }
+    // Silence alone is not proof (we may be the one who was away): a peer
+    // is lost once the first keepalive of its silence has gone unanswered
+    // for as long as a silent peer normally has to answer (the timeout less
+    // the interval), counted in our own running time.
+    const bool asked_in_vain =
+        peer.asked_at != absl::InfinitePast() &&
+        now - peer.asked_at >= settings_.peer_timeout - keepalive_interval_;
+    if (silence > settings_.peer_timeout && asked_in_vain) {
       fail_peer(peer.rank,
                 absl::UnavailableError(absl::StrCat(
                     describe(peer.rank), " is lost: no word from it for ",
@@ -2406,8 +2427,10 @@ void State::housekeeping(absl::Time now) {
       continue;
     }
     if (silence >= keepalive_interval_ &&
-        now - peer.keepalive_sent >= keepalive_interval_) {
+        (now - peer.keepalive_sent >= keepalive_interval_ ||
+         peer.asked_at == absl::InfinitePast())) {
       peer.keepalive_sent = now;
+      if (peer.asked_at == absl::InfinitePast()) peer.asked_at = now;
       send_control(peer.rank, FrameKind::kKeepalive);
     }
   }

@@ -5,6 +5,7 @@
 // providers that run here (tcp;ofi_rxm and shm), and is skipped, saying why,
 // for a provider this machine lacks.
 #include <absl/strings/str_cat.h>
+#include <absl/time/clock.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -24,6 +26,7 @@
 #include "core/agent.h"
 #include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
+#include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
 
 namespace tether::backends {
@@ -381,6 +384,55 @@ TEST_P(Provider, PeerHoldingARequestStaysAlivePastThePeerTimeout) {
   EXPECT_THAT(pending.get(absl::Now() + kBound), IsOk());
 }
 
+// Silence is counted by our own clock, so a process that was itself away
+// (stopped, or starved of CPU) longer than the peer timeout must not take a
+// peer that answered all along for lost when it resumes: the peer is asked
+// again first. Rank 1's handler holds rank 0's request 400 ms, stops rank 0
+// for 4x the timeout, resumes it, and answers 300 ms later.
+TEST(LibfabricBackend, OwnStallIsNotTakenForALostPeer) {
+  ::tether::testing::run_in_processes(2, [](int rank, int world) {
+    absl::StatusOr<RendezvousResult> member =
+        ::tether::testing::meet_as_agent("env://", rank, world);
+    ASSERT_THAT(member, IsOk());
+    absl::StatusOr<std::unique_ptr<Agent>> agent =
+        ::tether::testing::create_agent(
+            libfabric_backend(), *member,
+            {{"libfabric.provider", "tcp;ofi_rxm"},
+             {"libfabric.peer_timeout_ms", "500"}});
+    ASSERT_THAT(agent, IsOk());
+    c10d::Store& store = *member->store;
+    if (rank == 0) {
+      const std::string pid = absl::StrCat(::getpid());
+      store.set("test/pid0", std::vector<uint8_t>(pid.begin(), pid.end()));
+      ASSERT_THAT((*agent)->start(echo), IsOk());
+      absl::StatusOr<Message> response =
+          (*agent)
+              ->send(member->workers[1], ping("stop me"), kBound)
+              .get(absl::Now() + kBound);
+      EXPECT_THAT(response, IsOk());
+      store.set("test/done", {1});
+      store.wait({"test/left"}, std::chrono::seconds(30));
+      (*agent)->shutdown();
+      return;
+    }
+    const std::vector<uint8_t> bytes = store.get("test/pid0");
+    const pid_t pid = std::stoi(std::string(bytes.begin(), bytes.end()));
+    ASSERT_THAT((*agent)->start([pid](Message request) {
+      // Rank 0 waits on us for a while (keepalives, answered), then stops.
+      absl::SleepFor(absl::Milliseconds(400));
+      ::kill(pid, SIGSTOP);
+      absl::SleepFor(absl::Seconds(2));
+      ::kill(pid, SIGCONT);
+      absl::SleepFor(absl::Milliseconds(300));
+      return echo(std::move(request));
+    }),
+                IsOk());
+    store.wait({"test/done"}, std::chrono::seconds(60));
+    (*agent)->shutdown();
+    store.set("test/left", {1});
+  });
+}
+
 TEST_P(Provider, PeerShutdownFailsPendingRequestsWithUnavailable) {
   Group group(GetParam(), 2);
   ASSERT_TRUE(group.ok());
@@ -450,6 +502,54 @@ TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
     // Within the limits: served.
     EXPECT_THAT(send_sized(group[0], group[1], 4000, {1 << 20}), IsOk());
     EXPECT_THAT(send_sized(group[0], group[1], 1, {1, 1, 1, 1}), IsOk());
+  }
+}
+
+// A response over the caller's limits (the handler's answer is its own
+// business) is refused by the caller before it allocates or pulls: the call
+// fails with RESOURCE_EXHAUSTED naming the limit, and both agents go on.
+TEST_P(Provider, ResponsesOverTheCallersLimitsFailTheCall) {
+  MessageLimits limits;
+  limits.max_payload_bytes = 4096;
+  limits.max_storages = 4;
+  limits.max_storage_bytes = 1 << 20;
+  for (const char* mode : {"read", "tagged"}) {
+    SCOPED_TRACE(mode);
+    ::tether::testing::AgentGroup group(
+        limited_backend(GetParam(), limits), 2,
+        {{"libfabric.rendezvous", mode},
+         {"libfabric.rendezvous_threshold", "16384"}});
+    ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+    group.start_all([](Message request) -> Future<Message> {
+      Message response;
+      response.type = MessageType::kPong;
+      if (request.payload == "payload") {
+        response.payload = std::string(5000, 'r');
+      } else if (request.payload == "storages") {
+        for (int i = 0; i < 5; ++i) {
+          response.storages.push_back(make_storage(1, 1));
+        }
+      } else if (request.payload == "bytes") {
+        response.storages.push_back(make_storage((1 << 20) + 1, 1));
+      } else {
+        return echo(std::move(request));
+      }
+      return Future<Message>::ready(std::move(response));
+    });
+    for (const auto& [ask, limit] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"payload", "max_payload_bytes"},
+             {"storages", "max_storages"},
+             {"bytes", "max_storage_bytes"}}) {
+      SCOPED_TRACE(ask);
+      EXPECT_THAT(group[0].send(group[1].self(), ping(ask), kBound)
+                      .get(absl::Now() + kBound),
+                  StatusIs(absl::StatusCode::kResourceExhausted,
+                           AllOf(HasSubstr(limit), HasSubstr("agent1"))));
+    }
+    EXPECT_EQ(stats_of(group[0]).bytes_pulled, 0u);
+    EXPECT_THAT(send_sized(group[0], group[1], 10, {1 << 20}), IsOk());
+    EXPECT_THAT(send_sized(group[1], group[0], 10, {10}), IsOk());
   }
 }
 

@@ -12,12 +12,16 @@
 //   bazel test //testing/soak:soak_test --test_output=streamed
 //   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_SECONDS=120
 //   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_BACKEND=grpc
+//   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_BACKEND=libfabric
+//       --test_env=TETHER_SOAK_SETTINGS=libfabric.provider=shm
 #include <ATen/ATen.h>
 #include <absl/random/random.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_split.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <dirent.h>
+#include <malloc.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -63,6 +67,13 @@ int64_t status_kb(const char* field) {
 }
 
 int64_t rss_kb() { return status_kb("RssAnon:"); }
+
+// Bytes malloc has handed out and not had back (its arenas and mmapped
+// chunks): tells growth of the heap from growth of other private mappings.
+int64_t malloc_in_use_kb() {
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<int64_t>((info.uordblks + info.hblkhd) / 1024);
+}
 
 int threads() {
   int n = 0;
@@ -188,6 +199,16 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
       options.backend_settings = {{"faulty.inner", backend},
                                   {"faulty.jitter_ms", absl::StrCat(jitter)}};
     }
+    // TETHER_SOAK_SETTINGS ("libfabric.provider=shm,k=v"): the backend's
+    // own settings.
+    if (const char* extra = std::getenv("TETHER_SOAK_SETTINGS")) {
+      for (absl::string_view pair :
+           absl::StrSplit(extra, ',', absl::SkipEmpty())) {
+        std::pair<std::string, std::string> kv =
+            absl::StrSplit(pair, absl::MaxSplits('=', 1));
+        options.backend_settings[kv.first] = kv.second;
+      }
+    }
     options.default_timeout = absl::Seconds(60);
     options.shutdown_timeout = absl::Seconds(120);
     ASSERT_THAT(init_rpc(name_of(rank), rank, world, options, *registry,
@@ -235,12 +256,13 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
             threads_max_after = std::max(threads_max_after, t);
           }
           std::printf(
-              "t=%4.0fs ops=%lld errors=%lld anon=%lld kB shmem=%lld kB "
-              "threads=%d\n",
+              "t=%4.0fs ops=%lld errors=%lld anon=%lld kB (malloc in use "
+              "%lld kB) shmem=%lld kB threads=%d\n",
               absl::ToDoubleSeconds(absl::Now() - start),
               static_cast<long long>(soak.ops),
               static_cast<long long>(soak.errors),
               static_cast<long long>(rss),
+              static_cast<long long>(malloc_in_use_kb()),
               static_cast<long long>(status_kb("RssShmem:")), t);
           std::fflush(stdout);
         }
