@@ -467,18 +467,23 @@ absl::StatusOr<Message> send_sized(Agent& from, Agent& to, size_t payload,
       .get(absl::Now() + kBound);
 }
 
-// Frames announcing more than the receiver's MessageLimits are refused
-// before it allocates or pulls anything: the sender's call fails with
-// RESOURCE_EXHAUSTED naming the limit, and the receiver serves on.
-TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
+// 4 KiB of payload, 4 storages, 1 MiB of storage bytes.
+constexpr MessageLimits kSmallLimits = [] {
   MessageLimits limits;
   limits.max_payload_bytes = 4096;
   limits.max_storages = 4;
   limits.max_storage_bytes = 1 << 20;
+  return limits;
+}();
+
+// Frames announcing more than the receiver's MessageLimits are refused
+// before it allocates or pulls anything: the sender's call fails with
+// RESOURCE_EXHAUSTED naming the limit, and the receiver serves on.
+TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
   for (const char* mode : {"read", "tagged"}) {
     SCOPED_TRACE(mode);
     ::tether::testing::AgentGroup group(
-        limited_backend(GetParam(), limits), 2,
+        limited_backend(GetParam(), kSmallLimits), 2,
         {{"libfabric.rendezvous", mode},
          {"libfabric.rendezvous_threshold", "16384"}});
     ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
@@ -509,14 +514,10 @@ TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
 // business) is refused by the caller before it allocates or pulls: the call
 // fails with RESOURCE_EXHAUSTED naming the limit, and both agents go on.
 TEST_P(Provider, ResponsesOverTheCallersLimitsFailTheCall) {
-  MessageLimits limits;
-  limits.max_payload_bytes = 4096;
-  limits.max_storages = 4;
-  limits.max_storage_bytes = 1 << 20;
   for (const char* mode : {"read", "tagged"}) {
     SCOPED_TRACE(mode);
     ::tether::testing::AgentGroup group(
-        limited_backend(GetParam(), limits), 2,
+        limited_backend(GetParam(), kSmallLimits), 2,
         {{"libfabric.rendezvous", mode},
          {"libfabric.rendezvous_threshold", "16384"}});
     ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
