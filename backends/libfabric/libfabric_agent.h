@@ -38,7 +38,9 @@
 // or frames wait on a peer that has said nothing for a fifth of
 // libfabric.peer_timeout_ms, the agent sends it a keepalive, which its
 // progress thread answers (a busy handler does not delay it); after
-// libfabric.peer_timeout_ms of silence, or at once when a same-host (shm)
+// libfabric.peer_timeout_ms of silence in which the first keepalive went
+// unanswered while our own progress thread ran (a process that was itself
+// stopped asks again first), or at once when a same-host (shm)
 // peer's process is gone, the peer is lost: its requests fail with
 // UNAVAILABLE, and so do later sends to it until it is heard from again. So
 // a request to a dead peer fails within min(call timeout, peer timeout plus

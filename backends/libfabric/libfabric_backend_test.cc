@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -417,17 +418,26 @@ TEST(LibfabricBackend, OwnStallIsNotTakenForALostPeer) {
     }
     const std::vector<uint8_t> bytes = store.get("test/pid0");
     const pid_t pid = std::stoi(std::string(bytes.begin(), bytes.end()));
-    ASSERT_THAT((*agent)->start([pid](Message request) {
-      // Rank 0 waits on us for a while (keepalives, answered), then stops.
-      absl::SleepFor(absl::Milliseconds(400));
-      ::kill(pid, SIGSTOP);
-      absl::SleepFor(absl::Seconds(2));
-      ::kill(pid, SIGCONT);
-      absl::SleepFor(absl::Milliseconds(300));
-      return echo(std::move(request));
+    // The handler returns at once (it runs on the progress thread, which
+    // must stay free to answer keepalives); a thread of its own stops rank 0
+    // and answers later.
+    std::thread stopper;
+    ASSERT_THAT((*agent)->start([pid, &stopper](Message request) {
+      Promise<Message> answer;
+      stopper = std::thread([pid, answer, request]() mutable {
+        // Rank 0 waits on us a while (keepalives, answered), then stops.
+        absl::SleepFor(absl::Milliseconds(400));
+        ::kill(pid, SIGSTOP);
+        absl::SleepFor(absl::Seconds(2));
+        ::kill(pid, SIGCONT);
+        absl::SleepFor(absl::Milliseconds(300));
+        answer.set(echo(std::move(request)).get(absl::Now() + kBound));
+      });
+      return answer.future();
     }),
                 IsOk());
     store.wait({"test/done"}, std::chrono::seconds(60));
+    stopper.join();
     (*agent)->shutdown();
     store.set("test/left", {1});
   });

@@ -23,7 +23,14 @@
 //   tensorpipe.transports     comma list of "uv", "shm"     (default "uv,shm")
 //   tensorpipe.channels       comma list of "basic", "cma", "mpt", "xth"
 //                             (default "basic,cma,mpt"; xth only helps
-//                             agents of one process)
+//                             agents of one process, and is for tests:
+//                             TensorPipe's xth copies on the receiving
+//                             agent's thread straight from the sender's
+//                             memory, and a sender that shuts down with such
+//                             a copy under way is told its write failed
+//                             before the copy ends, so the storage can be
+//                             freed under it; seen once under TSan, where a
+//                             1 MiB request outlived its 30 s bound)
 //   tensorpipe.mpt_lanes      TCP lanes of the mpt channel, 1..64 (default 2)
 //   tensorpipe.address        IP address or network interface to listen on
 //                             (default "127.0.0.1")
