@@ -12,6 +12,7 @@
 #include <absl/synchronization/mutex.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -32,6 +33,12 @@ constexpr char kDropBoundKey[] = "faulty.drop_bound_ms";
 constexpr char kDelayKey[] = "faulty.delay";
 constexpr char kJitterKey[] = "faulty.jitter_ms";
 constexpr char kPrefix[] = "faulty.";
+
+// injected_faults(): this process's totals.
+std::atomic<int64_t> g_failed{0};
+std::atomic<int64_t> g_dropped{0};
+std::atomic<int64_t> g_delayed{0};
+
 constexpr absl::Duration kDefaultDropBound = absl::Seconds(10);
 // Message types are small wire numbers; names are looked up below this.
 constexpr int32_t kMaxTypeValue = 256;
@@ -204,12 +211,15 @@ class FaultyAgent final : public Agent {
       case Fault::kNone:
         return inner_->send(to, std::move(request), timeout);
       case Fault::kFail:
+        g_failed.fetch_add(1, std::memory_order_relaxed);
         return Future<Message>::ready(absl::UnavailableError(
             absl::StrCat(message_type_name(type), " to '", to.name,
                          "' failed by the faulty agent (", kFailKey, ")")));
       case Fault::kDrop:
+        g_dropped.fetch_add(1, std::memory_order_relaxed);
         return drop(to, timeout);
       case Fault::kDelay:
+        g_delayed.fetch_add(1, std::memory_order_relaxed);
         return hold_then_send(to, std::move(request), timeout, delay);
     }
     return Future<Message>::ready(absl::InternalError("unreachable"));
@@ -425,6 +435,14 @@ Backend faulty_backend(const BackendRegistry* inner_backends) {
     return std::make_unique<FaultyAgent>(*std::move(agent), *std::move(faults));
   };
   return backend;
+}
+
+InjectedFaults injected_faults() {
+  InjectedFaults faults;
+  faults.failed = g_failed.load(std::memory_order_relaxed);
+  faults.dropped = g_dropped.load(std::memory_order_relaxed);
+  faults.delayed = g_delayed.load(std::memory_order_relaxed);
+  return faults;
 }
 
 }  // namespace tether::backends

@@ -48,6 +48,8 @@
 #ifndef TETHER_BACKENDS_FAULTY_FAULTY_AGENT_H_
 #define TETHER_BACKENDS_FAULTY_FAULTY_AGENT_H_
 
+#include <cstdint>
+
 #include "core/backend_registry.h"
 
 namespace tether::backends {
@@ -58,6 +60,15 @@ namespace tether::backends {
 // returned Backend (it is usually the registry the faulty backend itself is
 // added to). The agents it makes do not refer to it.
 Backend faulty_backend(const BackendRegistry* inner_backends);
+
+// The faults every faulty agent of this process has injected so far, for
+// tests that report them. Thread-safe.
+struct InjectedFaults {
+  int64_t failed = 0;
+  int64_t dropped = 0;
+  int64_t delayed = 0;
+};
+InjectedFaults injected_faults();
 
 }  // namespace tether::backends
 

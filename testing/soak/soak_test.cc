@@ -33,6 +33,7 @@
 #include "autograd/autograd.h"
 #include "autograd/autograd_testing.h"
 #include "backends/builtin.h"
+#include "backends/faulty/faulty_agent.h"
 #include "core/rpc.h"
 #include "rref/rref.h"
 #include "rref/rref_testing.h"
@@ -278,6 +279,10 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
                   static_cast<long long>(rss_max_after),
                   static_cast<long long>(status_kb("RssShmem:")), threads_warm,
                   threads_max_after);
+      const backends::InjectedFaults faults = backends::injected_faults();
+      std::printf("faults injected: %lld sends delayed by 0 to %lld ms\n",
+                  static_cast<long long>(faults.delayed),
+                  static_cast<long long>(jitter));
       EXPECT_EQ(soak.errors, 0);
       EXPECT_LE(rss_max_after, rss_warm + rss_warm / 10 + 8 * 1024);
       EXPECT_LE(threads_max_after, threads_warm + 4);
