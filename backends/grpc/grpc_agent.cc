@@ -2,6 +2,7 @@
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
@@ -29,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -59,6 +61,7 @@ using common::ScopedMark;
 using grpc_internal::Assembler;
 using grpc_internal::AuthFrame;
 using grpc_internal::AuthStep;
+using grpc_internal::FrameKind;
 using grpc_internal::OutgoingCursor;
 using grpc_internal::OutgoingMessage;
 using grpc_internal::Received;
@@ -160,6 +163,15 @@ class Link : public std::enable_shared_from_this<Link> {
     return !closed_;
   }
 
+  // Once the link has ended: the requests queued on it that never left
+  // because the stream ended before the handshake finished (none without
+  // authentication). Each call takes them.
+  std::vector<std::shared_ptr<const OutgoingMessage>> take_unsent()
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return std::move(unsent_);
+  }
+
   // Queues `message`; false (dropped) once the link is closed.
   bool enqueue(std::shared_ptr<const OutgoingMessage> message)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -169,6 +181,16 @@ class Link : public std::enable_shared_from_this<Link> {
   void close(absl::string_view why,
              absl::StatusCode code = absl::StatusCode::kUnavailable)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Before the queue is dropped: keeps what never left for take_unsent().
+  void keep_unsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (verified_) return;  // nothing was held back
+    for (const OutgoingCursor& cursor : queue_) {
+      if (cursor.message().kind == FrameKind::kRequest) {
+        unsent_.push_back(cursor.shared_message());
+      }
+    }
+  }
 
   // Refuses the stream if the peer has not authenticated by now.
   void check_authenticated() ABSL_LOCKS_EXCLUDED(mu_);
@@ -222,6 +244,8 @@ class Link : public std::enable_shared_from_this<Link> {
   // Handshake frames, sent before anything in queue_.
   std::deque<::grpc::Slice> control_ ABSL_GUARDED_BY(mu_);
   std::deque<OutgoingCursor> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const OutgoingMessage>> unsent_
+      ABSL_GUARDED_BY(mu_);
   ::grpc::ByteBuffer write_buffer_ ABSL_GUARDED_BY(mu_);
   // Only the read reaction touches it, one at a time.
   Assembler assembler_;
@@ -347,6 +371,9 @@ class State : public std::enable_shared_from_this<State> {
   // (its context) may hold the last reference to one: they are deleted on a
   // completion thread, or at shutdown.
   std::vector<std::unique_ptr<Stream>> retired_streams_ ABSL_GUARDED_BY(mu_);
+  // Requests given a second stream after theirs ended in the handshake
+  // (on_link_done), while they are pending.
+  absl::flat_hash_set<int64_t> resent_ ABSL_GUARDED_BY(mu_);
   PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
   std::unique_ptr<::grpc::CallbackGenericService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<::grpc::Server> server_ ABSL_GUARDED_BY(mu_);
@@ -386,13 +413,17 @@ class ClientStream final
   }
   void start_read() override { StartRead(&read_buffer_); }
   void end(absl::StatusCode /*code*/, const std::string& /*why*/) override {
-    // A client can only cancel; the peer sees its stream cancelled.
-    context_.TryCancel();
+    // A client can only cancel; the peer sees its stream cancelled. Not
+    // once a read failed: the server has ended the call (or the connection
+    // broke), and its status, which says why (UNAUTHENTICATED...), is on
+    // its way to OnDone; a cancel now would turn it into CANCELLED.
+    if (!read_failed_.load(std::memory_order_acquire)) context_.TryCancel();
     RemoveHold();
   }
 
   void OnReadDone(bool ok) override {
     ScopedMark mark(t_reaction_of, link_->owner());
+    if (!ok) read_failed_.store(true, std::memory_order_release);
     link_->on_read_done(ok, read_buffer_);
   }
   void OnWriteDone(bool ok) override {
@@ -412,6 +443,7 @@ class ClientStream final
   const std::shared_ptr<::grpc::Channel> channel_;
   ::grpc::ClientContext context_;
   ::grpc::ByteBuffer read_buffer_;
+  std::atomic<bool> read_failed_{false};
 };
 
 // The server side of a stream a peer opened.
@@ -604,6 +636,7 @@ void Link::close(absl::string_view why, absl::StatusCode code) {
   closed_ = true;
   why_ = std::string(why);
   code_ = code;
+  keep_unsent();
   queue_.clear();
   control_.clear();
   end_if_closed();
@@ -670,6 +703,7 @@ void Link::on_done(const std::optional<::grpc::Status>& status,
     absl::MutexLock lock(&mu_);
     closed_ = true;
     stream_ = nullptr;
+    keep_unsent();
     queue_.clear();
     control_.clear();
     why = why_.empty() ? "the stream ended" : why_;
@@ -1033,6 +1067,21 @@ void State::on_link_done(const std::shared_ptr<Link>& link,
     retired.swap(state.retired_streams_);
     // Deleted after the lock (declared before it).
   });
+  // Requests that never left because the stream ended during the handshake
+  // (the two ends of a pair refusing each other's streams race: one end
+  // may see its stream cancelled before it learns why) get one more
+  // stream, whose handshake says why if it fails too.
+  for (std::shared_ptr<const OutgoingMessage>& message : link->take_unsent()) {
+    const int64_t id = message->id;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::erase_if(resent_,
+                     [this](int64_t done) { return !pending_.contains(done); });
+      if (!resent_.insert(id).second) continue;  // its second stream ended
+    }
+    std::shared_ptr<Link> next = link_for(link->rank(), id);
+    if (next != nullptr) next->enqueue(std::move(message));
+  }
   const std::string peer = absl::StrCat("worker '", workers_[link->rank()].name,
                                         "' (rank ", link->rank(), ")");
   pending_.fail_connection(

@@ -144,6 +144,9 @@ class OutgoingCursor {
 
   bool done() const { return done_; }
   const OutgoingMessage& message() const { return *message_; }
+  const std::shared_ptr<const OutgoingMessage>& shared_message() const {
+    return message_;
+  }
 
  private:
   // Moves to the next chunked buffer with bytes left (done_ if none).
