@@ -28,6 +28,10 @@
 // its requests fail with UNAUTHENTICATED and the reason (a server tells
 // the client why in the stream's status; a client can only cancel). The
 // call metadata (who opens the stream) is only a claim until then.
+// Requests queued on a stream that ends before its handshake finished never
+// left; they get one more stream (the two ends of a pair can refuse each
+// other's streams at once, and one may see its stream cancelled before it
+// learns why), whose handshake reports the refusal if there is one.
 //
 // A stream that ends (the peer closed it, crashed, or stopped answering
 // keepalive pings) fails the requests that left on it with UNAVAILABLE and
