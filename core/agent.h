@@ -76,7 +76,10 @@ class Agent {
 
   // Graceful drain: blocks until every worker of the group has called join()
   // and no request is in flight anywhere in the group, or until `timeout`
-  // (DEADLINE_EXCEEDED). The agent keeps serving while it waits.
+  // (DEADLINE_EXCEEDED; InfiniteDuration: none). A worker that is lost (its
+  // PING fails, or goes unanswered for AgentSetup::peer_timeout) ends it
+  // with UNAVAILABLE naming that worker. The agent keeps serving while it
+  // waits.
   [[nodiscard]] virtual absl::Status join(absl::Duration timeout) = 0;
 
   // Stops at once: pending sends fail with CANCELLED, later sends fail with
@@ -97,6 +100,10 @@ struct AgentSetup {
   absl::flat_hash_map<std::string, std::string> settings;
   // What an incoming message may announce (see core/message.h).
   MessageLimits limits;
+  // How long a peer may leave a liveness probe (a PING, which the Worker
+  // answers on the agent's thread) unanswered before join() takes it for
+  // lost (RpcOptions::peer_timeout).
+  absl::Duration peer_timeout = absl::Seconds(60);
   // Set when peers must authenticate (core/auth): the backend runs the
   // challenge-response when it sets up each connection and refuses, with a
   // log line, a peer that fails it.

@@ -11,6 +11,8 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "core/internal/store_client.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -40,9 +42,11 @@ std::shared_ptr<c10d::Store> share(c10::intrusive_ptr<T> store) {
   return std::shared_ptr<c10d::Store>(raw, [store](c10d::Store*) {});
 }
 
-// "host:port" -> a TCPStore; rank 0 serves it.
+// "host:port" -> a TCPStore; rank 0 serves it unless a launcher does
+// (`launcher_serves`).
 absl::StatusOr<std::shared_ptr<c10d::Store>> open_tcp_store(
-    absl::string_view host_port, int rank, absl::Duration timeout) {
+    absl::string_view host_port, int rank, absl::Duration timeout,
+    bool launcher_serves = false) {
   size_t colon = host_port.rfind(':');
   int port = 0;
   if (colon == absl::string_view::npos || colon == 0 ||
@@ -55,17 +59,25 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_tcp_store(
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  if (rank != 0 || launcher_serves) {
+    // Not LibTorch's TCPStore client: its watch thread aborts the process or
+    // spins when the server's process dies (core/internal/store_client.h).
+    absl::StatusOr<c10::intrusive_ptr<internal::TcpStoreClient>> client =
+        internal::TcpStoreClient::connect(host, port, timeout);
+    if (!client.ok()) return client.status();
+    return share(*std::move(client));
+  }
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
-  options.isServer = rank == 0;
+  options.isServer = true;
   options.waitWorkers = false;  // the rendezvous below waits, with names
   options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
   try {
     return share(c10::make_intrusive<c10d::TCPStore>(host, options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot ", rank == 0 ? "serve" : "reach", " the rendezvous store at ",
-        host, ":", port, ": ", e.what()));
+        "cannot serve the rendezvous store at ", host, ":", port, ": ",
+        e.what()));
   }
 }
 
@@ -105,7 +117,12 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_store(
       return absl::InvalidArgumentError(
           "init method 'env://' needs MASTER_ADDR and MASTER_PORT set");
     }
-    return open_tcp_store(absl::StrCat(addr, ":", port), rank, timeout);
+    // torchrun's agent (and tether_run) serve the store themselves and say
+    // so with this variable: then every rank, rank 0 too, is a client.
+    const bool launcher_serves =
+        first_env({"TORCHELASTIC_USE_AGENT_STORE"}) == "True";
+    return open_tcp_store(absl::StrCat(addr, ":", port), rank, timeout,
+                          launcher_serves);
   }
   if (absl::StartsWith(init_method, kFileScheme)) {
     std::string path(init_method.substr(sizeof(kFileScheme) - 1));
@@ -205,20 +222,39 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
   c10d::Store& s = **store;
   try {
     const std::string rank_str = absl::StrCat(rank);
+    // A group that cannot form fails every rank at once: the rank that finds
+    // out why publishes it, and every rank polls for it while it waits.
+    const std::string failed_key = "tether/failed";
+    auto refuse = [&](absl::Status why) {
+      const std::string text = absl::StrCat(
+          "rank ", rank, " ('", name, "') cannot join the group: ",
+          why.message());
+      s.compareSet(failed_key, {},
+                   to_bytes(absl::StrCat(static_cast<int>(why.code()), ":",
+                                         text)));
+      return absl::Status(why.code(), text);
+    };
     // compareSet with an empty expected value claims a key that is absent
     // and otherwise returns its holder.
+    std::string size_holder = from_bytes(s.compareSet(
+        "tether/world_size", {}, to_bytes(absl::StrCat(world_size))));
+    if (size_holder != absl::StrCat(world_size)) {
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat("its world size is ", world_size,
+                       " but the group's first rank started with ",
+                       size_holder)));
+    }
     std::string name_holder = from_bytes(s.compareSet(
         absl::StrCat("tether/name/", name), {}, to_bytes(rank_str)));
     if (name_holder != rank_str) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("worker name '", name, "' is already taken by rank ",
-                       name_holder));
+      return refuse(absl::AlreadyExistsError(absl::StrCat(
+          "worker name '", name, "' is already taken by rank ", name_holder)));
     }
     std::string rank_holder = from_bytes(s.compareSet(
         absl::StrCat("tether/rank/", rank), {}, to_bytes(name)));
     if (rank_holder != name) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "rank ", rank, " is already taken by worker '", rank_holder, "'"));
+      return refuse(absl::AlreadyExistsError(absl::StrCat(
+          "rank ", rank, " is already taken by worker '", rank_holder, "'")));
     }
     std::vector<std::string> keys;
     for (int r = 0; r < world_size; ++r) {
@@ -230,6 +266,21 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     const absl::Time deadline = absl::Now() + timeout;
     absl::Duration backoff = absl::Milliseconds(1);
     while (!s.check(keys)) {
+      if (s.check({failed_key})) {
+        const std::string failed = from_bytes(s.get(failed_key));
+        const size_t colon = failed.find(':');
+        int code = 0;
+        if (colon == std::string::npos ||
+            !absl::SimpleAtoi(failed.substr(0, colon), &code) || code <= 0 ||
+            code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+          code = static_cast<int>(absl::StatusCode::kFailedPrecondition);
+        }
+        return absl::Status(
+            static_cast<absl::StatusCode>(code),
+            absl::StrCat("the group at '", init_method, "' cannot form: ",
+                         colon == std::string::npos ? failed
+                                                    : failed.substr(colon + 1)));
+      }
       if (absl::Now() >= deadline) {
         std::vector<std::string> missing;
         for (int r = 0; r < world_size; ++r) {

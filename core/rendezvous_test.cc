@@ -109,24 +109,64 @@ TEST(Rendezvous, BadInputIsInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK")));
 }
 
-TEST(Rendezvous, DuplicateRankIsRefused) {
-  const std::string init = "memory://dup_rank";
-  std::vector<absl::Status> results(2);
+// Runs `names.size()` ranks (rank i with names[i], ranks[i], sizes[i]) and
+// returns how each ended and how long the slowest took.
+std::vector<absl::Status> meet_as(const std::string& init,
+                                  const std::vector<std::string>& names,
+                                  const std::vector<int>& ranks,
+                                  const std::vector<int>& sizes,
+                                  absl::Duration* slowest) {
+  std::vector<absl::Status> results(names.size());
   std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
+  const absl::Time start = absl::Now();
+  for (size_t i = 0; i < names.size(); ++i) {
     threads.emplace_back([&, i] {
-      results[i] = rendezvous(init, absl::StrCat("n", i), 0, 2,
-                              absl::Milliseconds(300))
-                       .status();
+      results[i] =
+          rendezvous(init, names[i], ranks[i], sizes[i], kBound).status();
     });
   }
   for (std::thread& thread : threads) thread.join();
-  int refused = results[0].code() == absl::StatusCode::kAlreadyExists ? 0 : 1;
-  EXPECT_THAT(results[refused],
-              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("rank 0")));
-  EXPECT_THAT(results[1 - refused],
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("rank(s) 1")));
+  *slowest = absl::Now() - start;
+  return results;
+}
+
+// A group that cannot form tells every rank why at once, not the one that
+// found out while the others wait out the init timeout (kBound, 30 s).
+TEST(Rendezvous, DuplicateRankFailsEveryRankAtOnce) {
+  absl::Duration slowest;
+  std::vector<absl::Status> results =
+      meet_as("memory://dup_rank", {"n0", "n1"}, {0, 0}, {2, 2}, &slowest);
+  for (const absl::Status& result : results) {
+    EXPECT_THAT(result, StatusIs(absl::StatusCode::kAlreadyExists,
+                                 HasSubstr("rank 0 is already taken")));
+  }
+  EXPECT_LT(slowest, absl::Seconds(10));
+}
+
+TEST(Rendezvous, DuplicateNameFailsEveryRankAtOnce) {
+  int port = testing::pick_unused_port();
+  ASSERT_GT(port, 0);
+  absl::Duration slowest;
+  std::vector<absl::Status> results =
+      meet_as(absl::StrCat("tcp://127.0.0.1:", port), {"same", "same", "w2"},
+              {0, 1, 2}, {3, 3, 3}, &slowest);
+  for (const absl::Status& result : results) {
+    EXPECT_THAT(result,
+                StatusIs(absl::StatusCode::kAlreadyExists,
+                         HasSubstr("worker name 'same' is already taken")));
+  }
+  EXPECT_LT(slowest, absl::Seconds(10));
+}
+
+TEST(Rendezvous, DisagreeingWorldSizesFailEveryRankAtOnce) {
+  absl::Duration slowest;
+  std::vector<absl::Status> results =
+      meet_as("memory://sizes", {"a", "b"}, {0, 1}, {2, 3}, &slowest);
+  for (const absl::Status& result : results) {
+    EXPECT_THAT(result, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("world size")));
+  }
+  EXPECT_LT(slowest, absl::Seconds(10));
 }
 
 TEST(Rendezvous, UnreachableTcpStoreFailsInBoundedTime) {

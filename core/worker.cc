@@ -4,6 +4,8 @@
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
 #include <c10/core/thread_pool.h>
+#include <signal.h>
+
 
 #include <optional>
 #include <utility>
@@ -66,10 +68,28 @@ absl::Status Worker::status_of_exception(const Message& message) {
   return absl::Status(static_cast<absl::StatusCode>(code), text);
 }
 
+// Libraries tether drives write to sockets without MSG_NOSIGNAL (TensorPipe's
+// shm transport does): a peer that closes first would kill this process
+// with SIGPIPE. A write to a closed socket must be an error of that write.
+// Only a default disposition is changed: a program's own handler stays.
+namespace {
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 &&
+      current.sa_handler == SIG_DFL && !(current.sa_flags & SA_SIGINFO)) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     const std::string& name, int rank, int world_size,
     const RpcOptions& options, const BackendRegistry& registry,
     const std::vector<ExtensionFactory>& extensions) {
+  ignore_sigpipe();
 #ifdef TETHER_NO_MUTEX_DEADLOCK_DETECTION
   // Debian's Abseil checks every lock for deadlock cycles (it is built
   // without NDEBUG): a graph update per acquisition on every hot path.
@@ -108,6 +128,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.limits.max_storages = options.limits.max_storages;
   setup.limits.max_storage_bytes = options.limits.max_storage_bytes;
   setup.auth = *std::move(authenticator);
+  setup.peer_timeout = options.peer_timeout;
   absl::StatusOr<std::unique_ptr<Agent>> agent =
       (*backend)->create(std::move(setup));
   if (!agent.ok()) return agent.status();
@@ -330,7 +351,10 @@ absl::Status Worker::shutdown(bool graceful) {
       absl::Status s = extension->before_graceful_join();
       if (joined.ok()) joined = s;
     }
-    absl::Status drained = agent_->join(options_.shutdown_timeout);
+    absl::Status drained = agent_->join(
+        options_.shutdown_timeout <= absl::ZeroDuration()
+            ? absl::InfiniteDuration()
+            : options_.shutdown_timeout);
     if (joined.ok()) joined = drained;
     for (const auto& extension : extensions_) {
       absl::Status s = extension->after_graceful_join();
@@ -488,6 +512,14 @@ bool contains_rref(const c10::IValue& v) {
 }  // namespace
 
 Future<Message> Worker::handle_request(Message request) {
+  // A liveness probe (a peer's graceful join asks whether this worker is
+  // alive): answered here, on the agent's thread, however busy the pool is.
+  if (request.type == MessageType::kPing) {
+    Message pong;
+    pong.type = MessageType::kPong;
+    pong.id = request.id;
+    return Future<Message>::ready(std::move(pong));
+  }
   Promise<Message> promise;
   auto handler = handlers_.find(request.type);
   if (handler != handlers_.end()) {

@@ -56,8 +56,16 @@ struct RpcOptions {
   absl::Duration default_timeout = absl::Seconds(60);
   // Bound of the rendezvous at init.
   absl::Duration init_timeout = absl::Seconds(60);
-  // Bound of the graceful shutdown barrier.
-  absl::Duration shutdown_timeout = absl::Seconds(60);
+  // Bound of the graceful shutdown barrier; zero or infinite: none (the
+  // default). Waiting for workers that are alive and still working is
+  // correct however long it takes; a lost worker ends the wait within
+  // peer_timeout, naming it.
+  absl::Duration shutdown_timeout = absl::InfiniteDuration();
+  // How long a peer may leave a liveness probe unanswered before it counts
+  // as lost (a stopped or unreachable process; a killed one is found at
+  // once, by its refused connection). Long enough for a peer stopped by a
+  // debugger or a scheduler for half a minute.
+  absl::Duration peer_timeout = absl::Seconds(60);
   // Per-backend settings, "key" -> "value"; each backend documents its keys.
   absl::flat_hash_map<std::string, std::string> backend_settings;
   // TorchScript sources compiled at init, before this worker serves: peers

@@ -17,7 +17,8 @@
 // check does not hold.
 //
 // Flags: --steps=N (200), --backend=NAME (tensorpipe), --world_size=N (must
-// match the launcher's), --optimizer=sgd|adam, --lr=X, --seed=N.
+// match the launcher's), --optimizer=sgd|adam, --lr=X, --seed=N,
+// --peer_timeout_ms=N (RpcOptions::peer_timeout).
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/time/clock.h>
@@ -45,6 +46,7 @@ struct Flags {
   int64_t steps = 200;
   std::string backend = "tensorpipe";
   int world_size = -1;
+  int peer_timeout_ms = 0;  // 0: RpcOptions' default
   ModelConfig model;
 };
 
@@ -65,6 +67,9 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
       ok = ok && absl::SimpleAtoi(value, &flags.steps) && flags.steps > 0;
     } else if (name == "--backend") {
       flags.backend = value;
+    } else if (name == "--peer_timeout_ms") {
+      ok = ok && absl::SimpleAtoi(value, &flags.peer_timeout_ms) &&
+           flags.peer_timeout_ms > 0;
     } else if (name == "--world_size") {
       ok = ok && absl::SimpleAtoi(value, &flags.world_size);
     } else if (name == "--optimizer") {
@@ -200,6 +205,9 @@ int main(int argc, char** argv) {
   }
   tether::RpcOptions options;
   options.backend = flags.backend;
+  if (flags.peer_timeout_ms > 0) {
+    options.peer_timeout = absl::Milliseconds(flags.peer_timeout_ms);
+  }
   const std::string name = rank == 0 ? "ps" : absl::StrCat("trainer", rank);
   if (absl::Status up = tether::init_rpc(
           name, rank, world, options, registry,

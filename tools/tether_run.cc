@@ -2,14 +2,20 @@
 //
 //   tether_run --nproc 4 [--master_port P] [--grace_ms 5000] -- PROGRAM ARGS
 //
-// Each child gets MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port unless
-// given), RANK, LOCAL_RANK and WORLD_SIZE, so `init_method = "env://"` with
-// rank and world size -1 just works. Their output is streamed line by line,
+// Each child gets MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, LOCAL_RANK and
+// WORLD_SIZE, so `init_method = "env://"` with rank and world size -1 just
+// works. The launcher itself serves the rendezvous store on MASTER_PORT (a
+// port the kernel picks unless given), as torchrun's agent does, and says so
+// with TORCHELASTIC_USE_AGENT_STORE=True: rank 0 connects to it as a client.
+// So the port is bound from before the first worker starts until the last
+// one ends (no other process can take it in between), and the store
+// outlives every worker that needs it, whichever exits first. Their output is streamed line by line,
 // prefixed by rank. When one child fails (non-zero exit or a signal) the
 // others get SIGTERM, then SIGKILL after the grace period, and tether_run
 // exits non-zero naming the first failure; it exits 0 only if all succeed.
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -42,20 +49,28 @@ struct Child {
   int status = 0;
 };
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+// The environment of rank `rank`'s process: ours, with the launcher's
+// variables set.
+std::vector<std::string> child_environment(int rank, int nproc, int port) {
+  const std::vector<std::pair<std::string, std::string>> ours = {
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", std::to_string(port)},
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(nproc)},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+  };
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    bool replaced = false;
+    for (const auto& [name, value] : ours) {
+      if (entry.rfind(name + "=", 0) == 0) replaced = true;
+    }
+    if (!replaced) env.push_back(std::move(entry));
   }
-  ::close(fd);
-  return port;
+  for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
+  return env;
 }
 
 int usage(const char* why) {
@@ -118,8 +133,22 @@ int main(int argc, char** argv) {
   }
   if (nproc < 1 || nproc > 1024) return usage("--nproc must be in [1, 1024]");
   if (i >= argc) return usage("no program given after --");
-  if (port == 0) port = free_port();
-  if (port <= 0 || port > 65535) return usage("no usable master port");
+  if (port < 0 || port > 65535) return usage("bad --master_port");
+  // The rendezvous store, served from here for the workers' whole life.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(port);
+    options.isServer = true;
+    options.waitWorkers = false;
+    options.timeout = std::chrono::hours(24);
+    store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tether_run: cannot serve the rendezvous store on "
+                 "port %d: %s\n", port, e.what());
+    return 1;
+  }
+  port = store->getPort();
 
   std::vector<Child> children(nproc);
   for (int rank = 0; rank < nproc; ++rank) {
@@ -128,6 +157,12 @@ int main(int argc, char** argv) {
       std::perror("tether_run: pipe");
       return 1;
     }
+    // Built before fork(): between fork and exec a child of this
+    // multi-threaded process may only make async-signal-safe calls.
+    std::vector<std::string> env = child_environment(rank, nproc, port);
+    std::vector<char*> envp;
+    for (std::string& entry : env) envp.push_back(entry.data());
+    envp.push_back(nullptr);
     pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("tether_run: fork");
@@ -138,14 +173,15 @@ int main(int argc, char** argv) {
       ::setpgid(0, 0);
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::execvp(argv[i], argv + i);
-      std::fprintf(stderr, "tether_run: cannot run %s: %s\n", argv[i],
-                   std::strerror(errno));
+      // Not the store's sockets nor the other workers' pipes.
+      ::close_range(3, ~0U, 0);
+      ::execvpe(argv[i], argv + i, envp.data());
+      const char* why = std::strerror(errno);
+      const char* parts[] = {"tether_run: cannot run ", argv[i], ": ", why,
+                             "\n"};
+      for (const char* part : parts) {
+        (void)!::write(STDERR_FILENO, part, std::strlen(part));
+      }
       ::_exit(127);
     }
     ::close(fds[1]);

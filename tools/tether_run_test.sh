@@ -19,6 +19,14 @@ elapsed=$(( $(date +%s) - start ))
 grep -q "rank 1 exited with 3" /tmp/tether_run_test.$$ || fail "failure not named: $(cat /tmp/tether_run_test.$$)"
 rm -f /tmp/tether_run_test.$$
 
+# The launcher serves the rendezvous store on MASTER_PORT before any worker
+# starts (no race for the port) and says so as torchrun's agent does.
+out=$("$run" --nproc 2 -- bash -c 'exec 3<>/dev/tcp/127.0.0.1/$MASTER_PORT && echo "store reachable, agent store=$TORCHELASTIC_USE_AGENT_STORE"') ||
+  fail "the workers could not reach the launcher's store: $out"
+for r in 0 1; do
+  grep -q "^\[$r\] store reachable, agent store=True" <<<"$out" || fail "rank $r: $out"
+done
+
 "$run" --nproc 0 -- true 2>/dev/null && fail "--nproc 0 must be refused"
 "$run" --nproc 2 2>/dev/null && fail "a missing program must be refused"
 echo "tether_run: all checks passed"

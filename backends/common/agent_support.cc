@@ -1,5 +1,6 @@
 #include "backends/common/agent_support.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_join.h>
 #include <absl/time/clock.h>
 
@@ -55,7 +56,8 @@ absl::Status join_agent(join::StoreJoin& joiner,
                         tether::internal::PendingRequests& pending,
                         const std::function<int64_t()>& unanswered,
                         const std::function<bool()>& closed,
-                        absl::string_view self_name, absl::Duration timeout) {
+                        absl::string_view self_name, absl::Duration timeout,
+                        const Liveness& liveness) {
   if (closed()) {
     return absl::CancelledError(
         absl::StrCat("worker '", self_name, "' has shut down"));
@@ -71,12 +73,51 @@ absl::Status join_agent(join::StoreJoin& joiner,
     const auto outgoing = static_cast<int64_t>(pending.size());
     return outgoing + unanswered();
   };
+  if (liveness.send) {
+    hooks.check_alive = [&liveness](const std::vector<int>& ranks) {
+      return check_alive(liveness, ranks);
+    };
+  }
   absl::Status joined = joiner.join(hooks, timeout);
   if (closed() && joined.ok()) {
     return absl::CancelledError(
         absl::StrCat("worker '", self_name, "' shut down while joining"));
   }
   return joined;
+}
+
+absl::Status check_alive(const Liveness& liveness,
+                         const std::vector<int>& ranks) {
+  std::vector<Future<Message>> answers;
+  for (int rank : ranks) {
+    Message ping;
+    ping.type = MessageType::kPing;
+    answers.push_back(liveness.send((*liveness.workers)[rank], std::move(ping),
+                                    liveness.peer_timeout));
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    absl::StatusOr<Message> answer = answers[i].get();
+    if (answer.ok()) continue;  // any answer, even a refusal, means alive
+    const WorkerInfo& who = (*liveness.workers)[ranks[i]];
+    if (answer.status().code() == absl::StatusCode::kCancelled) {
+      return answer.status();
+    }
+    const bool silent =
+        answer.status().code() == absl::StatusCode::kDeadlineExceeded;
+    const std::string named = absl::StrCat("worker '", who.name, "' (rank ",
+                                           who.id, ") is lost");
+    // The transport may have named the loss already (libfabric does).
+    if (!silent && absl::StartsWith(answer.status().message(), named)) {
+      return absl::UnavailableError(answer.status().message());
+    }
+    return absl::UnavailableError(absl::StrCat(
+        named, ": ",
+        silent ? absl::StrCat("it left a liveness probe unanswered for ",
+                              absl::FormatDuration(liveness.peer_timeout),
+                              " (the peer timeout)")
+               : std::string(answer.status().message())));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status sent_after_shutdown(absl::string_view self_name, MessageType type,

@@ -99,6 +99,29 @@ class SharedStateAgent final : public Agent {
     c10d::Store& store, absl::string_view key_prefix, int rank, int world_size,
     absl::string_view mine, absl::Duration timeout, absl::string_view who);
 
+// How join_agent tells a lost worker from a slow one: it sends each worker
+// it waits for a PING with `send` (the agent's own), bounded by
+// `peer_timeout`; any answer means alive.
+struct Liveness {
+  const std::vector<WorkerInfo>* workers = nullptr;  // in rank order
+  std::function<Future<Message>(const WorkerInfo& to, Message ping,
+                                absl::Duration timeout)>
+      send;
+  absl::Duration peer_timeout = absl::Seconds(60);
+};
+
+// The Liveness of a backend's State (SharedStateAgent's shape: workers()
+// and send()); `state` must outlive the join.
+template <typename State>
+Liveness liveness_of(State* state, absl::Duration peer_timeout) {
+  return Liveness{&state->workers(),
+                  [state](const WorkerInfo& to, Message ping,
+                          absl::Duration bound) {
+                    return state->send(to, std::move(ping), bound);
+                  },
+                  peer_timeout};
+}
+
 // Agent::join() over `joiner`: `pending` holds the agent's requests awaiting
 // responses, `unanswered` counts the requests it received and has not
 // answered, `closed` says whether it has shut down (CANCELLED then).
@@ -106,7 +129,13 @@ class SharedStateAgent final : public Agent {
     join::StoreJoin& joiner, tether::internal::PendingRequests& pending,
     const std::function<int64_t()>& unanswered,
     const std::function<bool()>& closed, absl::string_view self_name,
-    absl::Duration timeout);
+    absl::Duration timeout, const Liveness& liveness);
+
+// The PINGs of join_agent: OK if every worker of `ranks` answered within
+// `liveness.peer_timeout`, else UNAVAILABLE naming the first that did not
+// (CANCELLED if this agent shut down meanwhile).
+[[nodiscard]] absl::Status check_alive(const Liveness& liveness,
+                                       const std::vector<int>& ranks);
 
 // The error of a send() after shutdown (CANCELLED), naming both workers.
 absl::Status sent_after_shutdown(absl::string_view self_name, MessageType type,

@@ -263,6 +263,7 @@ class State : public std::enable_shared_from_this<State> {
         store_(std::move(setup.store)),
         settings_(std::move(settings)),
         auth_(std::move(setup.auth)),
+        peer_timeout_(setup.peer_timeout),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         incoming_(self_.name),
@@ -352,6 +353,8 @@ class State : public std::enable_shared_from_this<State> {
   // Per rank, "host:port" (set by init(), then const).
   std::vector<std::string> peer_addresses_;
   std::shared_ptr<::grpc::ChannelCredentials> channel_credentials_;
+  // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
+  const absl::Duration peer_timeout_;
   join::StoreJoin joiner_;
 
   Incoming incoming_;
@@ -1105,7 +1108,7 @@ absl::Status State::join(absl::Duration timeout) {
         absl::MutexLock lock(&mu_);
         return closed_;
       },
-      self_.name, timeout);
+      self_.name, timeout, common::liveness_of(this, peer_timeout_));
 }
 
 void State::finish_shutdown(Resources& resources) {

@@ -448,6 +448,7 @@ class State : public std::enable_shared_from_this<State> {
         settings_(std::move(settings)),
         limits_(setup.limits),
         auth_(std::move(setup.auth)),
+        peer_timeout_(setup.peer_timeout),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
@@ -572,6 +573,8 @@ class State : public std::enable_shared_from_this<State> {
   const MessageLimits limits_;
   const std::optional<auth::Authenticator> auth_;
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
+  // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
+  const absl::Duration peer_timeout_;
   join::StoreJoin joiner_;
 
   common::ShutdownSequence shutdown_;
@@ -1011,7 +1014,7 @@ absl::Status State::join(absl::Duration timeout) {
         absl::MutexLock lock(&mu_);
         return closed_;
       },
-      self_.name, timeout);
+      self_.name, timeout, common::liveness_of(this, peer_timeout_));
 }
 
 void State::shutdown() {

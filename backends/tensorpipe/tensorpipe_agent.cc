@@ -306,6 +306,7 @@ class State : public std::enable_shared_from_this<State> {
         settings_(std::move(settings)),
         limits_(setup.limits),
         auth_(setup.auth),
+        peer_timeout_(setup.peer_timeout),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         incoming_(self_.name),
@@ -516,6 +517,8 @@ class State : public std::enable_shared_from_this<State> {
   // Per rank, the url a pipe to it connects to (set by init(), then const);
   // nullopt if we share no transport.
   std::vector<std::optional<std::string>> peer_urls_;
+  // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
+  const absl::Duration peer_timeout_;
   join::StoreJoin joiner_;
   Incoming incoming_;
   common::ShutdownSequence shutdown_sequence_;
@@ -1371,7 +1374,7 @@ absl::Status State::join(absl::Duration timeout) {
         absl::MutexLock lock(&mu_);
         return closed_;
       },
-      self_.name, timeout);
+      self_.name, timeout, common::liveness_of(this, peer_timeout_));
 }
 
 void State::shutdown() {

@@ -2,6 +2,7 @@
 
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <absl/strings/string_view.h>
 #include <absl/time/clock.h>
 
@@ -15,110 +16,160 @@
 namespace tether::join {
 namespace {
 
-// A wait longer than this stands for "no deadline" (a store's timeout of 0
-// means "no timeout" for some stores and "now" for others: never pass 0).
-constexpr absl::Duration kLongestWait = absl::Hours(24 * 365);
 // Pause between rounds whose sum was not 0, so a slow handler does not turn
 // the rounds into a busy loop on the store.
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(1);
 constexpr absl::Duration kLastBackoff = absl::Milliseconds(50);
 
-// The store signals failures with exceptions; a timeout is one of them.
-class StoreError : public std::exception {
- public:
-  explicit StoreError(std::string what) : what_(std::move(what)) {}
-  const char* what() const noexcept override { return what_.c_str(); }
-
- private:
-  std::string what_;
-};
-
-// Waits until `key` exists; false if `deadline` came first.
-bool wait_for_key(c10d::Store& store, const std::string& key,
-                  absl::Time deadline) {
-  for (;;) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return store.check({key});
-    const int64_t ms = std::max<int64_t>(
-        1, absl::ToInt64Milliseconds(std::min(left, kLongestWait)) + 1);
-    try {
-      store.wait({key}, std::chrono::milliseconds(ms));
-      return true;
-    } catch (const std::exception& e) {
-      // The store's own timeout (its socket's) can fire a little before
-      // ours, or at kLongestWait: wait again for what is left.
-      if (absl::Now() >= deadline ||
-          absl::StrContains(e.what(), "imeout")) {
-        continue;
-      }
-      // Failed before the deadline: not a timeout.
-      throw StoreError(e.what());
-    }
-  }
-}
-
+// A round's keys: counters, their "_all" marks, and one key per worker that
+// has arrived at each phase (so that a waiter knows whom to ask).
 class Round {
  public:
-  Round(c10d::Store& store, const std::string& scope, int64_t round)
+  Round(c10d::Store& store, const std::string& scope, int64_t round,
+        int world_size)
       : store_(store),
-        prefix_(absl::StrCat("tether/join/", scope, "/", round, "/")) {}
+        prefix_(absl::StrCat("tether/join/", scope, "/", round, "/")),
+        world_size_(world_size) {}
 
-  std::string key(const char* name) const {
+  std::string key(absl::string_view name) const {
     return absl::StrCat(prefix_, name);
   }
+  std::string all_key(absl::string_view name) const {
+    return absl::StrCat(prefix_, name, "_all");
+  }
+  std::string rank_key(absl::string_view name, int rank) const {
+    return absl::StrCat(prefix_, name, "/", rank);
+  }
 
-  // Adds 1 to counter `name`; the last of `world_size` sets `name`_all.
-  void arrive(const char* name, int world_size) {
-    if (store_.add(key(name), 1) == world_size) {
-      store_.set(absl::StrCat(prefix_, name, "_all"), {1});
+  // Marks `rank` arrived at phase `name`; the last of the group sets
+  // `name`_all.
+  void arrive(const char* name, int rank) {
+    store_.set(rank_key(name, rank), {1});
+    if (store_.add(key(name), 1) == world_size_) {
+      store_.set(all_key(name), {1});
     }
   }
 
-  bool wait_all(const char* name, absl::Time deadline) {
-    return wait_for_key(store_, absl::StrCat(prefix_, name, "_all"), deadline);
+  bool all_arrived(const char* name) { return store_.check({all_key(name)}); }
+
+  // The ranks not marked arrived at `name`, among `candidates`.
+  std::vector<int> missing(const char* name,
+                           const std::vector<int>& candidates) {
+    std::vector<int> out;
+    for (int rank : candidates) {
+      if (!store_.check({rank_key(name, rank)})) out.push_back(rank);
+    }
+    return out;
   }
 
   int64_t count(const char* name) { return store_.add(key(name), 0); }
 
   void erase() {
-    for (const char* name : {"arrived", "arrived_all", "active", "counted",
-                             "counted_all", "left", "left_all"}) {
+    for (const char* name : {"arrived", "counted", "left"}) {
       store_.deleteKey(key(name));
+      store_.deleteKey(all_key(name));
+      for (int rank = 0; rank < world_size_; ++rank) {
+        store_.deleteKey(rank_key(name, rank));
+      }
     }
+    store_.deleteKey(key("active"));
   }
 
  private:
   c10d::Store& store_;
   const std::string prefix_;
+  const int world_size_;
 };
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  return absl::StrJoin(ranks, ", ");
+}
 
 }  // namespace
 
 StoreJoin::StoreJoin(std::shared_ptr<c10d::Store> store, std::string scope,
-                     int rank, int world_size)
+                     int rank, int world_size, absl::Duration probe_interval)
     : store_(std::move(store)),
       scope_(std::move(scope)),
       rank_(rank),
-      world_size_(world_size) {}
+      world_size_(world_size),
+      probe_interval_(probe_interval) {}
 
 StoreJoin::~StoreJoin() = default;
 
 absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + timeout;
+  const std::string failed_key = absl::StrCat("tether/join/", scope_, "/failed");
   auto timed_out = [&](int64_t round, absl::string_view what) {
     return absl::DeadlineExceededError(
         absl::StrCat("join timed out after ", absl::FormatDuration(timeout),
                      " in round ", round, ": ", what));
   };
+  // Publishes why this worker's join fails, for the others (the first
+  // reason stays), and returns it.
+  auto fail_group = [&](const absl::Status& why) {
+    store_->compareSet(failed_key, {},
+                       std::vector<uint8_t>(why.message().begin(),
+                                            why.message().end()));
+    return why;
+  };
+  std::vector<int> others;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r != rank_) others.push_back(r);
+  }
+  // Waits until every worker has arrived at phase `name` of `round`,
+  // checking meanwhile that the group has not failed and that the workers
+  // still missing are alive.
+  auto wait_all = [&](Round& round, int64_t r, const char* name)
+      -> absl::Status {
+    absl::Duration pause = kFirstBackoff;
+    absl::Time next_probe = absl::Now() + probe_interval_;
+    absl::Time next_failed_check = absl::Now() + kLastBackoff;
+    while (!round.all_arrived(name)) {
+      const absl::Time now = absl::Now();
+      if (now >= next_failed_check) {
+        next_failed_check = now + kLastBackoff * 4;
+        if (store_->check({failed_key})) {
+          std::vector<uint8_t> why = store_->get(failed_key);
+          return absl::UnavailableError(
+              absl::StrCat("join failed: ", std::string(why.begin(), why.end())));
+        }
+      }
+      if (hooks.check_alive && now >= next_probe) {
+        std::vector<int> missing = round.missing(name, others);
+        if (!missing.empty()) {
+          if (absl::Status alive = hooks.check_alive(missing); !alive.ok()) {
+            return fail_group(absl::Status(
+                alive.code(), absl::StrCat("worker ", rank_, " found: ",
+                                           alive.message())));
+          }
+        }
+        next_probe = absl::Now() + probe_interval_;
+      }
+      if (now >= deadline) {
+        return timed_out(
+            r, absl::StrCat(round.count(name), " of ", world_size_,
+                            " workers ", name, "; missing rank(s) ",
+                            ranks_text(round.missing(name, others))));
+      }
+      absl::SleepFor(std::min(pause, deadline - now));
+      pause = std::min(pause * 2, kLastBackoff);
+    }
+    return absl::OkStatus();
+  };
+
   absl::Duration backoff = kFirstBackoff;
+  int64_t r = next_round_;
   try {
     while (true) {
-      const int64_t r = next_round_++;
-      Round round(*store_, scope_, r);
+      r = next_round_++;
+      Round round(*store_, scope_, r, world_size_);
       // Every worker has finished round r - 2 once this one has finished
       // round r - 1 (see the header): its keys can go.
-      if (rank_ == 0 && r >= 2) Round(*store_, scope_, r - 2).erase();
+      if (rank_ == 0 && r >= 2) Round(*store_, scope_, r - 2, world_size_).erase();
 
       if (!hooks.wait_outgoing_drained(deadline)) {
         return timed_out(
@@ -126,25 +177,22 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
                             round.count("arrived"), " of ", world_size_,
                             " workers had arrived"));
       }
-      round.arrive("arrived", world_size_);
-      if (!round.wait_all("arrived", deadline)) {
-        return timed_out(r, absl::StrCat(round.count("arrived"), " of ",
-                                         world_size_, " workers arrived"));
+      round.arrive("arrived", rank_);
+      if (absl::Status all = wait_all(round, r, "arrived"); !all.ok()) {
+        return all;
       }
       store_->add(round.key("active"), hooks.active_count());
-      round.arrive("counted", world_size_);
-      if (!round.wait_all("counted", deadline)) {
-        return timed_out(
-            r, absl::StrCat(round.count("counted"), " of ", world_size_,
-                            " workers reported their counts"));
+      round.arrive("counted", rank_);
+      if (absl::Status all = wait_all(round, r, "counted"); !all.ok()) {
+        return all;
       }
       if (round.count("active") == 0) {
         // Rank 0's process usually hosts the store (env://, tcp://): it
         // leaves last, once every worker has read the outcome, so that none
-        // finds the store gone. Late workers (past the deadline) do not
-        // make the join fail: the group has drained.
-        round.arrive("left", world_size_);
-        if (rank_ == 0) round.wait_all("left", deadline);
+        // finds the store gone. A worker lost now does not make the join
+        // fail: the group has drained.
+        round.arrive("left", rank_);
+        if (rank_ == 0) (void)wait_all(round, r, "left");
         return absl::OkStatus();
       }
 
@@ -153,8 +201,19 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
       backoff = std::min(backoff * 2, kLastBackoff);
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("join: the rendezvous store failed: ", e.what()));
+    // The store failed. Rank 0 serves it for env:// and tcp://: if rank 0
+    // is lost, say so.
+    if (rank_ != 0 && hooks.check_alive) {
+      absl::Status alive = hooks.check_alive({0});
+      if (!alive.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "join: rank 0, whose process serves the rendezvous store, is "
+            "lost: ",
+            alive.message(), " (the store: ", e.what(), ")"));
+      }
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "join: the rendezvous store failed in round ", r, ": ", e.what()));
   }
 }
 

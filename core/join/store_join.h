@@ -19,6 +19,17 @@
 // under "tether/join/<scope>/<round>/". The agent keeps serving requests
 // while join() blocks; that is what lets the counts reach 0.
 //
+// Waiting is bounded by liveness, not by a guess: a worker that is alive
+// and still working may keep the others waiting as long as its work lasts
+// (the overall `timeout` is off unless the user sets one). While it waits,
+// a worker asks every worker that has not arrived yet whether it is alive
+// (DrainHooks::check_alive, every `probe_interval`); a lost one ends the
+// join at once with UNAVAILABLE naming it, and the reason is published in
+// the store ("tether/join/<scope>/failed") so that every waiting worker
+// ends with it too. When the store itself fails, the worker asks rank 0
+// (whose process serves it for env:// and tcp://) and names it if it is
+// lost.
+//
 // Ownership: holds a reference to the store; the hooks are borrowed for the
 // duration of join().
 //
@@ -37,6 +48,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Store;
@@ -51,6 +63,10 @@ struct DrainHooks {
   std::function<bool(absl::Time deadline)> wait_outgoing_drained;
   // Outgoing requests pending plus incoming requests being handled, now.
   std::function<int64_t()> active_count;
+  // Whether the workers of `ranks` are alive: OK if each answered, else
+  // the error of the first that did not (UNAVAILABLE naming it for a lost
+  // one). Blocks at most the peer timeout. Unset: no liveness checks.
+  std::function<absl::Status(const std::vector<int>& ranks)> check_alive;
 };
 
 class StoreJoin {
@@ -58,16 +74,18 @@ class StoreJoin {
   // `scope` separates independent users of one store (e.g. the backend's
   // name); `rank` in [0, world_size).
   StoreJoin(std::shared_ptr<c10d::Store> store, std::string scope, int rank,
-            int world_size);
+            int world_size,
+            absl::Duration probe_interval = absl::Seconds(1));
   ~StoreJoin();
   StoreJoin(const StoreJoin&) = delete;
   StoreJoin& operator=(const StoreJoin&) = delete;
 
   // Runs the rounds until the group's sum of active counts is 0. Errors:
-  // DEADLINE_EXCEEDED when `timeout` passes first, naming the round and how
-  // many workers had arrived (after that, this worker's rounds are out of
-  // step with the group: shut down rather than join again); UNAVAILABLE if
-  // the store fails.
+  // UNAVAILABLE naming a worker found lost (by this worker or another), or
+  // when the store fails (naming rank 0 if it is lost); DEADLINE_EXCEEDED
+  // when `timeout` (InfiniteDuration: none) passes first, naming the round
+  // and the workers that had not arrived. After an error this worker's
+  // rounds are out of step with the group: shut down rather than join again.
   [[nodiscard]] absl::Status join(const DrainHooks& hooks,
                                   absl::Duration timeout);
 
@@ -76,6 +94,7 @@ class StoreJoin {
   const std::string scope_;
   const int rank_;
   const int world_size_;
+  const absl::Duration probe_interval_;
   absl::Mutex mu_;  // held for a whole join(): calls run one at a time
   int64_t next_round_ ABSL_GUARDED_BY(mu_) = 0;
 };

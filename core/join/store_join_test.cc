@@ -19,6 +19,7 @@
 namespace tether::join {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::tether::testing::IsOk;
 using ::tether::testing::StatusIs;
@@ -43,6 +44,15 @@ class FakeAgent {
   }
   // Notified once the barrier first asks this agent to drain.
   absl::Notification& asked_to_drain() { return asked_; }
+  // This agent's view of which workers are lost (its pings fail).
+  void set_lost(std::vector<int> ranks) {
+    absl::MutexLock lock(&mu_);
+    lost_ = std::move(ranks);
+  }
+  int probes() {
+    absl::MutexLock lock(&mu_);
+    return probes_;
+  }
 
   DrainHooks hooks() {
     DrainHooks hooks;
@@ -58,6 +68,20 @@ class FakeAgent {
       absl::MutexLock lock(&mu_);
       return outgoing_ + incoming_;
     };
+    hooks.check_alive = [this](const std::vector<int>& ranks) {
+      absl::MutexLock lock(&mu_);
+      ++probes_;
+      for (int rank : ranks) {
+        for (int lost : lost_) {
+          if (rank == lost) {
+            return absl::UnavailableError(
+                absl::StrCat("worker 'w", rank, "' (rank ", rank,
+                             ") is lost: connection refused"));
+          }
+        }
+      }
+      return absl::OkStatus();
+    };
     return hooks;
   }
 
@@ -65,16 +89,20 @@ class FakeAgent {
   absl::Mutex mu_;
   int64_t outgoing_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> lost_ ABSL_GUARDED_BY(mu_);
+  int probes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification asked_;
 };
 
 // `size` workers sharing one store, each joining on its own thread.
 class Group {
  public:
-  explicit Group(int size, std::shared_ptr<c10d::Store> store = make_store())
+  explicit Group(int size, std::shared_ptr<c10d::Store> store = make_store(),
+                 absl::Duration probe_interval = absl::Milliseconds(20))
       : store_(std::move(store)), agents_(size), results_(size) {
     for (int rank = 0; rank < size; ++rank) {
-      joins_.push_back(std::make_unique<StoreJoin>(store_, "test", rank, size));
+      joins_.push_back(std::make_unique<StoreJoin>(store_, "test", rank, size,
+                                                   probe_interval));
     }
   }
 
@@ -292,6 +320,90 @@ TEST(StoreJoin, ScopesDoNotMix) {
   EXPECT_THAT(a.join(agent.hooks(), kBound), IsOk());
   EXPECT_THAT(b.join(agent.hooks(), absl::Milliseconds(50)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+// Waiting for a worker that is alive and still working is correct, however
+// long its work lasts: no overall bound unless the user sets one.
+TEST(StoreJoin, WaitsForALiveWorkerWithoutABound) {
+  Group group(3);
+  group.join({0, 1}, absl::InfiniteDuration());
+  // Many probe intervals (20 ms) pass while rank 2 is still at work.
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(group.finished(), 0);
+  EXPECT_GT(group.agent(0).probes(), 5);
+  group.join({2}, absl::InfiniteDuration());
+  group.wait();
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(group.result(rank), IsOk()) << "rank " << rank;
+  }
+}
+
+// A lost worker ends every waiting worker's join at once, naming it, not
+// after an overall timeout (there is none here).
+TEST(StoreJoin, ALostWorkerEndsTheJoinNamingIt) {
+  Group group(3);
+  group.agent(0).set_lost({2});
+  group.agent(1).set_lost({2});
+  const absl::Time start = absl::Now();
+  group.join({0, 1}, absl::InfiniteDuration());
+  group.wait();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(group.result(rank),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         HasSubstr("worker 'w2' (rank 2) is lost")))
+        << "rank " << rank;
+  }
+}
+
+// One worker finds the lost one; the others learn it from the store.
+TEST(StoreJoin, OneWorkersFindingEndsEveryonesJoin) {
+  Group group(4);
+  group.agent(3).set_lost({2});  // only rank 3 can tell
+  group.join({0, 1, 3}, absl::InfiniteDuration());
+  group.wait();
+  for (int rank : {0, 1, 3}) {
+    EXPECT_THAT(group.result(rank),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         HasSubstr("worker 'w2' (rank 2) is lost")))
+        << "rank " << rank;
+  }
+}
+
+// A store that fails, as one served by a lost rank 0 does.
+class DeadStore : public c10d::Store {
+ public:
+  [[noreturn]] static void fail() {
+    throw std::runtime_error("the rendezvous store is lost: connection reset");
+  }
+  void set(const std::string&, const std::vector<uint8_t>&) override { fail(); }
+  std::vector<uint8_t> get(const std::string&) override { fail(); }
+  int64_t add(const std::string&, int64_t) override { fail(); }
+  bool deleteKey(const std::string&) override { fail(); }
+  bool check(const std::vector<std::string>&) override { fail(); }
+  int64_t getNumKeys() override { fail(); }
+  void wait(const std::vector<std::string>&) override { fail(); }
+  void wait(const std::vector<std::string>&,
+            const std::chrono::milliseconds&) override {
+    fail();
+  }
+};
+
+TEST(StoreJoin, AFailedStoreNamesALostRankZero) {
+  auto dead = c10::make_intrusive<DeadStore>();
+  std::shared_ptr<c10d::Store> store(dead.get(), [dead](c10d::Store*) {});
+  StoreJoin one(store, "test", 1, 2);
+  FakeAgent agent;
+  agent.set_lost({0});
+  EXPECT_THAT(one.join(agent.hooks(), absl::InfiniteDuration()),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("rank 0, whose process serves the "
+                                       "rendezvous store, is lost"),
+                             HasSubstr("connection reset"))));
+  agent.set_lost({});
+  EXPECT_THAT(one.join(agent.hooks(), absl::InfiniteDuration()),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("the rendezvous store failed")));
 }
 
 }  // namespace
