@@ -194,6 +194,65 @@ class Promise {
   std::shared_ptr<internal::FutureState<T>> state_;
 };
 
+// A future that completes once every one of `futures` has, with their
+// results in order, errors included (torch.futures.collect_all). Its
+// callbacks run on the thread that completes the last of them.
+template <typename T>
+Future<std::vector<absl::StatusOr<T>>> collect_all(
+    const std::vector<Future<T>>& futures) {
+  using Results = std::vector<absl::StatusOr<T>>;
+  Promise<Results> promise;
+  if (futures.empty()) {
+    promise.set(Results{});
+    return promise.future();
+  }
+  struct Gather {
+    absl::Mutex mu;
+    Results results ABSL_GUARDED_BY(mu);
+    size_t left ABSL_GUARDED_BY(mu);
+  };
+  auto gather = std::make_shared<Gather>();
+  {
+    absl::MutexLock lock(&gather->mu);
+    gather->results.assign(futures.size(),
+                           absl::UnknownError("not complete"));
+    gather->left = futures.size();
+  }
+  for (size_t i = 0; i < futures.size(); ++i) {
+    Future<T> future = futures[i];
+    future.on_complete([gather, promise, i](const absl::StatusOr<T>& result) {
+      Results done;
+      {
+        absl::MutexLock lock(&gather->mu);
+        gather->results[i] = result;
+        if (--gather->left > 0) return;
+        done.swap(gather->results);
+      }
+      promise.set(std::move(done));
+    });
+  }
+  return promise.future();
+}
+
+// Blocks until every one of `futures` is complete and returns their values
+// in order, or the first error among them (in order) once all are complete
+// (torch.futures.wait_all). DEADLINE_EXCEEDED if `deadline` comes first.
+template <typename T>
+[[nodiscard]] absl::StatusOr<std::vector<T>> wait_all(
+    const std::vector<Future<T>>& futures,
+    absl::Time deadline = absl::InfiniteFuture()) {
+  absl::StatusOr<std::vector<absl::StatusOr<T>>> all =
+      collect_all(futures).get(deadline);
+  if (!all.ok()) return all.status();
+  std::vector<T> values;
+  values.reserve(all->size());
+  for (absl::StatusOr<T>& result : *all) {
+    if (!result.ok()) return result.status();
+    values.push_back(*std::move(result));
+  }
+  return values;
+}
+
 }  // namespace tether
 
 #endif  // TETHER_CORE_FUTURE_H_

@@ -98,5 +98,48 @@ TEST(Future, ManyThreadsRaceToComplete) {
   }
 }
 
+TEST(Future, CollectAllKeepsEveryResultInOrder) {
+  Promise<int> a, b, c;
+  Future<std::vector<absl::StatusOr<int>>> all =
+      collect_all(std::vector<Future<int>>{a.future(), b.future(), c.future()});
+  c.set(3);
+  a.set(1);
+  EXPECT_FALSE(all.is_ready());
+  b.set(absl::NotFoundError("b failed"));
+  ASSERT_TRUE(all.is_ready());
+  ASSERT_THAT(all.result(), IsOk());
+  const auto& results = *all.result();
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(*results[0], 1);
+  EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(*results[2], 3);
+  EXPECT_TRUE(collect_all(std::vector<Future<int>>{}).is_ready());
+}
+
+TEST(Future, WaitAllGivesTheValuesOrTheFirstError) {
+  std::vector<Promise<int>> promises(3);
+  std::vector<Future<int>> futures;
+  for (auto& p : promises) futures.push_back(p.future());
+  std::thread completer([&] {
+    for (int i = 2; i >= 0; --i) promises[i].set(i * 10);
+  });
+  absl::StatusOr<std::vector<int>> values = wait_all(futures);
+  completer.join();
+  ASSERT_THAT(values, IsOk());
+  EXPECT_EQ(*values, (std::vector<int>{0, 10, 20}));
+
+  Promise<int> ok, bad, worse;
+  ok.set(1);
+  bad.set(absl::UnavailableError("first"));
+  worse.set(absl::InternalError("second"));
+  EXPECT_THAT(wait_all(std::vector<Future<int>>{ok.future(), bad.future(),
+                                                worse.future()}),
+              StatusIs(absl::StatusCode::kUnavailable));
+  Promise<int> never;
+  EXPECT_THAT(wait_all(std::vector<Future<int>>{never.future()},
+                       absl::Now() + absl::Milliseconds(20)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
 }  // namespace
 }  // namespace tether

@@ -76,6 +76,19 @@ absl::StatusOr<c10::IValue> rpc_sync(const To& to, absl::string_view fn,
   return rpc_async(to, fn, std::move(args), std::move(kwargs), timeout).get();
 }
 
+absl::StatusOr<absl::Duration> get_rpc_timeout() {
+  Worker* worker = current_worker();
+  if (worker == nullptr) return no_worker();
+  return worker->rpc_timeout();
+}
+
+absl::Status set_rpc_timeout(absl::Duration timeout) {
+  Worker* worker = current_worker();
+  if (worker == nullptr) return no_worker();
+  worker->set_rpc_timeout(timeout);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<WorkerInfo> get_worker_info(const To& to) {
   Worker* worker = current_worker();
   if (worker == nullptr) return no_worker();

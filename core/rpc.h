@@ -8,8 +8,9 @@
 //   tether::BackendRegistry registry;
 //   tether::backends::register_builtin_backends(registry);
 //   absl::Status up = tether::init_rpc("w0", 0, 2, options, registry);
-//   absl::StatusOr<c10::IValue> sum =
-//       tether::rpc_sync("w1", "aten::add.Tensor", {a, b});
+//   absl::StatusOr<at::Tensor> sum =
+//       tether::rpc_sync<at::Tensor>("w1", "aten::add.Tensor", {a, b});
+//   if (!sum.ok()) return sum.status();  // never `->` on a failed StatusOr
 //   absl::Status down = tether::shutdown();
 //
 // Thread safety: all functions may be called from any thread, but shutdown()
@@ -17,6 +18,9 @@
 #ifndef TETHER_CORE_RPC_H_
 #define TETHER_CORE_RPC_H_
 
+#include <absl/strings/str_cat.h>
+
+#include "core/typed_result.h"
 #include "core/worker.h"
 
 namespace tether {
@@ -38,6 +42,30 @@ Future<c10::IValue> rpc_async(const To& to, absl::string_view fn,
 [[nodiscard]] absl::StatusOr<c10::IValue> rpc_sync(
     const To& to, absl::string_view fn, std::vector<c10::IValue> args,
     Kwargs kwargs = {}, absl::Duration timeout = kDefaultTimeout);
+
+// rpc_sync<T>: the result as a T (core/typed_result.h): INVALID_ARGUMENT
+// naming both types when it is another type.
+//
+//   absl::StatusOr<at::Tensor> sum =
+//       tether::rpc_sync<at::Tensor>("w1", "aten::add.Tensor", {a, b});
+template <typename T>
+[[nodiscard]] absl::StatusOr<T> rpc_sync(const To& to, absl::string_view fn,
+                                         std::vector<c10::IValue> args,
+                                         Kwargs kwargs = {},
+                                         absl::Duration timeout =
+                                             kDefaultTimeout) {
+  absl::StatusOr<c10::IValue> result =
+      rpc_sync(to, fn, std::move(args), std::move(kwargs), timeout);
+  if (!result.ok()) return result.status();
+  return value_as<T>(*std::move(result),
+                     absl::StrCat("the result of '", fn, "'"));
+}
+
+// The default Worker's bound of calls that give none; zero means none.
+// set_rpc_timeout affects later calls only. FAILED_PRECONDITION without a
+// Worker.
+[[nodiscard]] absl::StatusOr<absl::Duration> get_rpc_timeout();
+[[nodiscard]] absl::Status set_rpc_timeout(absl::Duration timeout);
 
 [[nodiscard]] absl::StatusOr<WorkerInfo> get_worker_info(const To& to);
 [[nodiscard]] absl::StatusOr<WorkerInfo> get_current_worker_info();

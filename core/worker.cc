@@ -155,8 +155,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
 
 Worker::Worker(RpcOptions options, std::unique_ptr<Agent> agent)
     : options_(std::move(options)),
+      default_timeout_ns_(-1),
       pool_(std::make_unique<c10::ThreadPool>(options_.num_worker_threads)),
-      agent_(std::move(agent)) {}
+      agent_(std::move(agent)) {
+  set_rpc_timeout(options_.default_timeout);
+}
 
 Worker::~Worker() {
   absl::Status stopped = shutdown(/*graceful=*/false);
@@ -404,8 +407,21 @@ const std::vector<WorkerInfo>& Worker::get_all_worker_infos() const {
   return agent_->worker_infos();
 }
 
+absl::Duration Worker::rpc_timeout() const {
+  const int64_t ns = default_timeout_ns_.load(std::memory_order_relaxed);
+  return ns < 0 ? absl::ZeroDuration() : absl::Nanoseconds(ns);
+}
+
+void Worker::set_rpc_timeout(absl::Duration timeout) {
+  default_timeout_ns_.store(timeout <= absl::ZeroDuration() ||
+                                    timeout == absl::InfiniteDuration()
+                                ? -1
+                                : absl::ToInt64Nanoseconds(timeout),
+                            std::memory_order_relaxed);
+}
+
 absl::Duration Worker::resolve_timeout(absl::Duration timeout) const {
-  if (timeout == kDefaultTimeout) timeout = options_.default_timeout;
+  if (timeout == kDefaultTimeout) timeout = rpc_timeout();
   if (timeout <= absl::ZeroDuration()) return absl::InfiniteDuration();
   return timeout;
 }

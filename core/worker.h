@@ -23,6 +23,7 @@
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -195,6 +196,13 @@ class Worker {
   // Calls afterwards fail with CANCELLED. Idempotent.
   [[nodiscard]] absl::Status shutdown(bool graceful = true);
 
+  // The bound of calls that do not give their own (kDefaultTimeout), as
+  // RpcOptions::default_timeout set it at first; zero means none. Setting
+  // it affects later calls only (torch.distributed.rpc's
+  // get_rpc_timeout / _set_rpc_timeout).
+  absl::Duration rpc_timeout() const;
+  void set_rpc_timeout(absl::Duration timeout);
+
   // TorchScript functions that peers may call on this worker.
   [[nodiscard]] absl::Status register_script(const std::string& source);
 
@@ -314,6 +322,8 @@ class Worker {
   Message run_call(DecodedCall& call);
 
   const RpcOptions options_;
+  // rpc_timeout() in nanoseconds; -1: none.
+  std::atomic<int64_t> default_timeout_ns_;
   Callables callables_;
   // Set while extensions are made; read-only once the worker serves.
   std::vector<std::unique_ptr<WorkerExtension>> extensions_;

@@ -16,6 +16,7 @@
 
 #include "backends/builtin.h"
 #include "core/rpc.h"
+#include "core/status_macros.h"
 #include "testing/status_matchers.h"
 #include "testing/test_ops.h"
 
@@ -458,6 +459,60 @@ TEST(WorkerLimits, CallsInFlightAreBounded) {
     threads.emplace_back([&w] { EXPECT_THAT((*w)->shutdown(), IsOk()); });
   }
   for (auto& t : threads) t.join();
+}
+
+TEST(FreeFunctions, TypedResultsTimeoutsAndStatusMacros) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  EXPECT_THAT(get_rpc_timeout(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  RpcOptions options = loopback_options(unique_init_method());
+  ASSERT_THAT(init_rpc("solo", 0, 1, options, registry), IsOk());
+  const at::Tensor a = at::ones({2});
+  absl::StatusOr<at::Tensor> sum =
+      rpc_sync<at::Tensor>("solo", "aten::add.Tensor", {a, a});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(*sum, a * 2));
+  EXPECT_THAT(rpc_sync<int64_t>("solo", "aten::add.Tensor", {a, a}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the result of 'aten::add.Tensor' is a "
+                                 "Tensor, not int")));
+  absl::StatusOr<double> widened =
+      rpc_sync<double>("solo", testing::kSlow, {int64_t{1}});
+  ASSERT_THAT(widened, IsOk());
+  EXPECT_EQ(*widened, 1.0);
+  EXPECT_THAT(rpc_sync<std::vector<at::Tensor>>("solo", "aten::add.Tensor",
+                                                {a, a}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not Tensor[]")));
+
+  // The timeout of later calls changes on the running worker.
+  EXPECT_THAT(get_rpc_timeout(), IsOk());
+  EXPECT_EQ(*get_rpc_timeout(), kBound);
+  ASSERT_THAT(set_rpc_timeout(absl::Milliseconds(50)), IsOk());
+  EXPECT_EQ(*get_rpc_timeout(), absl::Milliseconds(50));
+  EXPECT_THAT(rpc_sync("solo", testing::kSlow, {int64_t{2000}}),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_THAT(set_rpc_timeout(absl::ZeroDuration()), IsOk());  // none
+  EXPECT_EQ(*get_rpc_timeout(), absl::ZeroDuration());
+  EXPECT_THAT(rpc_sync("solo", testing::kSlow, {int64_t{100}}), IsOk());
+
+  auto twice_sum = [&]() -> absl::StatusOr<at::Tensor> {
+    TETHER_ASSIGN_OR_RETURN(at::Tensor once,
+                            rpc_sync<at::Tensor>("solo", "aten::add.Tensor",
+                                                 {a, a}));
+    TETHER_RETURN_IF_ERROR(get_worker_info("solo").status());
+    return once * 2;
+  };
+  EXPECT_THAT(twice_sum(), IsOk());
+  auto failing = [&]() -> absl::StatusOr<int64_t> {
+    TETHER_ASSIGN_OR_RETURN(int64_t n, rpc_sync<int64_t>("solo",
+                                                         "aten::add.Tensor",
+                                                         {a, a}));
+    return n;
+  };
+  EXPECT_THAT(failing(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(shutdown(), IsOk());
 }
 
 }  // namespace
