@@ -187,6 +187,23 @@ absl::StatusOr<int> env_world_size() {
   return world_size;
 }
 
+absl::StatusOr<LauncherEnv> launcher_env() {
+  LauncherEnv env;
+  absl::StatusOr<int> rank = env_rank();
+  if (!rank.ok()) return rank.status();
+  absl::StatusOr<int> world_size = env_world_size();
+  if (!world_size.ok()) return world_size.status();
+  env.rank = *rank;
+  env.world_size = *world_size;
+  std::string local = first_env(
+      {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"});
+  if (!local.empty() && !absl::SimpleAtoi(local, &env.local_rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the launcher's local rank '", local, "' is not a number"));
+  }
+  return env;
+}
+
 absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
                                             absl::string_view name, int rank,
                                             int world_size,
@@ -225,6 +242,20 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     // A group that cannot form fails every rank at once: the rank that finds
     // out why publishes it, and every rank polls for it while it waits.
     const std::string failed_key = "tether/failed";
+    const absl::Time init_deadline = absl::Now() + timeout;
+    // Every rank counts itself out; rank 0, whose process serves the store
+    // for env:// and tcp://, goes last (within the init timeout), so that
+    // the others read the reason rather than a lost store.
+    auto leave_failed = [&](absl::Status why) {
+      s.add("tether/failed_seen", 1);
+      absl::Duration pause = absl::Milliseconds(1);
+      while (rank == 0 && s.add("tether/failed_seen", 0) < world_size &&
+             absl::Now() < init_deadline) {
+        absl::SleepFor(pause);
+        pause = std::min(pause * 2, absl::Milliseconds(50));
+      }
+      return why;
+    };
     auto refuse = [&](absl::Status why) {
       const std::string text = absl::StrCat(
           "rank ", rank, " ('", name, "') cannot join the group: ",
@@ -232,7 +263,7 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
       s.compareSet(failed_key, {},
                    to_bytes(absl::StrCat(static_cast<int>(why.code()), ":",
                                          text)));
-      return absl::Status(why.code(), text);
+      return leave_failed(absl::Status(why.code(), text));
     };
     // compareSet with an empty expected value claims a key that is absent
     // and otherwise returns its holder.
@@ -263,7 +294,7 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     // Polls with check() rather than one blocking wait(): a TCPStore wait
     // across several keys proved unreliable under load, and polling also
     // tells exactly who is missing when the deadline passes.
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = init_deadline;
     absl::Duration backoff = absl::Milliseconds(1);
     while (!s.check(keys)) {
       if (s.check({failed_key})) {
@@ -275,11 +306,12 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
             code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
           code = static_cast<int>(absl::StatusCode::kFailedPrecondition);
         }
-        return absl::Status(
+        return leave_failed(absl::Status(
             static_cast<absl::StatusCode>(code),
             absl::StrCat("the group at '", init_method, "' cannot form: ",
-                         colon == std::string::npos ? failed
-                                                    : failed.substr(colon + 1)));
+                         colon == std::string::npos
+                             ? failed
+                             : failed.substr(colon + 1))));
       }
       if (absl::Now() >= deadline) {
         std::vector<std::string> missing;

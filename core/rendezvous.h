@@ -7,7 +7,9 @@
 //
 // Init methods:
 //   "env://"          MASTER_ADDR and MASTER_PORT name a TCPStore (rank 0
-//                     serves it); the launchers' variables give the rank and
+//                     serves it, unless TORCHELASTIC_USE_AGENT_STORE=True
+//                     says the launcher does, as torchrun's agent and
+//                     tools/tether_run do); the launchers' variables give the rank and
 //                     world size when the caller passes -1 (RANK/WORLD_SIZE,
 //                     Slurm's SLURM_PROCID/SLURM_NTASKS, Open MPI's
 //                     OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE).
@@ -36,6 +38,19 @@ struct RendezvousResult {
   std::vector<WorkerInfo> workers;  // rank order
   std::string group_key;
 };
+
+// What the launcher that started this process says about it: torchrun's and
+// tether_run's RANK / WORLD_SIZE / LOCAL_RANK, Slurm's SLURM_PROCID /
+// SLURM_NTASKS / SLURM_LOCALID, Open MPI's OMPI_COMM_WORLD_RANK /
+// OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_RANK, in that order.
+struct LauncherEnv {
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = 0;  // 0 when no variable gives it
+};
+// INVALID_ARGUMENT naming the variables when no launcher set rank and world
+// size (or one is not a number).
+[[nodiscard]] absl::StatusOr<LauncherEnv> launcher_env();
 
 // Checks a worker name: 1 to 128 characters of [A-Za-z0-9_.-].
 [[nodiscard]] absl::Status validate_worker_name(absl::string_view name);

@@ -478,8 +478,9 @@ int main_impl(int argc, char** argv) {
   JsonObject out;
   out.string("variant", "raw");
   out.raw("quick", flags.quick ? "true" : "false");
-  // No tether worker in this mode: the launcher's free MASTER_PORT is ours.
-  absl::Status s = run_raw(flags, rank, env_int("MASTER_PORT"), out);
+  // No tether worker in this mode. The launcher serves its store on
+  // MASTER_PORT: the raw pair takes the port after it.
+  absl::Status s = run_raw(flags, rank, env_int("MASTER_PORT") + 1, out);
   out.string("status", s.ok() ? "ok" : absl::StrCat("failed: ", s.ToString()));
   if (rank == 0) print_json(out);
   return s.ok() ? 0 : 1;

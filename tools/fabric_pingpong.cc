@@ -311,7 +311,10 @@ int main(int argc, char** argv) {
 
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<uint16_t>(env_int("MASTER_PORT"));
-  store_options.isServer = rank == 0;
+  // tether_run (like torchrun's agent) serves the store itself.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  store_options.isServer =
+      rank == 0 && (agent_store == nullptr || std::string(agent_store) != "True");
   store_options.numWorkers = 2;
   store_options.timeout = std::chrono::seconds(60);
   c10d::TCPStore store(host != nullptr ? host : "127.0.0.1", store_options);

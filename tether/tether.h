@@ -1,0 +1,49 @@
+// tether/tether.h: the one include of a program that uses tether, and
+// init_rpc with defaults that need nothing else.
+//
+//   #include "tether/tether.h"
+//
+//   int main() {
+//     // Rank and world size from the launcher (tether_run, torchrun,
+//     // mpirun, srun), the built-in backends, RRefs and distributed
+//     // autograd on.
+//     absl::Status up = tether::init_rpc("worker0");
+//     if (!up.ok()) { ... }
+//     absl::StatusOr<at::Tensor> sum = tether::rpc_sync<at::Tensor>(
+//         "worker1", "aten::add", {torch::ones({2}), 3});
+//     ...
+//     absl::Status down = tether::shutdown();
+//   }
+//
+// The registry and the extensions of core/rpc.h's init_rpc remain for
+// programs that want their own (another backend, no RRef layer, ...).
+#ifndef TETHER_TETHER_TETHER_H_
+#define TETHER_TETHER_TETHER_H_
+
+#include <absl/status/status.h>
+
+#include <string>
+
+#include "autograd/autograd.h"
+#include "core/rendezvous.h"
+#include "core/rpc.h"
+#include "core/status_macros.h"
+#include "optim/optimizer.h"
+#include "rref/rref.h"
+
+namespace tether {
+
+// Joins the group as `name` with the launcher's rank and world size
+// (core/rendezvous.h, launcher_env), over the built-in backends, with the
+// RRef and distributed autograd layers. Errors as core/rpc.h's init_rpc.
+[[nodiscard]] absl::Status init_rpc(const std::string& name,
+                                    const RpcOptions& options = RpcOptions());
+
+// The same with an explicit rank and world size.
+[[nodiscard]] absl::Status init_rpc(const std::string& name, int rank,
+                                    int world_size,
+                                    const RpcOptions& options = RpcOptions());
+
+}  // namespace tether
+
+#endif  // TETHER_TETHER_TETHER_H_
