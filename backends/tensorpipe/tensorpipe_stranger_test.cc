@@ -28,6 +28,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -332,9 +333,16 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         absl::StatusOr<RendezvousResult> member =
             ::tether::testing::meet_as_agent("env://", rank, world);
         ASSERT_THAT(member, IsOk());
-        // The default configuration: what a user gets.
+        // The default configuration: what a user gets. To see TensorPipe's
+        // own transports fall over (docs/security.md), run with
+        // TETHER_STRANGER_TRANSPORTS=uv or =shm.
+        ::tether::testing::AgentSettings settings;
+        if (const char* transports = std::getenv("TETHER_STRANGER_TRANSPORTS")) {
+          settings["tensorpipe.transports"] = transports;
+        }
         absl::StatusOr<std::unique_ptr<Agent>> agent =
-            ::tether::testing::create_agent(tensorpipe_backend(), *member);
+            ::tether::testing::create_agent(tensorpipe_backend(), *member,
+                                            settings);
         ASSERT_THAT(agent, IsOk());
         ASSERT_THAT((*agent)->start(echo), IsOk());
         c10d::Store& store = *member->store;
@@ -360,13 +368,11 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
           pid_t pid = 0;
           ASSERT_TRUE(absl::SimpleAtoi(get_key(store, "test/pid"), &pid));
           const std::vector<Listening> ports = listening_sockets(pid);
-          int tcp = 0;
           for (const Listening& port : ports) {
             std::cerr << "attacking " << port.describe() << "\n";
-            tcp += port.family != AF_UNIX;
             attack(port);
           }
-          EXPECT_GE(tcp, 1) << "found no TCP port of worker 1";
+          EXPECT_FALSE(ports.empty()) << "found no port of worker 1";
           set_key(store, "test/attacked", "1");
         } else {
           wait_key(store, "test/attacked");

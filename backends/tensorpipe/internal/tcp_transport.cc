@@ -66,18 +66,18 @@ class TcpError final : public tp::BaseError {
   std::string what_;
 };
 
-template <typename T, typename... Args>
-tp::Error make_error(Args&&... args) {
-  return tp::Error(std::make_shared<T>(std::forward<Args>(args)...),
-                   "tcp_transport.cc", 0);
-}
+// A tensorpipe::Error of type T, saying where it arose (TP_CREATE_ERROR
+// only works inside namespace tensorpipe).
+#define TCP_TRANSPORT_ERROR(T, ...)                                         \
+  ::tensorpipe::Error(std::make_shared<T>(__VA_ARGS__), "tcp_transport.cc", \
+                      __LINE__)
 
 tp::Error refused_error(std::string reason) {
-  return make_error<RefusedError>(std::move(reason));
+  return TCP_TRANSPORT_ERROR(RefusedError, std::move(reason));
 }
 
 tp::Error tcp_error(std::string what) {
-  return make_error<TcpError>(std::move(what));
+  return TCP_TRANSPORT_ERROR(TcpError, std::move(what));
 }
 
 }  // namespace
@@ -498,17 +498,17 @@ void ListenerImpl::initImplFromLoop() {
   fd_ = ::socket(storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
                  0);
   if (fd_ < 0) {
-    setError(make_error<tp::SystemError>("socket", errno));
+    setError(TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno));
     return;
   }
   const int on = 1;
   ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
   if (::bind(fd_, reinterpret_cast<sockaddr*>(&storage), length) != 0) {
-    setError(make_error<tp::SystemError>("bind", errno));
+    setError(TCP_TRANSPORT_ERROR(tp::SystemError, "bind", errno));
     return;
   }
   if (::listen(fd_, 128) != 0) {
-    setError(make_error<tp::SystemError>("listen", errno));
+    setError(TCP_TRANSPORT_ERROR(tp::SystemError, "listen", errno));
     return;
   }
   sockaddr_storage bound{};
@@ -525,7 +525,7 @@ void ListenerImpl::on_events(uint32_t events) {
     int error = 0;
     socklen_t size = sizeof(error);
     ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &size);
-    setError(make_error<tp::SystemError>("listening socket", error));
+    setError(TCP_TRANSPORT_ERROR(tp::SystemError, "listening socket", error));
     return;
   }
   for (int i = 0; i < 64 && !error_; ++i) {
@@ -557,7 +557,7 @@ void ListenerImpl::on_events(uint32_t events) {
         });
         return;
       }
-      setError(make_error<tp::SystemError>("accept", errno));
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "accept", errno));
       return;
     }
     if (handshaking_.size() >= kMaxHandshakes) {
@@ -637,7 +637,7 @@ void ConnectionImpl::initImplFromLoop() {
     fd_ = ::socket(storage.ss_family,
                    SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd_ < 0) {
-      setError(make_error<tp::SystemError>("socket", errno));
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno));
       return;
     }
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
@@ -646,7 +646,7 @@ void ConnectionImpl::initImplFromLoop() {
     } else if (errno == EINPROGRESS) {
       state_ = State::kConnecting;
     } else {
-      setError(make_error<tp::SystemError>("connect", errno));
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "connect", errno));
       return;
     }
   } else {
@@ -670,7 +670,7 @@ void ConnectionImpl::on_events(uint32_t events) {
     socklen_t size = sizeof(error);
     ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &size);
     if (error != 0) {
-      setError(make_error<tp::SystemError>("connect", error));
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "connect", error));
       return;
     }
     if (events & EPOLLOUT) start_client_handshake();
@@ -704,12 +704,12 @@ ConnectionImpl::Fill ConnectionImpl::fill(size_t most) {
       return Fill::kData;
     }
     if (n == 0) {
-      fill_error_ = make_error<tp::EOFError>();
+      fill_error_ = TCP_TRANSPORT_ERROR(tp::EOFError);
       return Fill::kClosed;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return Fill::kAgain;
-    fill_error_ = make_error<tp::SystemError>("recv", errno);
+    fill_error_ = TCP_TRANSPORT_ERROR(tp::SystemError, "recv", errno);
     return Fill::kClosed;
   }
 }
@@ -1141,12 +1141,12 @@ void ConnectionImpl::process_reads() {
           continue;
         }
         if (n == 0) {
-          setError(make_error<tp::EOFError>());
+          setError(TCP_TRANSPORT_ERROR(tp::EOFError));
           return;
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        setError(make_error<tp::SystemError>("recv", errno));
+        setError(TCP_TRANSPORT_ERROR(tp::SystemError, "recv", errno));
         return;
       }
       if (!fill_or_fail(kChunk)) break;
@@ -1189,7 +1189,7 @@ void ConnectionImpl::process_writes() {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      setError(make_error<tp::SystemError>("sendmsg", errno));
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "sendmsg", errno));
       return;
     }
     size_t left = static_cast<size_t>(n);
