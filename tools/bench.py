@@ -13,7 +13,9 @@ or, with the binaries built (this script builds nothing):
     bazel build -c opt //tools:bench_worker //tools:tether_run
     tools/bench.py [--quick] [--out DIR]
 
-Variants (VARIANTS below): tensorpipe uv, shm and negotiated; grpc;
+Variants (VARIANTS below): tensorpipe uv, shm, tcp (tether's guarded
+transport), negotiated (the default: tcp + cma) and uv,shm (the default
+before issue #16); grpc;
 libfabric with provider tcp;ofi_rxm and shm. A backend that this build does
 not register, or that is not viable here, is shown as "n/a" with the reason
 (bench_worker decides, from the same registry users get from
@@ -66,7 +68,13 @@ VARIANTS = [
      {"tensorpipe.transports": "uv", "tensorpipe.channels": "basic"}, {}),
     ("tensorpipe shm", "tensorpipe",
      {"tensorpipe.transports": "shm", "tensorpipe.channels": "basic"}, {}),
+    ("tensorpipe tcp", "tensorpipe",
+     {"tensorpipe.transports": "tcp", "tensorpipe.channels": "basic"}, {}),
     ("tensorpipe negotiated", "tensorpipe", {}, {}),
+    # The default before issue #16 (TensorPipe's own transports, which a
+    # stranger's bytes can crash): for comparison.
+    ("tensorpipe uv,shm", "tensorpipe", {"tensorpipe.transports": "uv,shm"},
+     {}),
     ("grpc", "grpc", {}, {}),
     # Pinned to loopback (see the shared PLATFORM.md).
     ("libfabric tcp;ofi_rxm", "libfabric",
@@ -89,7 +97,9 @@ PEER_PAIRS = [("tensorpipe negotiated", "peer"), ("tensorpipe uv", "peer uv")]
 BASELINE_OF = {
     "tensorpipe uv": ("raw TCP", "raw TCP"),
     "tensorpipe shm": ("raw TCP", "memcpy"),
+    "tensorpipe tcp": ("raw TCP", "raw TCP"),
     "tensorpipe negotiated": ("raw TCP", "memcpy"),
+    "tensorpipe uv,shm": ("raw TCP", "memcpy"),
     "grpc": ("bare gRPC", "bare gRPC"),
     "libfabric tcp;ofi_rxm": ("raw libfabric tcp;ofi_rxm",
                               "raw libfabric tcp;ofi_rxm"),

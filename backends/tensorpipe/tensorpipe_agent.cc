@@ -37,6 +37,7 @@
 
 #include "backends/common/agent_support.h"
 #include "backends/tensorpipe/internal/framing.h"
+#include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/auth/auth.h"
 #include "core/internal/pending_requests.h"
 #include "core/internal/serial_executor.h"
@@ -62,11 +63,13 @@ constexpr char kChannelsKey[] = "tensorpipe.channels";
 constexpr char kMptLanesKey[] = "tensorpipe.mpt_lanes";
 constexpr char kAddressKey[] = "tensorpipe.address";
 constexpr char kInitTimeoutKey[] = "tensorpipe.init_timeout_ms";
+constexpr char kHandshakeTimeoutKey[] = "tensorpipe.handshake_timeout_ms";
 
 // Higher wins when TensorPipe negotiates a pipe. Shared memory and
 // cross-memory attach only work within one host, which TensorPipe checks
 // through their domain descriptors; xth only within one process.
 constexpr int64_t kShmPriority = 200;
+constexpr int64_t kTcpPriority = 150;
 constexpr int64_t kUvPriority = 100;
 constexpr int64_t kXthPriority = 1300;
 constexpr int64_t kCmaPriority = 1200;
@@ -75,6 +78,12 @@ constexpr int64_t kBasicPriority = 0;
 
 constexpr int kMaxMptLanes = 64;
 
+// A read of unknown size on the tcp transport (TensorPipe's control
+// messages: a descriptor lists every tensor) takes at most this much plus
+// this much per storage the limits allow.
+constexpr size_t kControlBytes = 1 << 20;
+constexpr size_t kControlBytesPerStorage = 256;
+
 // How long a failed listener is given to free its addresses.
 constexpr int kListenAgainAttempts = 100;
 constexpr absl::Duration kListenAgainPause = absl::Milliseconds(20);
@@ -82,12 +91,16 @@ constexpr absl::Duration kListenAgainPause = absl::Milliseconds(20);
 // ---------------------------------------------------------------- settings
 
 struct Settings {
-  std::vector<std::string> transports = {"uv", "shm"};
+  // "tcp" is tether's guarded transport (internal/tcp_transport.h); "uv"
+  // and "shm" are TensorPipe's own, which a stranger's bytes can crash
+  // (docs/security.md), so only on request.
+  std::vector<std::string> transports = {"tcp"};
   std::vector<std::string> channels = {"basic", "cma", "mpt"};
   int mpt_lanes = 2;
   // What the uv transport listens on: "ip" or "ip:port", IPv6 in brackets.
   std::string address = "127.0.0.1";
   absl::Duration init_timeout = absl::Seconds(60);
+  absl::Duration handshake_timeout = absl::Seconds(10);
 };
 
 absl::StatusOr<std::vector<std::string>> parse_list(
@@ -140,7 +153,7 @@ absl::StatusOr<Settings> parse_settings(
     if (key.rfind("tensorpipe.", 0) != 0) continue;  // another backend's
     if (key == kTransportsKey) {
       absl::StatusOr<std::vector<std::string>> names =
-          parse_list(key, value, {"uv", "shm"});
+          parse_list(key, value, {"tcp", "uv", "shm"});
       if (!names.ok()) return names.status();
       settings.transports = *std::move(names);
     } else if (key == kChannelsKey) {
@@ -166,11 +179,18 @@ absl::StatusOr<Settings> parse_settings(
             "setting ", key, ": '", value, "' is not a positive integer"));
       }
       settings.init_timeout = absl::Milliseconds(ms);
+    } else if (key == kHandshakeTimeoutKey) {
+      int64_t ms = 0;
+      if (!absl::SimpleAtoi(value, &ms) || ms <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "setting ", key, ": '", value, "' is not a positive integer"));
+      }
+      settings.handshake_timeout = absl::Milliseconds(ms);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown setting '", key, "'; the tensorpipe backend knows ",
           absl::StrJoin({kTransportsKey, kChannelsKey, kMptLanesKey,
-                         kAddressKey, kInitTimeoutKey},
+                         kAddressKey, kInitTimeoutKey, kHandshakeTimeoutKey},
                         ", ")));
     }
   }
@@ -179,8 +199,8 @@ absl::StatusOr<Settings> parse_settings(
 
 // tensorpipe aborts the process when a listener cannot bind (it throws on
 // its event loop thread), so the agent checks first that `url` can listen:
-// "uv://ip[:port]" (IPv6 in brackets) or "shm://name" (an abstract socket;
-// an empty name is always free).
+// "uv://ip[:port]" or "tcp://ip[:port]" (IPv6 in brackets) or "shm://name"
+// (an abstract socket; an empty name is always free).
 absl::Status check_can_listen(const std::string& url) {
   auto fail = [&url](absl::string_view why) {
     return absl::InvalidArgumentError(
@@ -200,42 +220,13 @@ absl::Status check_can_listen(const std::string& url) {
     length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 +
                                     name.size());
     family = AF_UNIX;
-  } else if (absl::StartsWith(url, "uv://")) {
-    std::string host = url.substr(5);
-    std::string port_text;
-    if (!host.empty() && host[0] == '[') {
-      const size_t close = host.find(']');
-      if (close == std::string::npos) return fail("unbalanced brackets");
-      std::string rest = host.substr(close + 1);
-      host = host.substr(1, close - 1);
-      if (!rest.empty()) {
-        if (rest[0] != ':') return fail("bad port");
-        port_text = rest.substr(1);
-      }
-    } else if (const size_t colon = host.rfind(':');
-               colon != std::string::npos) {
-      port_text = host.substr(colon + 1);
-      host = host.substr(0, colon);
+  } else if (absl::StartsWith(url, "uv://") ||
+             absl::StartsWith(url, "tcp://")) {
+    if (!internal::parse_socket_address(url.substr(url.find("://") + 3),
+                                        &storage, &length)) {
+      return fail("not an IP address (and port)");
     }
-    int port = 0;
-    if (!port_text.empty() &&
-        (!absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535)) {
-      return fail("bad port");
-    }
-    auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
-    auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
-    if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
-      v4->sin_family = AF_INET;
-      v4->sin_port = htons(static_cast<uint16_t>(port));
-      length = sizeof(sockaddr_in);
-    } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
-      v6->sin6_family = AF_INET6;
-      v6->sin6_port = htons(static_cast<uint16_t>(port));
-      length = sizeof(sockaddr_in6);
-      family = AF_INET6;
-    } else {
-      return fail("not an IP address");
-    }
+    family = storage.ss_family;
   } else {
     return fail("unknown transport");
   }
@@ -468,6 +459,11 @@ class State : public std::enable_shared_from_this<State> {
       const std::shared_ptr<ClientPipe>& client, absl::string_view what,
       absl::StatusCode code = absl::StatusCode::kUnavailable)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A tensorpipe error: UNAUTHENTICATED if the tcp transport's handshake
+  // refused the connection, else UNAVAILABLE.
+  void on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
+                            const ::tensorpipe::Error& error)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void write_on_client(const std::shared_ptr<ClientPipe>& client,
                        std::shared_ptr<OutgoingFrame> frame);
   void on_client_auth(const std::shared_ptr<ClientPipe>& client,
@@ -504,6 +500,8 @@ class State : public std::enable_shared_from_this<State> {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status register_transports_and_channels(std::vector<std::string>& urls);
+  // A tether tcp transport (internal/tcp_transport.h) for this agent.
+  std::shared_ptr<::tensorpipe::transport::Context> make_tcp_transport() const;
   absl::Status exchange_addresses(
       const std::map<std::string, std::string>& mine);
 
@@ -564,7 +562,11 @@ absl::Status State::register_transports_and_channels(
     std::shared_ptr<::tensorpipe::transport::Context> transport;
     std::string url;
     int64_t priority = 0;
-    if (name == "uv") {
+    if (name == "tcp") {
+      transport = make_tcp_transport();
+      url = absl::StrCat("tcp://", settings_.address);
+      priority = kTcpPriority;
+    } else if (name == "uv") {
       transport = ::tensorpipe::transport::uv::create();
       url = absl::StrCat("uv://", settings_.address);
       priority = kUvPriority;
@@ -601,8 +603,10 @@ absl::Status State::register_transports_and_channels(
       std::vector<std::shared_ptr<::tensorpipe::transport::Listener>> listeners;
       bool viable = true;
       for (int i = 0; i < settings_.mpt_lanes && viable; ++i) {
+        // Each lane listens: on tether's guarded transport, whatever
+        // carries the pipes.
         std::shared_ptr<::tensorpipe::transport::Context> lane =
-            ::tensorpipe::transport::uv::create();
+            make_tcp_transport();
         viable = lane->isViable();
         if (viable) listeners.push_back(lane->listen(settings_.address));
         lanes.push_back(std::move(lane));
@@ -631,6 +635,24 @@ absl::Status State::register_transports_and_channels(
   return absl::OkStatus();
 }
 
+std::shared_ptr<::tensorpipe::transport::Context> State::make_tcp_transport()
+    const {
+  internal::TcpTransportOptions options;
+  options.self = self_.name;
+  for (const WorkerInfo& worker : workers_) {
+    options.members.push_back(worker.name);
+  }
+  options.auth = auth_;
+  options.max_unsized_read_bytes =
+      kControlBytes +
+      kControlBytesPerStorage * static_cast<size_t>(std::max<int64_t>(
+                                    0, limits_.max_storages));
+  options.handshake_timeout = settings_.handshake_timeout;
+  options.log_prefix =
+      absl::StrCat("tensorpipe agent of worker '", self_.name, "'");
+  return internal::create_tcp_transport(std::move(options));
+}
+
 absl::Status State::exchange_addresses(
     const std::map<std::string, std::string>& mine) {
   absl::StatusOr<std::vector<std::string>> addresses =
@@ -645,7 +667,7 @@ absl::Status State::exchange_addresses(
         decode_addresses((*addresses)[rank]);
     // Any shared transport will do for the first connection: TensorPipe then
     // moves the pipe to the best one both sides have.
-    for (const char* transport : {"uv", "shm"}) {
+    for (const char* transport : {"tcp", "uv", "shm"}) {
       if (mine.count(transport) > 0 && theirs.count(transport) > 0) {
         peer_urls_[rank] = absl::StrCat(transport, "://", theirs[transport]);
         break;
@@ -662,9 +684,9 @@ absl::Status State::init() {
     absl::MutexLock lock(&mu_);
     context_ = context;
   }
-  // The uv transport and the mpt lanes listen on this address.
+  // The TCP transports and the mpt lanes listen on this address.
   if (absl::Status usable =
-          check_can_listen(absl::StrCat("uv://", settings_.address));
+          check_can_listen(absl::StrCat("tcp://", settings_.address));
       !usable.ok()) {
     return usable;
   }
@@ -907,7 +929,7 @@ void State::write_on_client(const std::shared_ptr<ClientPipe>& client,
                        frame](const ::tensorpipe::Error& error) {
                         if (!error) return;
                         on_callback(weak, [client, error](State& state) {
-                          state.on_client_pipe_error(client, error.what());
+                          state.on_client_pipe_error(client, error);
                         });
                       });
 }
@@ -1007,7 +1029,7 @@ void State::on_response_descriptor(const std::shared_ptr<ClientPipe>& client,
                                    const ::tensorpipe::Error& error,
                                    const ::tensorpipe::Descriptor& descriptor) {
   if (error) {
-    on_client_pipe_error(client, error.what());
+    on_client_pipe_error(client, error);
     return;
   }
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
@@ -1033,7 +1055,7 @@ void State::on_response(const std::shared_ptr<ClientPipe>& client,
                         const std::shared_ptr<IncomingFrame>& frame,
                         const ::tensorpipe::Error& error) {
   if (error) {
-    on_client_pipe_error(client, error.what());
+    on_client_pipe_error(client, error);
     return;
   }
   if (frame->header.kind == FrameKind::kAuth) {
@@ -1075,10 +1097,26 @@ void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
   client->pipe->close();
   pending_.fail_connection(
       client->connection,
-      absl::Status(code, absl::StrCat("lost the connection from worker '",
-                                      self_.name, "' to worker '",
+      absl::Status(code, absl::StrCat(code == absl::StatusCode::kUnauthenticated
+                                          ? "worker '"
+                                          : "lost the connection from worker '",
+                                      self_.name,
+                                      code == absl::StatusCode::kUnauthenticated
+                                          ? "' may not connect to worker '"
+                                          : "' to worker '",
                                       workers_[client->rank].name, "' (rank ",
                                       client->rank, "): ", what)));
+}
+
+void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
+                                 const ::tensorpipe::Error& error) {
+  if (std::shared_ptr<internal::RefusedError> refused =
+          error.castToType<internal::RefusedError>()) {
+    on_client_pipe_error(client, refused->what(),
+                         absl::StatusCode::kUnauthenticated);
+    return;
+  }
+  on_client_pipe_error(client, error.what());
 }
 
 // ------------------------------------------------------------- server side

@@ -1,12 +1,23 @@
 // The tensorpipe backend: agents that talk through libtensorpipe, the
 // default multi-process transport of tether (ARCHITECTURE.md section 2).
 //
-// Each agent owns one tensorpipe::Context with the transports uv (TCP) and
-// shm (shared memory) and the channels basic, cma (cross-memory attach) and
-// mpt (several TCP lanes), registered with priorities so that TensorPipe
-// negotiates the best pair per peer: shm + cma between processes of one
-// host, uv + mpt or basic across hosts. A transport or channel that is not
-// viable on this machine is skipped.
+// Each agent owns one tensorpipe::Context with the transport tcp (tether's
+// own, internal/tcp_transport.h) and the channels basic, cma (cross-memory
+// attach) and mpt (several TCP lanes, each one a tcp transport of ours),
+// registered with priorities so that TensorPipe negotiates the best pair per
+// peer: tcp + cma between processes of one host, tcp + mpt or basic across
+// hosts. A transport or channel that is not viable on this machine is
+// skipped.
+//
+// Strangers (issue #16): TensorPipe's own transports parse whatever reaches
+// their sockets and abort the process on bad bytes (16 bytes of 0xff on a uv
+// port: std::bad_alloc on its loop thread; a shm connection that sends no
+// file descriptors crashes it too). tether's tcp transport runs a bounded
+// handshake (magic, both names in the group, and the shared secret both
+// ways when there is one) before TensorPipe sees a connection, and checks
+// every frame's length before allocating. TensorPipe's "uv" and "shm" can
+// still be chosen (tensorpipe.transports); then their sockets are exposed
+// as docs/security.md says.
 //
 // At creation the agent listens, publishes its listener's addresses in the
 // group's store under "tether/tensorpipe/<rank>" and waits until every rank
@@ -20,7 +31,9 @@
 //
 // Settings (AgentSetup::settings; an unknown "tensorpipe.*" key or a bad
 // value is INVALID_ARGUMENT):
-//   tensorpipe.transports     comma list of "uv", "shm"     (default "uv,shm")
+//   tensorpipe.transports     comma list of "tcp", "uv", "shm" (default
+//                             "tcp"; "uv" and "shm" are TensorPipe's own,
+//                             unguarded: docs/security.md)
 //   tensorpipe.channels       comma list of "basic", "cma", "mpt", "xth"
 //                             (default "basic,cma,mpt"; xth only helps
 //                             agents of one process, and is for tests:
@@ -36,9 +49,16 @@
 //                             (default "127.0.0.1")
 //   tensorpipe.init_timeout_ms  how long creation waits for every rank's
 //                             address (default 60000)
+//   tensorpipe.handshake_timeout_ms  how long a new tcp connection has to
+//                             finish tether's handshake before it is closed
+//                             (default 10000)
 //
 // Authentication (AgentSetup::auth, from RpcOptions::auth_secret or
-// TETHER_AUTH_SECRET): on each new pipe both ends send a random challenge
+// TETHER_AUTH_SECRET): on the tcp transport, every connection (pipes and
+// mpt lanes) runs the challenge-response of core/auth in its handshake,
+// before TensorPipe reads from it; a refusal there fails the peer's calls
+// with UNAUTHENTICATED and the reason. Then, on every transport, on each new
+// pipe both ends send a random challenge
 // (an auth frame, internal/framing.h) and answer the other's with an
 // HMAC-SHA256 proof (core/auth). The client holds its requests until it has
 // answered and takes no response before the server has; the server reads no

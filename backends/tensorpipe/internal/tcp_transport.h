@@ -1,0 +1,102 @@
+// tether's TCP transport for TensorPipe (internal to the tensorpipe
+// backend; issue #16).
+//
+// TensorPipe's own uv transport reads a peer's 8-byte length prefix and
+// allocates what it announces, and its pipe parses the first bytes of any
+// connection with libnop, throwing on malformed ones: one connection
+// carrying 16 bytes of 0xff ends the process (std::bad_alloc on the uv loop
+// thread). This transport is registered with TensorPipe in its place (as
+// "tcp", and for the mpt channel's lanes) and guards every connection:
+//
+//   - Before a connection is handed to TensorPipe (the listener's accept
+//     callback, or the first read or write of a connecting one), both ends
+//     run the handshake of tcp_handshake.h within `handshake_timeout`:
+//     tether's magic and version, both names members of the group, and with
+//     a shared secret (core/auth) a challenge-response both ways. A stranger
+//     never reaches TensorPipe's parser; what it sends is read only into a
+//     bounded buffer. A refusal is logged on the refusing side (rate
+//     limited), sent to the peer as a reason, and fails the peer's
+//     connection with a RefusedError.
+//   - After it, every frame's announced length is checked before anything
+//     is allocated: a read of known size takes only a frame of exactly that
+//     size, a read of unknown size (TensorPipe's control messages) at most
+//     `max_unsized_read_bytes`. A malformed TensorPipe control message
+//     closes that connection (TensorPipe's own transports throw, ending the
+//     process). Either way the reason is logged and the connection closed.
+//   - At most kMaxHandshakes connections handshake at once per listener;
+//     more are closed at accept. Every socket a refused or failed connection
+//     held is closed when it fails.
+//   - Writes use MSG_NOSIGNAL: a peer that went away is an error on that
+//     connection, never a SIGPIPE.
+//
+// Wire format after the handshake: each write is its length (u64, host
+// order) then its bytes, as TensorPipe's uv transport frames them; peers
+// are tether workers of one build.
+//
+// Addresses: listen on "ip" or "ip:port" (IPv6 in brackets; port 0 or none
+// picks a free one); the listener's address, and what connect() takes, is
+// "ip:port".
+//
+// Threads: one thread per context runs an epoll loop; every callback into
+// TensorPipe runs there.
+#ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_
+#define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_
+
+#include <absl/time/time.h>
+#include <sys/socket.h>
+#include <tensorpipe/common/error.h>
+#include <tensorpipe/transport/context.h>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/auth/auth.h"
+
+namespace tether::backends::internal {
+
+inline constexpr size_t kMaxHandshakes = 64;
+
+struct TcpTransportOptions {
+  // This worker's name, sent in the handshake.
+  std::string self;
+  // The names that may connect or be connected to (the group).
+  std::vector<std::string> members;
+  // The group's secret; nullopt: no authentication.
+  std::optional<auth::Authenticator> auth;
+  // The largest frame a read of unknown size accepts.
+  size_t max_unsized_read_bytes = size_t{64} << 20;
+  // How long a new connection may take to complete the handshake.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  // Starts every log line, e.g. "tensorpipe agent of worker 'w0'".
+  std::string log_prefix = "tensorpipe tcp transport";
+};
+
+// The error of a connection refused by either end's handshake; what() is
+// the reason, naming the refusing worker.
+class RefusedError final : public ::tensorpipe::BaseError {
+ public:
+  explicit RefusedError(std::string reason) : reason_(std::move(reason)) {}
+  std::string what() const override { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+// The domain descriptor of every such transport: any two can connect.
+inline constexpr char kTcpDomainDescriptor[] = "tether-tcp:1";
+
+std::shared_ptr<::tensorpipe::transport::Context> create_tcp_transport(
+    TcpTransportOptions options);
+
+// "ip", "ip:port", "[ip6]" or "[ip6]:port" (port 0 when absent) as a socket
+// address; false if it is none.
+bool parse_socket_address(const std::string& text, sockaddr_storage* storage,
+                          socklen_t* length);
+
+}  // namespace tether::backends::internal
+
+#endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_
