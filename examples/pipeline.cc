@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backends/builtin.h"
+#include "core/rendezvous.h"
 #include "core/rpc.h"
 
 namespace {
@@ -173,8 +174,9 @@ int main(int argc, char** argv) {
   options.backend = flags.backend;
   options.init_method = "env://";
   options.scripts = {kStageScript};
-  const char* rank_env = std::getenv("RANK");
-  const int rank = rank_env != nullptr ? std::atoi(rank_env) : -1;
+  absl::StatusOr<tether::LauncherEnv> launched = tether::launcher_env();
+  if (!launched.ok()) return fail("launcher", launched.status());
+  const int rank = launched->rank;
   absl::Status up = tether::init_rpc(
       rank == 0 ? "driver" : absl::StrCat("stage", rank), -1, -1, options,
       registry);

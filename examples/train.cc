@@ -34,6 +34,7 @@
 
 #include "autograd/autograd.h"
 #include "backends/builtin.h"
+#include "core/rendezvous.h"
 #include "core/rpc.h"
 #include "examples/ps_model.h"
 #include "rref/rref.h"
@@ -49,12 +50,6 @@ struct Flags {
   int peer_timeout_ms = 0;  // 0: RpcOptions' default
   ModelConfig model;
 };
-
-int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  int out;
-  return value != nullptr && absl::SimpleAtoi(value, &out) ? out : fallback;
-}
 
 bool parse_flags(int argc, char** argv, Flags& flags) {
   for (int i = 1; i < argc; ++i) {
@@ -184,8 +179,10 @@ bool run_trainer(const Flags& flags, int rank, int world) {
 int main(int argc, char** argv) {
   Flags flags;
   if (!parse_flags(argc, argv, flags)) return 2;
-  const int rank = env_int("RANK", -1);
-  const int world = env_int("WORLD_SIZE", -1);
+  // Whichever launcher started us (tether_run, torchrun, mpirun, srun).
+  absl::StatusOr<tether::LauncherEnv> launched = tether::launcher_env();
+  const int rank = launched.ok() ? launched->rank : -1;
+  const int world = launched.ok() ? launched->world_size : -1;
   if (rank < 0 || world < 2) {
     std::fprintf(stderr,
                  "train: run me with the launcher and at least 2 processes, "

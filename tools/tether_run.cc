@@ -1,6 +1,11 @@
 // tether_run: starts N local worker processes the way cluster launchers do.
 //
 //   tether_run --nproc 4 [--master_port P] [--grace_ms 5000] -- PROGRAM ARGS
+//   tether_run [--nproc N] -- PROG0 ARGS : PROG1 ARGS : ...
+//
+// With programs separated by a lone ":" (as mpirun's MPMD form), rank r runs
+// the r-th one; without --nproc there is one rank per program, and with a
+// larger --nproc the last program runs on the remaining ranks.
 //
 // Each child gets MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, LOCAL_RANK and
 // WORLD_SIZE, so `init_method = "env://"` with rank and world size -1 just
@@ -25,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cstdio>
@@ -73,11 +79,26 @@ std::vector<std::string> child_environment(int rank, int nproc, int port) {
   return env;
 }
 
+constexpr char kUsage[] =
+    "usage: tether_run --nproc N [--master_port P] [--grace_ms MS] -- "
+    "PROGRAM [ARGS...]\n"
+    "       tether_run [--nproc N] [...] -- PROG0 [ARGS...] : PROG1 [ARGS...] "
+    ": ...\n"
+    "\n"
+    "Starts N worker processes on this machine the way cluster launchers do.\n"
+    "Each gets MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, LOCAL_RANK,\n"
+    "WORLD_SIZE and TORCHELASTIC_USE_AGENT_STORE=True: tether_run serves the\n"
+    "rendezvous store on MASTER_PORT itself (a free port unless --master_port\n"
+    "gives one) for the workers' whole life. Output is prefixed by rank. When\n"
+    "a worker fails the others get SIGTERM, then SIGKILL after --grace_ms\n"
+    "(5000); the exit status is 0 only if every worker succeeded.\n"
+    "\n"
+    "Programs separated by a lone ':' run per rank: rank r runs the r-th;\n"
+    "without --nproc there is one rank per program, with a larger --nproc the\n"
+    "last program runs on the remaining ranks.\n";
+
 int usage(const char* why) {
-  std::fprintf(stderr,
-               "tether_run: %s\nusage: tether_run --nproc N [--master_port P] "
-               "[--grace_ms MS] -- PROGRAM [ARGS...]\n",
-               why);
+  std::fprintf(stderr, "tether_run: %s\n%s", why, kUsage);
   return 2;
 }
 
@@ -110,12 +131,16 @@ std::string describe_exit(int status) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int nproc = 0;
+  int nproc = -1;  // -1: one rank per program
   int port = 0;
   int grace_ms = 5000;
   int i = 1;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
     if (arg == "--") {
       ++i;
       break;
@@ -131,8 +156,25 @@ int main(int argc, char** argv) {
       return usage(("unknown option " + arg).c_str());
     }
   }
-  if (nproc < 1 || nproc > 1024) return usage("--nproc must be in [1, 1024]");
   if (i >= argc) return usage("no program given after --");
+  // The command of each rank: the segments between lone ":" arguments.
+  std::vector<std::vector<char*>> programs(1);
+  for (int a = i; a < argc; ++a) {
+    if (std::string(argv[a]) == ":") {
+      programs.emplace_back();
+    } else {
+      programs.back().push_back(argv[a]);
+    }
+  }
+  for (auto& program : programs) {
+    if (program.empty()) return usage("an empty program between ':'");
+    program.push_back(nullptr);
+  }
+  if (nproc == -1) nproc = static_cast<int>(programs.size());
+  if (nproc < 1 || nproc > 1024) return usage("--nproc must be in [1, 1024]");
+  if (static_cast<int>(programs.size()) > nproc) {
+    return usage("more programs than ranks (--nproc)");
+  }
   if (port < 0 || port > 65535) return usage("bad --master_port");
   // The rendezvous store, served from here for the workers' whole life.
   c10::intrusive_ptr<c10d::TCPStore> store;
@@ -175,9 +217,11 @@ int main(int argc, char** argv) {
       ::dup2(fds[1], STDERR_FILENO);
       // Not the store's sockets nor the other workers' pipes.
       ::close_range(3, ~0U, 0);
-      ::execvpe(argv[i], argv + i, envp.data());
+      char** command = programs[std::min<size_t>(
+                                     rank, programs.size() - 1)].data();
+      ::execvpe(command[0], command, envp.data());
       const char* why = std::strerror(errno);
-      const char* parts[] = {"tether_run: cannot run ", argv[i], ": ", why,
+      const char* parts[] = {"tether_run: cannot run ", command[0], ": ", why,
                              "\n"};
       for (const char* part : parts) {
         (void)!::write(STDERR_FILENO, part, std::strlen(part));

@@ -27,6 +27,16 @@ for r in 0 1; do
   grep -q "^\[$r\] store reachable, agent store=True" <<<"$out" || fail "rank $r: $out"
 done
 
+# A program per rank (mpirun's MPMD form); without --nproc, one rank each.
+out=$("$run" -- sh -c 'echo "ps $RANK/$WORLD_SIZE"' : sh -c 'echo "trainer $RANK/$WORLD_SIZE"') ||
+  fail "per-rank programs should succeed: $out"
+grep -q "^\[0\] ps 0/2" <<<"$out" || fail "rank 0 did not run the first program: $out"
+grep -q "^\[1\] trainer 1/2" <<<"$out" || fail "rank 1 did not run the second program: $out"
+out=$("$run" --nproc 3 -- sh -c 'echo "ps $RANK"' : sh -c 'echo "trainer $RANK"')
+grep -q "^\[2\] trainer 2" <<<"$out" || fail "the last program should fill the ranks: $out"
+
+"$run" --help | grep -q "usage: tether_run" || fail "--help should print the usage"
+
 "$run" --nproc 0 -- true 2>/dev/null && fail "--nproc 0 must be refused"
 "$run" --nproc 2 2>/dev/null && fail "a missing program must be refused"
 echo "tether_run: all checks passed"
