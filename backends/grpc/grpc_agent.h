@@ -37,7 +37,10 @@
 // keepalive pings) fails the requests that left on it with UNAVAILABLE and
 // is dropped with its channel; the next send opens a new one. A message over
 // the size limit fails with RESOURCE_EXHAUSTED on the side that notices it
-// (a refused request is answered with that error), and the stream goes on.
+// (a refused request is answered with that error as soon as its head
+// arrives; the bytes that follow are skipped), and the stream goes on. Bytes
+// that break the framing, such as a head announcing more than any agent may
+// send (2^40 bytes), end the stream at once (issue #16).
 //
 // Settings (AgentSetup::settings; an unknown "grpc.*" key or a bad value is
 // INVALID_ARGUMENT naming the key):

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "backends/grpc/grpc_agent.h"
+#include "backends/grpc/internal/framing.h"
 #include "testing/status_matchers.h"
 
 namespace tether::backends::grpc_testing {
@@ -259,17 +260,17 @@ class RawClient final
   // then the channel after OnDone, on its own thread: gRPC must not destroy
   // a channel (which the context holds too) in one of its callbacks.
   RawClient(std::vector<std::string> messages, bool writes_done,
-            std::shared_ptr<RawOutcome> outcome)
+            absl::Duration deadline, std::shared_ptr<RawOutcome> outcome)
       : messages_(std::move(messages)),
         writes_done_(writes_done),
+        deadline_(deadline),
         outcome_(std::move(outcome)) {}
 
   void start(const std::shared_ptr<::grpc::Channel>& channel,
              const std::map<std::string, std::string>& metadata) {
     ::grpc::GenericStub stub(channel);
     for (const auto& [key, value] : metadata) context_.AddMetadata(key, value);
-    context_.set_deadline(std::chrono::system_clock::now() +
-                          std::chrono::seconds(10));
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
     stub.PrepareBidiStreamingCall(&context_, "/tether.Agent/Stream",
                                   ::grpc::StubOptions(), this);
     StartRead(&read_);
@@ -303,6 +304,7 @@ class RawClient final
 
   const std::vector<std::string> messages_;
   const bool writes_done_;
+  const absl::Duration deadline_;
   const std::shared_ptr<RawOutcome> outcome_;
   size_t next_ = 0;
   ::grpc::ClientContext context_;
@@ -316,15 +318,20 @@ class RawClient final
     const std::string& address,
     std::shared_ptr<::grpc::ChannelCredentials> credentials,
     const std::map<std::string, std::string>& metadata,
-    const std::vector<std::string>& messages, bool writes_done) {
+    const std::vector<std::string>& messages, bool writes_done,
+    absl::Duration deadline) {
   ::grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   std::shared_ptr<::grpc::Channel> channel = ::grpc::CreateCustomChannel(
-      absl::StrCat("ipv4:", address), std::move(credentials), args);
+      absl::StrCat(address[0] == '[' ? "ipv6:" : "ipv4:", address),
+      std::move(credentials), args);
   auto outcome = std::make_shared<RawOutcome>();
-  auto client = std::make_unique<RawClient>(messages, writes_done, outcome);
+  auto client = std::make_unique<RawClient>(
+      messages, writes_done, std::min(deadline, kBound), outcome);
   client->start(channel, metadata);
-  if (!outcome->done.WaitForNotificationWithTimeout(kBound)) {
+  // gRPC ends the call by its deadline; a little more for it to say so.
+  if (!outcome->done.WaitForNotificationWithTimeout(kBound +
+                                                    absl::Seconds(5))) {
     ADD_FAILURE() << "a raw stream to " << address << " did not end";
     // Still in gRPC's hands: leaked rather than freed under it.
     client.release();
@@ -332,6 +339,100 @@ class RawClient final
     return ::grpc::Status(::grpc::StatusCode::DEADLINE_EXCEEDED, "no end");
   }
   return outcome->status;
+}
+
+// ------------------------------------------------------ hostile dialect
+
+namespace {
+
+void put_le(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) {
+    out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  }
+}
+
+// A request head frame (internal/framing.h) announcing buffers of `sizes`
+// bytes, with no inline bytes (so each size must be 0 or too large to be
+// inline); its prefix says the body is `body_bytes` long (-1: as long as it
+// is).
+std::string head_frame(const std::vector<uint64_t>& sizes,
+                       int64_t body_bytes = -1) {
+  std::string body;
+  put_le(body, static_cast<uint32_t>(MessageType::kPing), 4);
+  put_le(body, 0, 4);   // status code
+  put_le(body, 7, 8);   // id
+  put_le(body, sizes.size(), 4);
+  put_le(body, 0, 4);
+  for (uint64_t size : sizes) put_le(body, size, 8);
+  std::string frame = "TGF1";
+  frame.push_back(static_cast<char>(grpc_internal::FrameKind::kRequest));
+  frame.append(3, '\0');
+  put_le(frame, body_bytes < 0 ? body.size() : static_cast<uint64_t>(body_bytes),
+         8);
+  return frame + body;
+}
+
+// The HTTP/2 client preface and the header of a frame of `type` on
+// `stream` announcing a payload of 2^24 - 1 bytes (the most its 24-bit
+// length says), which never comes.
+std::string http2_huge_frame(uint8_t type, uint32_t stream) {
+  std::string bytes = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  bytes.append("\xff\xff\xff", 3);
+  bytes.push_back(static_cast<char>(type));
+  bytes.push_back('\0');  // flags
+  for (int i = 3; i >= 0; --i) {
+    bytes.push_back(static_cast<char>((stream >> (8 * i)) & 0xff));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+::tether::testing::HostileDialect hostile_dialect() {
+  ::tether::testing::HostileDialect dialect;
+  dialect.openings = {
+      {"an HTTP/2 SETTINGS frame announcing 2^24 - 1 bytes",
+       http2_huge_frame(/*SETTINGS*/ 4, 0)},
+      {"an HTTP/2 HEADERS frame announcing 2^24 - 1 bytes",
+       http2_huge_frame(/*HEADERS*/ 1, 1)},
+  };
+  dialect.frames = {
+      {"a head announcing one buffer of 2^62 bytes",
+       head_frame({uint64_t{1} << 62})},
+      {"a head announcing one buffer of -2^63 bytes (as an i64)",
+       head_frame({uint64_t{1} << 63})},
+      {"a head announcing one buffer of 2^64 - 1 bytes", head_frame({~0ull})},
+      {"a head announcing an empty payload and 3 buffers of 2^40 bytes",
+       head_frame({0, uint64_t{1} << 40, uint64_t{1} << 40,
+                   uint64_t{1} << 40})},
+      {"a frame prefix announcing a body of 2^62 bytes",
+       head_frame({1}, int64_t{1} << 62)},
+  };
+  Message request;
+  request.type = MessageType::kPing;
+  request.id = 7;
+  request.payload = "a stranger's request";
+  grpc_internal::OutgoingCursor cursor(
+      grpc_internal::make_request(std::move(request)));
+  std::vector<::grpc::Slice> slices;
+  while (!cursor.done()) cursor.append_next_frame(1 << 20, slices);
+  for (const ::grpc::Slice& slice : slices) {
+    dialect.request.append(reinterpret_cast<const char*>(slice.begin()),
+                           slice.size());
+  }
+  dialect.deliver = [](const std::string& address, const std::string& frame,
+                       absl::Duration bound) {
+    const ::grpc::Status status =
+        raw_stream(address, ::grpc::InsecureChannelCredentials(),
+                   {{"tether-from-rank", "0"},
+                    {"tether-from-name", "agent0"},
+                    {"tether-to-name", "agent1"}},
+                   {frame}, /*writes_done=*/false, bound);
+    // absl's codes are gRPC's, number for number.
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        status.error_message());
+  };
+  return dialect;
 }
 
 namespace {

@@ -23,6 +23,7 @@
 #include "core/agent.h"
 #include "core/rendezvous.h"
 #include "testing/agent_testing.h"
+#include "testing/hostile_dialect.h"
 
 namespace tether::backends::grpc_testing {
 
@@ -88,13 +89,22 @@ class TcpProxy {
 // Opens a stream of the agent's method to `address` with `metadata`, writes
 // `messages` (raw bytes, one gRPC message each), then half-closes it unless
 // `writes_done` is false (the stream then stays open, saying nothing more),
-// and returns the status the stream ends with (bounded by testing::kBound).
-// For tests of what an agent does with strangers and garbage.
+// and returns the status the stream ends with: DEADLINE_EXCEEDED if it has
+// not ended after `deadline` (at most testing::kBound). For tests of what an
+// agent does with strangers and garbage.
 ::grpc::Status raw_stream(
     const std::string& address,
     std::shared_ptr<::grpc::ChannelCredentials> credentials,
     const std::map<std::string, std::string>& metadata,
-    const std::vector<std::string>& messages, bool writes_done = true);
+    const std::vector<std::string>& messages, bool writes_done = true,
+    absl::Duration deadline = absl::Seconds(10));
+
+// What the gRPC agent's protocol adds to the hostile-peer suite
+// (testing/hostile_peers.h): HTTP/2 openings that announce huge frames, and
+// frames of the agent's own framing (internal/framing.h) that announce
+// huge or negative buffer sizes, delivered on a raw stream that claims to
+// come from "agent0" to "agent1".
+::tether::testing::HostileDialect hostile_dialect();
 
 // Certificates made by the openssl CLI for one test run, in a fresh
 // directory: a CA, a rogue CA, "worker" (signed by the CA, for 127.0.0.1

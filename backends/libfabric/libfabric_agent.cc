@@ -4,6 +4,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 #include <absl/strings/escaping.h>
+#include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
@@ -42,6 +43,7 @@
 #include "backends/common/agent_support.h"
 #include "backends/libfabric/internal/fabric.h"
 #include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/listener_guard.h"
 #include "backends/libfabric/internal/mr_cache.h"
 #include "backends/libfabric/internal/settings.h"
 #include "core/auth/auth.h"
@@ -61,6 +63,7 @@ using libfabric::internal::Fabric;
 using libfabric::internal::FabricOptions;
 using libfabric::internal::FrameHeader;
 using libfabric::internal::FrameKind;
+using libfabric::internal::ListenerGuard;
 using libfabric::internal::MemoryRegion;
 using libfabric::internal::MessageHead;
 using libfabric::internal::MrCache;
@@ -93,6 +96,8 @@ constexpr absl::Duration kPollSleepMax = absl::Milliseconds(1);
 constexpr absl::Duration kShortestNap = absl::Microseconds(500);
 constexpr absl::Duration kLongestNap = absl::Milliseconds(20);
 constexpr absl::Duration kStatsBound = absl::Seconds(10);
+// How often the guard of the provider's TCP listener looks for strangers.
+constexpr absl::Duration kGuardInterval = absl::Milliseconds(500);
 
 // Which agent's progress thread this is (nullptr: none).
 thread_local const void* t_progress_of = nullptr;
@@ -620,6 +625,9 @@ class State : public std::enable_shared_from_this<State> {
   std::vector<std::unique_ptr<Op>> send_ops_;
   std::vector<size_t> free_send_buffers_;
   std::unique_ptr<MrCache> mr_cache_;
+  // Strangers on the provider's TCP listener (tcp providers only).
+  std::unique_ptr<ListenerGuard> listener_guard_;
+  absl::Time last_guard_sweep_ = absl::InfinitePast();
   size_t tx_limit_ = 0;
   size_t rx_limit_ = 0;
   size_t tx_inflight_ = 0;
@@ -758,6 +766,9 @@ absl::Status State::open_fabric() {
 absl::Status State::exchange_records() {
   absl::StatusOr<std::string> name = fabric_->name();
   if (!name.ok()) return name.status();
+  if (absl::StartsWith(fabric_->provider_name(), "tcp")) {
+    listener_guard_ = ListenerGuard::for_name(*name, settings_.accept_timeout);
+  }
   Record mine;
   mine.provider = fabric_->provider_name();
   mine.address = *std::move(name);
@@ -2376,6 +2387,18 @@ void State::fail_peer(int rank, const absl::Status& status) {
 
 void State::housekeeping(absl::Time now) {
   mr_cache_->drop_unheld();
+  if (listener_guard_ != nullptr && now - last_guard_sweep_ >= kGuardInterval) {
+    last_guard_sweep_ = now;
+    const ListenerGuard::Swept swept = listener_guard_->sweep(now);
+    if (swept.reset > 0) {
+      stats_.strangers_reset += swept.reset;
+      LOG(WARNING) << "libfabric agent of worker '" << self_.name << "' reset "
+                   << swept.reset
+                   << " connection(s) to its TCP listener that made no "
+                      "connection request ("
+                   << swept.pending << " pending)";
+    }
+  }
   const bool prune = now - last_prune_ >= keepalive_interval_;
   if (prune) last_prune_ = now;
   // Our own thread may have stalled (a starved or stopped process): the

@@ -60,6 +60,16 @@
 // and the reason; the next call tries again. Frames are not bound to the
 // handshake and nothing is encrypted (docs/security.md).
 //
+// Strangers (issue #16): under tcp;ofi_rxm anyone who can reach the
+// endpoint's TCP port can connect. libfabric 1.17's tcp provider holds a
+// connection whose request never comes, or is cut short, for ever (and one
+// whose client closed early as a descriptor in CLOSE_WAIT): the progress
+// thread's listener guard (internal/listener_guard.h) resets, every 500 ms,
+// each connection on the listener that the provider has not answered once
+// its client has gone or after libfabric.accept_timeout_ms, so that the
+// provider closes and frees it. Connections the provider has taken on are
+// left alone; what their peers may send is the provider's to check.
+//
 // Limits (AgentSetup::limits): a message frame announcing more payload
 // bytes, storages or storage bytes than the limits, or a remote descriptor
 // list longer than a message within them can need, is refused before
@@ -98,6 +108,10 @@
 //                             is lost, >= 100 (default 10000)
 //   libfabric.init_timeout_ms how long creation waits for every rank's
 //                             address (default 60000)
+//   libfabric.accept_timeout_ms  tcp providers: how long a connection to
+//                             the endpoint's listener may take to make its
+//                             connection request before it is reset, >= 100
+//                             (default 5000; see "Strangers" below)
 //   libfabric.mr_cache_entries, libfabric.mr_cache_bytes  bounds of the
 //                             registration cache (default 64 entries,
 //                             256 MiB; 0 entries: no cache)
@@ -175,6 +189,9 @@ struct LibfabricStats {
   uint64_t mr_cache_hits = 0;
   uint64_t mr_cache_misses = 0;
   uint64_t mr_cache_evictions = 0;
+  // Connections to the provider's TCP listener that never made a
+  // connection request and were reset (tcp;ofi_rxm: strangers, issue #16).
+  uint64_t strangers_reset = 0;
 };
 
 // The counters of `agent`, which must be a libfabric agent that has not

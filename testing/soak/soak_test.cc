@@ -20,13 +20,9 @@
 #include <absl/strings/str_split.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <dirent.h>
-#include <malloc.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +34,7 @@
 #include "rref/rref.h"
 #include "rref/rref_testing.h"
 #include "testing/multiprocess.h"
+#include "testing/process_resources.h"
 #include "testing/status_matchers.h"
 
 namespace tether {
@@ -52,38 +49,15 @@ int64_t env_int(const char* name, int64_t fallback) {
   return value != nullptr ? std::atoll(value) : fallback;
 }
 
-// A field of /proc/self/status, in kB. RssAnon is the process's own memory
-// (heap, stacks): what must stay flat. RssShmem grows while TensorPipe's
-// fixed-size shared-memory rings are first written through, up to their
-// size; it is reported, not checked.
-int64_t status_kb(const char* field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(field, 0) == 0) {
-      return std::atoll(line.c_str() + std::strlen(field));
-    }
-  }
-  return -1;
-}
+// RssAnon is the process's own memory (heap, stacks): what must stay flat.
+// RssShmem grows while TensorPipe's fixed-size shared-memory rings are first
+// written through, up to their size; it is reported, not checked.
+using ::tether::testing::malloc_in_use_kb;
+using ::tether::testing::status_kb;
 
-int64_t rss_kb() { return status_kb("RssAnon:"); }
+int64_t rss_kb() { return ::tether::testing::rss_anon_kb(); }
 
-// Bytes malloc has handed out and not had back (its arenas and mmapped
-// chunks): tells growth of the heap from growth of other private mappings.
-int64_t malloc_in_use_kb() {
-  const struct mallinfo2 info = mallinfo2();
-  return static_cast<int64_t>((info.uordblks + info.hblkhd) / 1024);
-}
-
-int threads() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-    ::closedir(d);
-  }
-  return n;
-}
+int threads() { return ::tether::testing::thread_count(); }
 
 std::string name_of(int rank) { return absl::StrCat("w", rank % kWorld); }
 

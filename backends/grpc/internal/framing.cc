@@ -8,6 +8,7 @@
 #include <limits>
 #include <new>
 
+#include "backends/grpc/internal/settings.h"
 #include "core/internal/receive_buffers.h"
 
 namespace tether::backends::grpc_internal {
@@ -272,6 +273,9 @@ struct Assembler::Partial {
   uint64_t remaining = 0;  // chunked bytes still to come
   // Set when this side refused the message: its bytes are skipped.
   absl::Status refused;
+  // Whether finish() has given its result already (a refused message is
+  // answered at its head, before the bytes it still has to skip).
+  bool answered = false;
   std::string payload;
   std::vector<c10::Storage> storages;
 
@@ -406,7 +410,6 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
   }
   uint64_t inline_bytes = 0;
   uint64_t total = 0;
-  bool too_large = false;
   partial->sizes.resize(count);
   partial->inline_buffer.resize(count);
   partial->received.assign(count, 0);
@@ -414,16 +417,22 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
     uint8_t size[8];
     if (!body.read(size, 8)) return malformed("a truncated head");
     const uint64_t bytes = get<uint64_t>(size);
+    // No agent sends more (it may not be configured to): a stranger's
+    // numbers, which no skipping would ever see the end of. (Checked one
+    // by one, the sum cannot overflow.)
+    if (bytes > kMaxMessageLimit || total + bytes > kMaxMessageLimit) {
+      return malformed(absl::StrCat(
+          "a head announcing buffers of more than ", kMaxMessageLimit,
+          " bytes in all (buffer ", i, " of ", bytes,
+          " bytes), more than any sender may send"));
+    }
+    total += bytes;
     partial->sizes[i] = bytes;
     const bool fits = bytes <= kInlineLimit - inline_bytes;
     partial->inline_buffer[i] = fits;
     if (fits) inline_bytes += bytes;
-    if (bytes > max_message_bytes_ - std::min(total, max_message_bytes_)) {
-      too_large = true;
-    } else {
-      total += bytes;
-    }
   }
+  const bool too_large = total > max_message_bytes_;
   if (body.remaining() != inline_bytes) {
     return malformed(absl::StrCat("a head with ", body.remaining(),
                                   " inline bytes where its sizes say ",
@@ -461,15 +470,16 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
     if (!copied) return malformed("a truncated head");
   }
   for (uint32_t i = 0; i < count; ++i) {
-    if (partial->inline_buffer[i]) continue;
-    if (partial->sizes[i] >
-        std::numeric_limits<uint64_t>::max() - partial->remaining) {
-      return malformed("buffer sizes that overflow");
-    }
-    partial->remaining += partial->sizes[i];
+    if (!partial->inline_buffer[i]) partial->remaining += partial->sizes[i];
+  }
+  if (!partial->refused.ok()) {
+    // Answered now: its sender learns at once, not once it has sent bytes
+    // that are only skipped.
+    done.push_back(partial->finish());
+    partial->answered = true;
   }
   if (partial->remaining == 0) {
-    done.push_back(partial->finish());
+    if (!partial->answered) done.push_back(partial->finish());
   } else {
     partial_.emplace(key, std::move(partial));
   }
@@ -507,7 +517,7 @@ absl::Status Assembler::consume_chunk(bool is_response, Reader& body,
   partial.received[index] += length;
   partial.remaining -= length;
   if (partial.remaining == 0) {
-    done.push_back(partial.finish());
+    if (!partial.answered) done.push_back(partial.finish());
     partial_.erase(it);
   }
   return absl::OkStatus();

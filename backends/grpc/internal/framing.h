@@ -26,6 +26,12 @@
 // An error response carries the absl::StatusCode and, as its payload, the
 // status message.
 //
+// A head whose buffers add up to more than kMaxMessageLimit (2^40, the
+// highest grpc.max_message_bytes) is malformed: no agent sends one, and a
+// message that big could never be skipped to its end. A head over the
+// receiver's own limit is refused at once (its result is given with the
+// head) and its chunks are skipped as they come.
+//
 // Authentication (kind 5), when the workers share a secret (core/auth): the
 // first frames each side sends on a stream, before any message:
 //   step u8 (1 hello, 2 proof) | 3 zero bytes | name size u32 | the sender's
@@ -165,8 +171,8 @@ struct Received {
   bool is_response = false;
   int64_t id = -1;
   // A request or response; the status of an error message; or
-  // RESOURCE_EXHAUSTED if this side refused it (too large, or no memory):
-  // its bytes were skipped.
+  // RESOURCE_EXHAUSTED if this side refused it (too large, or no memory),
+  // given as soon as its head came: its bytes are skipped as they come.
   absl::StatusOr<Message> result;
 };
 

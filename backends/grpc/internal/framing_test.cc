@@ -220,6 +220,75 @@ TEST(GrpcFraming, MessageOverTheLimitIsRefusedAndSkipped) {
   EXPECT_TRUE(matches(done[1].result->storages[0], 3, 0));
 }
 
+absl::Status consume_bytes(Assembler& assembler, const std::string& bytes) {
+  std::vector<Received> done;
+  return assembler.consume(sliced(bytes, 3), done);
+}
+
+// Issue #16: a refused message is answered at its head; the sender need
+// not push the bytes that are only skipped before it learns.
+TEST(GrpcFraming, MessageOverTheLimitIsAnsweredAtItsHead) {
+  std::vector<std::string> frames =
+      frames_of(make_request(request_with({kInlineLimit + 5 * kChunk})));
+  ASSERT_GE(frames.size(), 2u);
+  Assembler assembler(/*max_message_bytes=*/kInlineLimit);
+  std::vector<Received> done;
+  ASSERT_THAT(assembler.consume(sliced(frames[0], 4096), done), IsOk());
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].id, 7);
+  EXPECT_THAT(done[0].result, StatusIs(absl::StatusCode::kResourceExhausted,
+                                       HasSubstr("grpc.max_message_bytes")));
+  // Its chunks are skipped, and answer nothing more.
+  for (size_t i = 1; i < frames.size(); ++i) {
+    ASSERT_THAT(assembler.consume(sliced(frames[i], 4096), done), IsOk());
+  }
+  EXPECT_EQ(done.size(), 1u);
+  EXPECT_EQ(assembler.partial(), 0u);
+}
+
+// Issue #16: sizes no agent may send (grpc.max_message_bytes is at most
+// 2^40) are a stranger's: the stream ends, instead of waiting for ever for
+// bytes to skip.
+TEST(GrpcFraming, HeadsAnnouncingMoreThanAnySenderMayAreMalformed) {
+  const std::string head = frames_of(make_request(
+      request_with({kInlineLimit + kChunk, kInlineLimit + kChunk})))[0];
+  // Buffer 0 is the payload, inline; buffers 1 and 2 are announced only.
+  auto with_sizes = [&head](uint64_t first, uint64_t second) {
+    std::string bytes = head;
+    for (int i = 0; i < 8; ++i) {
+      bytes[kPrefixBytes + kHeadFixedBytes + 8 + i] =
+          static_cast<char>(first >> (8 * i));
+      bytes[kPrefixBytes + kHeadFixedBytes + 16 + i] =
+          static_cast<char>(second >> (8 * i));
+    }
+    return bytes;
+  };
+  constexpr uint64_t kTiB = uint64_t{1} << 40;
+  for (const auto& [first, second] :
+       std::vector<std::pair<uint64_t, uint64_t>>{
+           {uint64_t{1} << 62, 1 << 20},
+           {uint64_t{1} << 63, 1 << 20},
+           {~uint64_t{0}, 1 << 20},
+           {kTiB, kTiB},
+           {kTiB / 2 + 1, kTiB / 2},
+       }) {
+    Assembler assembler(/*max_message_bytes=*/1 << 30);
+    EXPECT_THAT(consume_bytes(assembler, with_sizes(first, second)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("more than any sender may send")))
+        << first << " + " << second;
+  }
+  // At the bound: refused for this receiver, not malformed.
+  Assembler assembler(/*max_message_bytes=*/1 << 30);
+  std::vector<Received> done;
+  ASSERT_THAT(
+      assembler.consume(sliced(with_sizes(kTiB / 2, kTiB / 2 - 6), 4096), done),
+      IsOk());
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_THAT(done[0].result,
+              StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
 TEST(GrpcFraming, CheckLimitsNamesTheSetting) {
   std::shared_ptr<const OutgoingMessage> message =
       make_request(request_with({1000}));
@@ -227,11 +296,6 @@ TEST(GrpcFraming, CheckLimitsNamesTheSetting) {
   EXPECT_THAT(check_limits(*message, 1000, "the request"),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("grpc.max_message_bytes")));
-}
-
-absl::Status consume_bytes(Assembler& assembler, const std::string& bytes) {
-  std::vector<Received> done;
-  return assembler.consume(sliced(bytes, 3), done);
 }
 
 TEST(GrpcFraming, MalformedFramesAreInvalidArgument) {

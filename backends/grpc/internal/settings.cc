@@ -37,7 +37,6 @@ constexpr char kAuthTimeoutKey[] = "grpc.auth_timeout_ms";
 constexpr int kMaxCompletionThreads = 64;
 constexpr uint64_t kMinChunk = 4 << 10;
 constexpr uint64_t kMaxChunk = 64 << 20;
-constexpr uint64_t kMaxMessage = uint64_t{1} << 40;
 
 absl::Status bad_value(absl::string_view key, absl::string_view value,
                        absl::string_view expected) {
@@ -209,7 +208,7 @@ absl::StatusOr<Settings> parse_settings(
       if (!threads.ok()) return threads.status();
       settings.completion_threads = static_cast<int>(*threads);
     } else if (key == kMaxMessageKey) {
-      absl::StatusOr<int64_t> bytes = parse_int(key, value, 1, kMaxMessage);
+      absl::StatusOr<int64_t> bytes = parse_int(key, value, 1, kMaxMessageLimit);
       if (!bytes.ok()) return bytes.status();
       settings.max_message_bytes = static_cast<uint64_t>(*bytes);
     } else if (key == kChunkKey) {

@@ -14,6 +14,10 @@
 
 namespace tether::backends::grpc_internal {
 
+// The highest grpc.max_message_bytes: no agent sends a larger message, so a
+// frame that announces one is not from an agent (internal/framing.h).
+inline constexpr uint64_t kMaxMessageLimit = uint64_t{1} << 40;
+
 struct TlsSettings {
   // PEM text read from the files the settings name. TLS is on when
   // `cert_chain` is set (then `private_key` and `root_certs` are too).

@@ -22,6 +22,7 @@ constexpr char kRendezvousKey[] = "libfabric.rendezvous";
 constexpr char kCreditsKey[] = "libfabric.credits";
 constexpr char kPeerTimeoutKey[] = "libfabric.peer_timeout_ms";
 constexpr char kInitTimeoutKey[] = "libfabric.init_timeout_ms";
+constexpr char kAcceptTimeoutKey[] = "libfabric.accept_timeout_ms";
 constexpr char kCacheEntriesKey[] = "libfabric.mr_cache_entries";
 constexpr char kCacheBytesKey[] = "libfabric.mr_cache_bytes";
 constexpr char kSpinKey[] = "libfabric.spin_us";
@@ -151,6 +152,9 @@ absl::StatusOr<Settings> parse_settings(
     } else if (key == kInitTimeoutKey) {
       number = parse_int(key, value, 1, int64_t{24} * 3600 * 1000);
       if (number.ok()) settings.init_timeout = absl::Milliseconds(*number);
+    } else if (key == kAcceptTimeoutKey) {
+      number = parse_int(key, value, 100, int64_t{24} * 3600 * 1000);
+      if (number.ok()) settings.accept_timeout = absl::Milliseconds(*number);
     } else if (key == kCacheEntriesKey) {
       number = parse_int(key, value, 0, 1 << 20);
       if (number.ok()) settings.mr_cache_entries = static_cast<size_t>(*number);
@@ -167,6 +171,7 @@ absl::StatusOr<Settings> parse_settings(
                                                  kThresholdKey, kRendezvousKey,
                                                  kCreditsKey, kPeerTimeoutKey,
                                                  kInitTimeoutKey,
+                                                 kAcceptTimeoutKey,
                                                  kCacheEntriesKey,
                                                  kCacheBytesKey, kSpinKey},
                         ", ")));

@@ -35,6 +35,9 @@ struct Settings {
   uint32_t credits = 16;
   absl::Duration peer_timeout = absl::Seconds(10);
   absl::Duration init_timeout = absl::Seconds(60);
+  // tcp providers: how long a connection accepted on the endpoint's
+  // listener may take to make its connection request before it is reset.
+  absl::Duration accept_timeout = absl::Seconds(5);
   size_t mr_cache_entries = 64;
   uint64_t mr_cache_bytes = uint64_t{256} << 20;
   // How long the progress thread keeps polling after its last work before
