@@ -67,6 +67,10 @@ constexpr char kMeasuredKey[] = "hostile/measured";
 constexpr char kDoneKey[] = "hostile/done";
 
 std::string warm_key(int rank) { return absl::StrCat("hostile/warm/", rank); }
+std::string stopped_key(int rank) {
+  return absl::StrCat("hostile/stopped/", rank);
+}
+
 std::string left_key(int rank) { return absl::StrCat("hostile/left/", rank); }
 
 // TETHER_HOSTILE_SCALE: how many times the default connection counts.
@@ -369,7 +373,9 @@ class Streamer {
 
  private:
   void run() {
-    for (int64_t i = 0; !stop_.load(); ++i) {
+    // At least one call, even when stop() comes at once (a fast attack on a
+    // loaded machine).
+    for (int64_t i = 0; i == 0 || !stop_.load(); ++i) {
       const uint8_t seed = static_cast<uint8_t>(i);
       const size_t size = 4096 + static_cast<size_t>(i % 7);
       Message request = ping(absl::StrCat("stream/", i));
@@ -554,6 +560,9 @@ void run_case(const HostileParam& param, bool authenticated,
           streamer.expect_all_succeeded(
               absl::StrCat("agent", rank, " -> ", rank == kVictim ? 2 : 1));
         }
+        // No worker may leave while another still calls it: a store's wait
+        // may see a key some milliseconds after another worker did.
+        set_key(store, stopped_key(rank));
 
         if (rank == kVictim) {
           baseline->expect_back();
@@ -561,6 +570,8 @@ void run_case(const HostileParam& param, bool authenticated,
         }
         if (rank == 0) {
           wait_key(store, kMeasuredKey, kDeadline);
+          wait_key(store, stopped_key(1), kDeadline);
+          wait_key(store, stopped_key(2), kDeadline);
           absl::StatusOr<Message> alive =
               agent.send(workers[kVictim], ping("alive"), kBound)
                   .get(absl::Now() + kBound);

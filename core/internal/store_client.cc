@@ -45,7 +45,7 @@ std::string prefixed(absl::string_view key) {
 }
 
 constexpr absl::Duration kFirstPoll = absl::Milliseconds(1);
-constexpr absl::Duration kLastPoll = absl::Milliseconds(50);
+constexpr absl::Duration kLastPoll = absl::Milliseconds(10);
 
 // Bytes of one request, in the server's format.
 class Request {
