@@ -61,6 +61,8 @@ def test_worker_infos(callee):
     assert (other.name, other.id) == ("callee", 1)
     assert repr(other) == "WorkerInfo(id=1, name=callee)"
     assert rpc.get_worker_info(callee) == other
+    assert [w.name for w in rpc.get_all_worker_infos()] == ["caller", "callee"]
+    assert rpc.get_rpc_timeout() == 60.0
     with pytest.raises(RuntimeError, match="unknown worker 'nobody'"):
         rpc.get_worker_info("nobody")
 

@@ -28,7 +28,8 @@ from tether.rpc._callee import allow_module, expose
 
 __all__ = [
     "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
-    "RRef", "WorkerInfo", "allow_module", "expose", "get_rpc_timeout",
+    "RRef", "WorkerInfo", "allow_module", "expose", "get_all_worker_infos",
+    "get_rpc_timeout",
     "get_worker_info", "init_rpc", "remote", "rpc_async", "rpc_sync",
     "shutdown",
 ]
@@ -145,6 +146,11 @@ def shutdown(graceful=True):
 
 def get_worker_info(worker_name=None):
     return _C.get_worker_info(worker_name)
+
+
+def get_all_worker_infos():
+    """Every worker of the group, by rank."""
+    return _C.get_all_worker_infos()
 
 
 def get_rpc_timeout():
