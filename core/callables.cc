@@ -1,12 +1,15 @@
 #include "core/callables.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <torch/custom_class.h>
 #include <torch/jit.h>
 
 #include <exception>
 #include <optional>
+#include <sstream>
 
 namespace tether {
 namespace {
@@ -49,6 +52,160 @@ absl::StatusOr<std::vector<c10::IValue>> check_inputs(
         ": ", error_text(e)));
   }
   return args;
+}
+
+// Operators that would let a peer read or write this worker's files.
+bool refused_operator(const c10::OperatorName& name) {
+  return name.name == "aten::from_file";
+}
+
+absl::Status refusal(const c10::OperatorName& name) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      "operator ", name.name, " is refused: it reads or writes the callee's "
+      "files (docs/security.md)"));
+}
+
+std::string type_name(const c10::IValue& v) {
+  if (v.isTensor()) return "Tensor";
+  if (v.isList()) {
+    return absl::StrCat(v.toList().elementType()->annotation_str(), "[]");
+  }
+  return v.type()->annotation_str();
+}
+
+// Whether `v` can be passed where `type` is declared; adds to `cost` one per
+// conversion (a number passed as Scalar, a value as Any or a type variable)
+// and rewrites an empty list to the declared element type.
+bool accepts(c10::IValue& v, const c10::TypePtr& type, int& cost) {
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType:
+      return v.isTensor();
+    case c10::TypeKind::OptionalType:
+      return v.isNone() ||
+             accepts(v, type->expectRef<c10::OptionalType>().getElementType(),
+                     cost);
+    case c10::TypeKind::NumberType:
+      ++cost;
+      return v.isInt() || v.isDouble() || v.isComplexDouble();
+    case c10::TypeKind::IntType:
+      return v.isInt();
+    case c10::TypeKind::FloatType:
+      return v.isDouble();
+    case c10::TypeKind::BoolType:
+      return v.isBool();
+    case c10::TypeKind::StringType:
+      return v.isString();
+    case c10::TypeKind::ComplexType:
+      return v.isComplexDouble();
+    case c10::TypeKind::AnyType:
+    case c10::TypeKind::VarType:
+      ++cost;
+      return true;
+    case c10::TypeKind::ListType: {
+      if (!v.isList()) return false;
+      const c10::TypePtr& element =
+          type->expectRef<c10::ListType>().getElementType();
+      if (element->hasFreeVariables()) {
+        ++cost;
+        return true;
+      }
+      c10::impl::GenericList list = v.toList();
+      if (list.empty()) {
+        if (*list.elementType() != *element) {
+          v = c10::impl::GenericList(element);
+        }
+        return true;
+      }
+      return list.elementType()->isSubtypeOf(*element);
+    }
+    default:
+      if (type->hasFreeVariables()) {
+        ++cost;
+        return true;
+      }
+      return v.type()->isSubtypeOf(*type);
+  }
+}
+
+// The stack that calls `schema` with `args` and `kwargs` (defaults filled
+// in), or why they do not fit; `cost` counts the conversions.
+absl::StatusOr<std::vector<c10::IValue>> fit(const c10::FunctionSchema& schema,
+                                             std::vector<c10::IValue> args,
+                                             const Kwargs& kwargs, int& cost) {
+  const std::vector<c10::Argument>& formals = schema.arguments();
+  if (schema.is_vararg()) {
+    return absl::InvalidArgumentError("takes variadic arguments");
+  }
+  size_t positional = 0;
+  while (positional < formals.size() && !formals[positional].kwarg_only()) {
+    ++positional;
+  }
+  if (args.size() > positional) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("takes ", positional, " positional arguments, got ",
+                     args.size()));
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!accepts(args[i], formals[i].type(), cost)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument '", formals[i].name(), "' (position ", i, ") must be ",
+          formals[i].type()->annotation_str(), ", got ", type_name(args[i])));
+    }
+  }
+  const size_t given = args.size();
+  size_t used = 0;
+  for (size_t i = given; i < formals.size(); ++i) {
+    const c10::Argument& formal = formals[i];
+    auto keyword = kwargs.find(formal.name());
+    if (keyword != kwargs.end()) {
+      c10::IValue value = keyword->second;
+      if (!accepts(value, formal.type(), cost)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "argument '", formal.name(), "' must be ",
+            formal.type()->annotation_str(), ", got ", type_name(value)));
+      }
+      args.push_back(std::move(value));
+      ++used;
+    } else if (formal.default_value().has_value()) {
+      args.push_back(*formal.default_value());
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing argument '", formal.name(), "'"));
+    }
+  }
+  if (used != kwargs.size()) {
+    for (const auto& entry : kwargs) {
+      for (size_t i = 0; i < given; ++i) {
+        if (formals[i].name() == entry.first) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "argument '", entry.first, "' given by position and keyword"));
+        }
+      }
+    }
+    for (const auto& entry : kwargs) {
+      if (!schema.argumentIndexWithName(entry.first).has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unexpected keyword argument '", entry.first, "'"));
+      }
+    }
+  }
+  return args;
+}
+
+std::string schema_text(const c10::FunctionSchema& schema) {
+  std::ostringstream out;
+  out << schema;
+  return out.str();
+}
+
+absl::StatusOr<c10::IValue> call_operator(const c10::OperatorHandle& op,
+                                          std::vector<c10::IValue> stack) {
+  try {
+    op.callBoxed(&stack);
+  } catch (const std::exception& e) {
+    return absl::UnknownError(error_text(e));
+  }
+  return result_of(stack);
 }
 
 }  // namespace
@@ -108,22 +265,131 @@ absl::Status Callables::add_script(const std::string& source) {
   return absl::OkStatus();
 }
 
+absl::Status Callables::add_provider(
+    std::string prefix, std::shared_ptr<CallableProvider> provider) {
+  if (prefix.size() <= 2 || !absl::EndsWith(prefix, "::") ||
+      provider == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a callable provider needs a prefix ending in '::', got '", prefix,
+        "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& existing : providers_) {
+    if (existing.first == prefix) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("names under '", prefix, "' are already served"));
+    }
+  }
+  providers_.emplace_back(std::move(prefix), std::move(provider));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const std::vector<c10::OperatorHandle>> Callables::overloads(
+    const std::string& name) const {
+  {
+    absl::MutexLock lock(&mu_);
+    auto cached = overloads_.find(name);
+    if (cached != overloads_.end()) return cached->second;
+  }
+  auto found = std::make_shared<std::vector<c10::OperatorHandle>>();
+  c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& op : dispatcher.getAllOpNames()) {
+    if (op.name != name) continue;
+    c10::optional<c10::OperatorHandle> handle = dispatcher.findOp(op);
+    if (handle.has_value() && handle->hasSchema()) found->push_back(*handle);
+  }
+  // Only a name that has overloads is cached: a library loaded later may
+  // still register an unknown one.
+  if (found->empty()) return found;
+  absl::MutexLock lock(&mu_);
+  return overloads_.emplace(name, std::move(found)).first->second;
+}
+
 absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
                                             std::vector<c10::IValue> args,
                                             const Kwargs& kwargs) const {
-  if (name.find("::") != absl::string_view::npos) {
-    c10::optional<c10::OperatorHandle> op =
-        c10::Dispatcher::singleton().findOp(split_operator_name(name));
-    if (op.has_value() && op->hasSchema()) {
-      absl::StatusOr<std::vector<c10::IValue>> stack =
-          check_inputs(op->schema(), std::move(args), kwargs);
-      if (!stack.ok()) return stack.status();
-      try {
-        op->callBoxed(&*stack);
-      } catch (const std::exception& e) {
-        return absl::UnknownError(error_text(e));
+  std::shared_ptr<CallableProvider> provider;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [prefix, served] : providers_) {
+      if (absl::StartsWith(name, prefix)) {
+        provider = served;
+        break;
       }
-      return result_of(*stack);
+    }
+  }
+  if (provider != nullptr) {
+    return provider->call(name, std::move(args), kwargs);
+  }
+  size_t ns_end = name.find("::");
+  if (ns_end != absl::string_view::npos) {
+    c10::OperatorName op_name = split_operator_name(name);
+    if (refused_operator(op_name)) return refusal(op_name);
+    if (name.find('.', ns_end) != absl::string_view::npos) {
+      // A full name: that overload only.
+      c10::optional<c10::OperatorHandle> op =
+          c10::Dispatcher::singleton().findOp(op_name);
+      if (op.has_value() && op->hasSchema()) {
+        int cost = 0;
+        absl::StatusOr<std::vector<c10::IValue>> stack =
+            fit(op->schema(), std::move(args), kwargs, cost);
+        if (!stack.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("bad arguments for ", name, ": ",
+                           stack.status().message(), "; its schema is ",
+                           schema_text(op->schema())));
+        }
+        return call_operator(*op, *std::move(stack));
+      }
+    } else if (auto candidates = overloads(std::string(name));
+               !candidates->empty()) {
+      // A bare name: the overload that fits the arguments best.
+      const c10::OperatorHandle* best = nullptr;
+      std::vector<c10::IValue> best_stack;
+      int best_cost = 0;
+      std::vector<const c10::OperatorHandle*> tied;
+      std::vector<std::string> misfits;
+      for (const c10::OperatorHandle& op : *candidates) {
+        int cost = 0;
+        absl::StatusOr<std::vector<c10::IValue>> stack =
+            fit(op.schema(), args, kwargs, cost);
+        if (!stack.ok()) {
+          misfits.push_back(absl::StrCat(schema_text(op.schema()), " (",
+                                         stack.status().message(), ")"));
+          continue;
+        }
+        if (best == nullptr || cost < best_cost) {
+          best = &op;
+          best_cost = cost;
+          best_stack = *std::move(stack);
+          tied.clear();
+        } else if (cost == best_cost) {
+          tied.push_back(&op);
+        }
+      }
+      std::vector<std::string> arg_types;
+      for (const c10::IValue& arg : args) arg_types.push_back(type_name(arg));
+      for (const auto& [key, value] : kwargs) {
+        arg_types.push_back(absl::StrCat(key, "=", type_name(value)));
+      }
+      if (best == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "no overload of ", name, " fits the arguments (",
+            absl::StrJoin(arg_types, ", "), "); candidates: ",
+            absl::StrJoin(misfits, "; ")));
+      }
+      if (!tied.empty()) {
+        tied.insert(tied.begin(), best);
+        std::vector<std::string> schemas;
+        for (const c10::OperatorHandle* op : tied) {
+          schemas.push_back(schema_text(op->schema()));
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the arguments (", absl::StrJoin(arg_types, ", "), ") of ", name,
+            " fit several overloads equally; name one: ",
+            absl::StrJoin(schemas, "; ")));
+      }
+      return call_operator(*best, std::move(best_stack));
     }
   }
   // A custom class, by its qualified name: construct an instance.
@@ -152,7 +418,9 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
   }
   if (fn == nullptr) {
     return absl::NotFoundError(absl::StrCat(
-        "no operator or TorchScript function named '", name, "'"));
+        "no operator or TorchScript function named '", name,
+        "' (a TORCH_LIBRARY operator in a cc_library needs alwayslink = True "
+        "to be registered)"));
   }
   return run_function(*fn, std::move(args), kwargs);
 }

@@ -189,6 +189,12 @@ void Worker::set_rref_hook(wire::RRefHook* hook) {
   rref_hook_ = hook;
 }
 
+absl::Status Worker::add_callable_provider(
+    std::string prefix, std::shared_ptr<CallableProvider> provider) {
+  TETHER_CHECK(building_, "add_callable_provider after the worker started");
+  return callables_.add_provider(std::move(prefix), std::move(provider));
+}
+
 void Worker::set_autograd_hook(AutogradHook* hook) {
   TETHER_CHECK(building_, "set_autograd_hook after the worker started");
   autograd_hook_ = hook;

@@ -249,6 +249,13 @@ class Worker {
   // `call` is the decoded (name, args, kwargs) tuple.
   void set_call_gate(std::function<absl::Status(const c10::IValue& call)> gate);
 
+  // Names under `prefix` (e.g. "py::") are served by `provider`, a layer
+  // above core with its own policy (the Python front end). Such calls run
+  // on the pool. Only while an ExtensionFactory runs; errors as
+  // Callables::add_provider.
+  [[nodiscard]] absl::Status add_callable_provider(
+      std::string prefix, std::shared_ptr<CallableProvider> provider);
+
   // Sends a message as is (CANCELLED once stopped). The response is the
   // agent's; an EXCEPTION response becomes its Status.
   Future<Message> send(const WorkerInfo& to, Message message,

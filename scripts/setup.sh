@@ -21,6 +21,11 @@ packages=(
   libbenchmark-dev
   libssl-dev
   iproute2
+  # The Python front end (python/, scripts/python_setup.sh).
+  python3-dev
+  pybind11-dev
+  python3-torch
+  python3-pytest
   "$@"
 )
 

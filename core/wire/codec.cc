@@ -430,6 +430,14 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
           value(elems[i], tuple->add_elems(), path.index(i), depth + 1);
       if (!s.ok()) return s;
     }
+  } else if (v.isPyObject()) {
+    // A Python object (the Python front end keeps such results on their
+    // owner): it never travels.
+    return invalid("value", path,
+                   "a Python object is not a wire value: it stays on its "
+                   "owner (use remote() and call it there); only tensors, "
+                   "numbers, strings, None, lists, tuples, dicts and RRefs "
+                   "travel");
   } else {
     return invalid("value", path, "unsupported IValue kind ", KindOf{v});
   }

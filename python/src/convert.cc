@@ -1,0 +1,201 @@
+#include "python/src/convert.h"
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/jit/python/python_ivalue.h>
+
+#include <vector>
+
+#include "rref/rref.h"
+
+namespace tether::python {
+namespace {
+
+std::string describe_type(py::handle obj) {
+  py::handle type = py::type::handle_of(obj);
+  std::string module = py::str(type.attr("__module__"));
+  std::string name = py::str(type.attr("__qualname__"));
+  return module == "builtins" ? name : module + "." + name;
+}
+
+[[noreturn]] void refuse(py::handle obj, const std::string& where) {
+  throw py::type_error(
+      where + " is a " + describe_type(obj) +
+      ": tether sends only tensors, numbers, strings, None, lists, tuples, "
+      "dicts and RRefs, never pickled objects (docs/security.md)");
+}
+
+// The element type a homogeneous list of these kinds keeps on the wire.
+enum class Kind { kNone, kTensor, kBool, kInt, kFloat, kStr, kOther };
+
+Kind kind_of(py::handle obj) {
+  PyObject* p = obj.ptr();
+  if (THPVariable_Check(p)) return Kind::kTensor;
+  if (PyBool_Check(p)) return Kind::kBool;
+  if (PyLong_Check(p)) return Kind::kInt;
+  if (PyFloat_Check(p)) return Kind::kFloat;
+  if (PyUnicode_Check(p)) return Kind::kStr;
+  return Kind::kOther;
+}
+
+c10::TypePtr type_of(Kind kind) {
+  switch (kind) {
+    case Kind::kTensor:
+      return c10::TensorType::get();
+    case Kind::kBool:
+      return c10::BoolType::get();
+    case Kind::kInt:
+      return c10::IntType::get();
+    case Kind::kFloat:
+      return c10::FloatType::get();
+    case Kind::kStr:
+      return c10::StringType::get();
+    default:
+      return c10::AnyType::get();
+  }
+}
+
+// The common kind of `items`, or kOther.
+template <typename Items>
+Kind common_kind(const Items& items) {
+  Kind common = Kind::kNone;
+  for (py::handle item : items) {
+    Kind k = kind_of(item);
+    if (common == Kind::kNone) {
+      common = k;
+    } else if (k != common) {
+      return Kind::kOther;
+    }
+  }
+  return common;
+}
+
+}  // namespace
+
+c10::IValue to_ivalue(py::handle obj, Objects objects,
+                      const std::string& where) {
+  PyObject* p = obj.ptr();
+  if (THPVariable_Check(p)) return THPVariable_Unpack(p);
+  if (p == Py_None) return c10::IValue();
+  if (PyBool_Check(p)) return c10::IValue(p == Py_True);
+  if (PyLong_Check(p)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+    if (overflow != 0) {
+      throw py::value_error(where + " is an int out of the 64-bit range");
+    }
+    return c10::IValue(static_cast<int64_t>(v));
+  }
+  if (PyFloat_Check(p)) return c10::IValue(PyFloat_AS_DOUBLE(p));
+  if (PyUnicode_Check(p)) return c10::IValue(obj.cast<std::string>());
+  if (PyComplex_Check(p)) {
+    return c10::IValue(c10::complex<double>(PyComplex_RealAsDouble(p),
+                                            PyComplex_ImagAsDouble(p)));
+  }
+  if (py::isinstance<RRef>(obj)) return obj.cast<const RRef&>().to_ivalue();
+  if (PyTuple_Check(p)) {
+    py::tuple tuple = py::reinterpret_borrow<py::tuple>(obj);
+    std::vector<c10::IValue> elements;
+    elements.reserve(tuple.size());
+    for (size_t i = 0; i < tuple.size(); ++i) {
+      elements.push_back(to_ivalue(tuple[i], objects,
+                                   where + "[" + std::to_string(i) + "]"));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  if (PyList_Check(p)) {
+    py::list list = py::reinterpret_borrow<py::list>(obj);
+    Kind kind = common_kind(list);
+    c10::impl::GenericList out(kind == Kind::kNone ? c10::AnyType::get()
+                                                   : type_of(kind));
+    out.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      out.push_back(
+          to_ivalue(list[i], objects, where + "[" + std::to_string(i) + "]"));
+    }
+    return out;
+  }
+  if (PyDict_Check(p)) {
+    py::dict dict = py::reinterpret_borrow<py::dict>(obj);
+    std::vector<py::handle> keys;
+    std::vector<py::handle> values;
+    for (auto item : dict) {
+      keys.push_back(item.first);
+      values.push_back(item.second);
+    }
+    Kind key_kind = common_kind(keys);
+    if (key_kind == Kind::kNone) key_kind = Kind::kStr;
+    if (key_kind != Kind::kStr && key_kind != Kind::kInt &&
+        key_kind != Kind::kTensor) {
+      throw py::type_error(
+          where + " is a dict whose keys are not all str, all int or all "
+                  "tensors: tether sends only such dicts");
+    }
+    Kind value_kind = common_kind(values);
+    c10::impl::GenericDict out(type_of(key_kind),
+                               value_kind == Kind::kNone
+                                   ? c10::AnyType::get()
+                                   : type_of(value_kind));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::string key_where = where + "[" + std::string(py::repr(keys[i])) + "]";
+      out.insert(to_ivalue(keys[i], Objects::kRefuse, key_where),
+                 to_ivalue(values[i], objects, key_where));
+    }
+    return out;
+  }
+  if (objects == Objects::kKeep) {
+    return c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(
+        py::reinterpret_borrow<py::object>(obj)));
+  }
+  refuse(obj, where);
+}
+
+py::object to_python(const c10::IValue& value) {
+  if (value.isTensor()) {
+    return py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(value.toTensor()));
+  }
+  if (value.isNone()) return py::none();
+  if (value.isBool()) return py::bool_(value.toBool());
+  if (value.isInt()) return py::int_(value.toInt());
+  if (value.isDouble()) return py::float_(value.toDouble());
+  if (value.isString()) return py::str(value.toStringRef());
+  if (value.isTuple()) {
+    const auto& elements = value.toTupleRef().elements();
+    py::tuple out(elements.size());
+    for (size_t i = 0; i < elements.size(); ++i) {
+      out[i] = to_python(elements[i]);
+    }
+    return out;
+  }
+  if (value.isList()) {
+    c10::ArrayRef<c10::IValue> elements = value.toListRef();
+    py::list out(elements.size());
+    for (size_t i = 0; i < elements.size(); ++i) {
+      out[i] = to_python(elements[i]);
+    }
+    return out;
+  }
+  if (value.isGenericDict()) {
+    py::dict out;
+    for (const auto& entry : value.toGenericDict()) {
+      out[to_python(entry.key())] = to_python(entry.value());
+    }
+    return out;
+  }
+  if (value.isRRef()) {
+    absl::StatusOr<RRef> rref = RRef::from_ivalue(value);
+    if (!rref.ok()) throw std::runtime_error(rref.status().ToString());
+    return py::cast(*std::move(rref));
+  }
+  if (value.isPyObject()) {
+    return py::reinterpret_borrow<py::object>(value.toPyObject());
+  }
+  // Complex numbers, devices, custom-class objects: LibTorch's own
+  // conversion.
+  return torch::jit::toPyObject(value);
+}
+
+}  // namespace tether::python

@@ -1,0 +1,43 @@
+// Python objects <-> tether's wire values (c10::IValue), for the extension
+// module tether._C.
+//
+// What travels is the codec's value set (core/wire/codec.h): tensors (as
+// torch.Tensor, no copy), None, bool, int, float, complex, str, lists,
+// tuples, dicts and RRefs. A caller's argument of any other type is refused
+// here, naming the argument and its type: nothing is pickled
+// (docs/security.md). A callee's result of another type (an nn.Module made
+// by remote()) is kept as an opaque Python object on its owner; the codec
+// refuses to send it.
+//
+// Thread safety: every function needs the GIL.
+#ifndef TETHER_PYTHON_SRC_CONVERT_H_
+#define TETHER_PYTHON_SRC_CONVERT_H_
+
+#include <ATen/core/ivalue.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+namespace tether::python {
+
+namespace py = pybind11;
+
+enum class Objects {
+  // Anything that is not a wire value is a TypeError (a caller's arguments).
+  kRefuse,
+  // Anything that is not a wire value becomes an opaque PyObject IValue (a
+  // callee's result, which stays on its owner).
+  kKeep,
+};
+
+// `where` names the value in errors ("argument 2 of 'py::__main__:f'").
+// Throws py::type_error (kRefuse) or py::value_error (an int out of range).
+c10::IValue to_ivalue(py::handle obj, Objects objects, const std::string& where);
+
+// Tensors are the same tensors (shared storage); RRefs become tether RRef
+// objects; an opaque object is the object itself.
+py::object to_python(const c10::IValue& value);
+
+}  // namespace tether::python
+
+#endif  // TETHER_PYTHON_SRC_CONVERT_H_

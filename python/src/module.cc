@@ -1,0 +1,431 @@
+// tether._C: the Python extension over tether's C++ API (ARCHITECTURE.md
+// section 11). tether/rpc/__init__.py is its user-facing side; this module
+// is internal.
+//
+// Threads and the GIL: every call that waits or moves bytes (init, rpc_sync,
+// the send of rpc_async and remote, to_here, shutdown) releases the GIL.
+// Python functions called by peers run on the worker pool, holding the GIL
+// only while Python runs (PythonCallables). The futures rpc_async returns
+// are torch.futures.Future objects; they complete on one thread of this
+// module (Completer), which takes the GIL to turn the value into Python
+// objects and runs the user's callbacks: an agent's threads never wait for
+// the GIL.
+#include <ATen/core/ivalue.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/jit/python/python_ivalue.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "backends/builtin.h"
+#include "core/rpc.h"
+#include "python/src/convert.h"
+#include "rref/rref.h"
+
+namespace tether::python {
+namespace {
+
+namespace py = pybind11;
+
+// A failed Status on its way to Python: the translator below raises what
+// tether.rpc._errors.exception_for makes of it (the remote exception's
+// builtin type, else RuntimeError).
+class RpcError : public std::exception {
+ public:
+  explicit RpcError(absl::Status status)
+      : status_(std::move(status)), text_(status_.message()) {}
+  const char* what() const noexcept override { return text_.c_str(); }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+  std::string text_;
+};
+
+void raise_python(const absl::Status& status) {
+  py::object make =
+      py::module_::import("tether.rpc._errors").attr("exception_for");
+  py::object exc = make(static_cast<int>(status.code()),
+                        std::string(status.message()));
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+}
+
+void check(const absl::Status& status) {
+  if (!status.ok()) throw RpcError(status);
+}
+
+template <typename T>
+T value_or_throw(absl::StatusOr<T> result) {
+  if (!result.ok()) throw RpcError(result.status());
+  return *std::move(result);
+}
+
+absl::Duration to_duration(double seconds) {
+  if (seconds < 0) return kDefaultTimeout;
+  if (seconds == 0) return absl::ZeroDuration();  // no bound
+  return absl::Seconds(seconds);
+}
+
+To to_target(py::handle to) {
+  if (py::isinstance<WorkerInfo>(to)) return To(to.cast<WorkerInfo>());
+  if (PyLong_Check(to.ptr()) && !PyBool_Check(to.ptr())) {
+    return To(to.cast<int>());
+  }
+  if (PyUnicode_Check(to.ptr())) return To(to.cast<std::string>());
+  throw py::type_error(
+      "'to' must be a worker name (str), a rank (int) or a WorkerInfo, got " +
+      std::string(py::str(py::type::handle_of(to).attr("__qualname__"))));
+}
+
+std::vector<c10::IValue> to_args(const py::tuple& args,
+                                 const std::string& fn) {
+  std::vector<c10::IValue> out;
+  out.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    out.push_back(to_ivalue(args[i], Objects::kRefuse,
+                            "argument " + std::to_string(i + 1) + " of '" +
+                                fn + "'"));
+  }
+  return out;
+}
+
+Kwargs to_kwargs(const py::dict& kwargs, const std::string& fn) {
+  Kwargs out;
+  for (auto item : kwargs) {
+    std::string key = py::str(item.first);
+    out.emplace(key, to_ivalue(item.second, Objects::kRefuse,
+                               "keyword argument '" + key + "' of '" + fn +
+                                   "'"));
+  }
+  return out;
+}
+
+// Runs completions of Python futures, in order, on one thread.
+class Completer {
+ public:
+  static Completer& get() {
+    // Leaked: the thread may still wait when the interpreter exits.
+    static Completer* completer = new Completer();
+    return *completer;
+  }
+
+  void post(std::function<void()> job) {
+    absl::MutexLock lock(&mu_);
+    jobs_.push_back(std::move(job));
+  }
+
+ private:
+  Completer() {
+    std::thread([this] { run(); }).detach();
+  }
+
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](std::deque<std::function<void()>>* jobs) {
+              return !jobs->empty();
+            },
+            &jobs_));
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+// A torch.futures.Future completed with `future`'s result, as a Python
+// object (RpcError on failure).
+py::object python_future(Future<c10::IValue> future) {
+  auto jit_future =
+      c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get());
+  {
+    py::gil_scoped_release nogil;
+    future.on_complete(
+        [jit_future](const absl::StatusOr<c10::IValue>& result) {
+          Completer::get().post([jit_future, result] {
+            if (!result.ok()) {
+              jit_future->setError(
+                  std::make_exception_ptr(RpcError(result.status())));
+              return;
+            }
+            c10::IValue value;
+            {
+              py::gil_scoped_acquire gil;
+              try {
+                value = c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(
+                    to_python(*result)));
+              } catch (const std::exception& e) {
+                value = c10::IValue();
+                jit_future->setError(std::make_exception_ptr(RpcError(
+                    absl::InternalError(std::string("cannot convert the "
+                                                    "result: ") +
+                                        e.what()))));
+                return;
+              }
+            }
+            jit_future->markCompleted(std::move(value));
+          });
+        });
+  }
+  return py::cast(std::make_shared<torch::jit::PythonFutureWrapper>(
+      std::move(jit_future)));
+}
+
+// Serves "py::module:qualname" calls by tether.rpc._callee.serve, which
+// applies the worker's allow policy (docs/security.md).
+class PythonCallables : public CallableProvider {
+ public:
+  // `serve` is a module-level function: it lives as long as the
+  // interpreter, so the reference taken here is never given back (a
+  // provider may be destroyed without the GIL).
+  explicit PythonCallables(py::handle serve, py::handle failure)
+      : serve_(serve.inc_ref().ptr()), failure_(failure.inc_ref().ptr()) {}
+
+  absl::StatusOr<c10::IValue> call(absl::string_view name,
+                                   std::vector<c10::IValue> args,
+                                   const Kwargs& kwargs) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple py_args(args.size());
+      for (size_t i = 0; i < args.size(); ++i) {
+        py_args[i] = to_python(args[i]);
+      }
+      py::dict py_kwargs;
+      for (const auto& [key, value] : kwargs) {
+        py_kwargs[py::str(key)] = to_python(value);
+      }
+      py::object result = py::handle(serve_)(
+          py::str(name.data(), name.size()), py_args, py_kwargs);
+      return to_ivalue(result, Objects::kKeep, "the result");
+    } catch (py::error_already_set& e) {
+      if (e.matches(failure_)) {
+        py::tuple failure = e.value().attr("args");
+        return absl::Status(
+            static_cast<absl::StatusCode>(failure[0].cast<int>()),
+            failure[1].cast<std::string>());
+      }
+      return absl::InternalError(std::string("tether's Python callee: ") +
+                                 e.what());
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(e.what());
+    }
+  }
+
+ private:
+  PyObject* serve_;
+  PyObject* failure_;
+};
+
+class PythonExtension : public WorkerExtension {};
+
+const BackendRegistry& registry() {
+  static const BackendRegistry* registry = [] {
+    auto* r = new BackendRegistry();
+    absl::Status registered = backends::register_builtin_backends(*r);
+    if (!registered.ok()) throw RpcError(registered);
+    return r;
+  }();
+  return *registry;
+}
+
+void init_rpc(const std::string& name, int rank, int world_size,
+              const std::string& backend, const std::string& init_method,
+              int num_worker_threads, double rpc_timeout, double init_timeout,
+              const std::map<std::string, std::string>& backend_settings,
+              const std::string& auth_secret, py::handle serve,
+              py::handle failure) {
+  RpcOptions options;
+  options.backend = backend;
+  options.init_method = init_method;
+  options.num_worker_threads = num_worker_threads;
+  options.default_timeout =
+      rpc_timeout <= 0 ? absl::ZeroDuration() : absl::Seconds(rpc_timeout);
+  options.init_timeout = absl::Seconds(init_timeout);
+  for (const auto& [key, value] : backend_settings) {
+    options.backend_settings[key] = value;
+  }
+  options.auth_secret = auth_secret;
+  auto callables = std::make_shared<PythonCallables>(serve, failure);
+  ExtensionFactory python =
+      [callables](Worker& worker)
+      -> absl::StatusOr<std::unique_ptr<WorkerExtension>> {
+    absl::Status added = worker.add_callable_provider("py::", callables);
+    if (!added.ok()) return added;
+    return std::make_unique<PythonExtension>();
+  };
+  const BackendRegistry& backends = registry();
+  absl::Status up;
+  {
+    py::gil_scoped_release nogil;
+    up = tether::init_rpc(
+        name, rank, world_size, options, backends,
+        {rref_extension(), autograd::autograd_extension(), python});
+  }
+  check(up);
+}
+
+py::object rpc_sync(py::handle to, const std::string& fn,
+                    const py::tuple& args, const py::dict& kwargs,
+                    double timeout) {
+  To target = to_target(to);
+  std::vector<c10::IValue> a = to_args(args, fn);
+  Kwargs k = to_kwargs(kwargs, fn);
+  absl::StatusOr<c10::IValue> result;
+  {
+    py::gil_scoped_release nogil;
+    result = tether::rpc_sync(target, fn, std::move(a), std::move(k),
+                              to_duration(timeout));
+  }
+  return to_python(value_or_throw(std::move(result)));
+}
+
+py::object rpc_async(py::handle to, const std::string& fn,
+                     const py::tuple& args, const py::dict& kwargs,
+                     double timeout) {
+  To target = to_target(to);
+  std::vector<c10::IValue> a = to_args(args, fn);
+  Kwargs k = to_kwargs(kwargs, fn);
+  Future<c10::IValue> future;
+  {
+    py::gil_scoped_release nogil;
+    future = tether::rpc_async(target, fn, std::move(a), std::move(k),
+                               to_duration(timeout));
+  }
+  return python_future(std::move(future));
+}
+
+RRef remote(py::handle to, const std::string& fn, const py::tuple& args,
+            const py::dict& kwargs, double timeout) {
+  To target = to_target(to);
+  std::vector<c10::IValue> a = to_args(args, fn);
+  Kwargs k = to_kwargs(kwargs, fn);
+  absl::StatusOr<RRef> rref;
+  {
+    py::gil_scoped_release nogil;
+    rref = tether::remote(target, fn, std::move(a), std::move(k),
+                          to_duration(timeout));
+  }
+  return value_or_throw(std::move(rref));
+}
+
+std::string worker_repr(const WorkerInfo& info) {
+  return "WorkerInfo(id=" + std::to_string(info.id) + ", name=" + info.name +
+         ")";
+}
+
+}  // namespace
+}  // namespace tether::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace tether;          // NOLINT
+  using namespace tether::python;  // NOLINT
+  m.doc() = "tether's C++ core, for tether.rpc (internal)";
+  py::module_::import("torch");
+
+  namespace py = pybind11;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const RpcError& e) {
+      raise_python(e.status());
+    }
+  });
+
+  py::class_<WorkerInfo>(m, "WorkerInfo")
+      .def(py::init([](std::string name, int id) {
+             return WorkerInfo{std::move(name), id};
+           }),
+           py::arg("name"), py::arg("id"))
+      .def_readonly("name", &WorkerInfo::name)
+      .def_readonly("id", &WorkerInfo::id)
+      .def("__eq__",
+           [](const WorkerInfo& a, py::handle b) {
+             return py::isinstance<WorkerInfo>(b) && a == b.cast<WorkerInfo>();
+           })
+      .def("__hash__",
+           [](const WorkerInfo& a) {
+             return py::hash(py::make_tuple(a.name, a.id));
+           })
+      .def("__repr__", &worker_repr)
+      .def("__str__", &worker_repr);
+
+  py::class_<RRef>(m, "RRef")
+      .def(py::init([](py::handle value) {
+             c10::IValue v = to_ivalue(value, Objects::kKeep, "the value");
+             absl::StatusOr<RRef> rref;
+             {
+               py::gil_scoped_release nogil;
+               rref = RRef::local(std::move(v));
+             }
+             return value_or_throw(std::move(rref));
+           }),
+           py::arg("value"))
+      .def(
+          "to_here",
+          [](const RRef& self, double timeout) {
+            absl::StatusOr<c10::IValue> value;
+            {
+              py::gil_scoped_release nogil;
+              value = self.to_here(to_duration(timeout));
+            }
+            return to_python(value_or_throw(std::move(value)));
+          },
+          py::arg("timeout") = -1.0)
+      .def("local_value",
+           [](const RRef& self) {
+             return to_python(value_or_throw(self.local_value()));
+           })
+      .def("owner", &RRef::owner)
+      .def("owner_name", &RRef::owner_name)
+      .def("is_owner", &RRef::is_owner)
+      .def("confirmed_by_owner", &RRef::confirmed_by_owner)
+      .def("__repr__", [](const RRef& self) {
+        return std::string(self.is_owner() ? "OwnerRRef" : "UserRRef") +
+               "(owner=" + worker_repr(self.owner()) + ")";
+      });
+
+  m.def("init_rpc", &tether::python::init_rpc, py::arg("name"), py::arg("rank"),
+        py::arg("world_size"), py::arg("backend"), py::arg("init_method"),
+        py::arg("num_worker_threads"), py::arg("rpc_timeout"),
+        py::arg("init_timeout"), py::arg("backend_settings"),
+        py::arg("auth_secret"), py::arg("serve"), py::arg("failure"));
+  m.def(
+      "shutdown",
+      [](bool graceful) {
+        absl::Status down;
+        {
+          py::gil_scoped_release nogil;
+          down = tether::shutdown(graceful);
+        }
+        check(down);
+      },
+      py::arg("graceful") = true);
+  m.def("is_initialized", [] { return current_worker() != nullptr; });
+  m.def("rpc_sync", &tether::python::rpc_sync);
+  m.def("rpc_async", &tether::python::rpc_async);
+  m.def("remote", &tether::python::remote);
+  m.def("get_worker_info", [](py::handle to) {
+    if (to.is_none()) return value_or_throw(get_current_worker_info());
+    return value_or_throw(get_worker_info(to_target(to)));
+  });
+  m.def("get_all_worker_infos",
+        [] { return value_or_throw(tether::get_all_worker_infos()); });
+}
+

@@ -1,0 +1,55 @@
+"""Functions the Python tests call remotely (a module callee.py allows)."""
+import time
+
+import torch
+import tether.rpc as rpc
+
+
+def add(a, b):
+    return a + b
+
+
+def echo(value):
+    return value
+
+
+def fail(message):
+    raise ValueError(message)
+
+
+def slow(seconds):
+    time.sleep(seconds)  # a slow function, for timeouts
+    return seconds
+
+
+def whoami():
+    return rpc.get_worker_info().name
+
+
+def add_on(to, a, b):
+    """A nested call: this worker asks `to` to add."""
+    return rpc.rpc_sync(to, torch.add, args=(a, b))
+
+
+def python_add_on(to, a, b):
+    """A nested call of a Python function (the caller serves it)."""
+    return rpc.rpc_sync(to, add, args=(a, b))
+
+
+def fetch_twice(rref):
+    return rref.to_here() * 2
+
+
+class Accumulator:
+    """A Python object kept on its owner by remote()."""
+
+    def __init__(self, start):
+        self.total = start
+
+    def add(self, x):
+        self.total += x
+        return self.total
+
+
+def total_of(rref):
+    return rref.local_value().total

@@ -1,0 +1,213 @@
+"""tether.rpc from Python, against real worker processes on loopback."""
+import os
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tether.rpc as rpc
+import rpc_functions
+import workers
+
+SEED = os.path.join(workers.REPO, "examples", "python", "rpc_async_seed.py")
+CALLEE = os.path.join(workers.HERE, "callee.py")
+
+
+def check_seed(results):
+    for rc, out in results:
+        assert rc == 0, out
+    assert "torch.add + min: tensor([5., 5.])" in results[0][1], results[0][1]
+    assert "my_add: tensor([2., 2.])" in results[0][1], results[0][1]
+
+
+@pytest.mark.parametrize("backend", workers.BACKENDS)
+def test_seed_program_runs_on_each_backend(backend):
+    check_seed(workers.run_group(SEED, 2, backend,
+                                 args_for_rank=lambda rank: [str(rank)]))
+
+
+def test_seed_program_is_the_peers_but_for_the_import_line(tmp_path):
+    source = open(SEED).read()
+    assert source.count("import tether.rpc as rpc") == 1
+    peer = tmp_path / "peer_seed.py"
+    peer.write_text(source.replace("import tether.rpc as rpc",
+                                   "import torch.distributed.rpc as rpc"))
+    check_seed(workers.run_group(str(peer), 2, "tensorpipe",
+                                 args_for_rank=lambda rank: [str(rank)]))
+
+
+@pytest.fixture(scope="module")
+def callee():
+    """This process is "caller" (rank 0); callee.py is rank 1 and allows
+    rpc_functions. The caller allows it too (for nested calls back)."""
+    port = workers.free_port()
+    init = "tcp://127.0.0.1:%d" % port
+    proc = workers.spawn([CALLEE, init, "rpc_functions"],
+                         workers.group_env(1, 2, port, "tensorpipe"))
+    rpc.init_rpc("caller", rank=0, world_size=2,
+                 rpc_backend_options=rpc.RpcBackendOptions(
+                     init_method=init, allowed_modules=["rpc_functions"]))
+    yield "callee"
+    rpc.shutdown()
+    [(rc, out)] = workers.finish([proc])
+    assert rc == 0, out
+
+
+def test_worker_infos(callee):
+    me = rpc.get_worker_info()
+    assert (me.name, me.id) == ("caller", 0)
+    other = rpc.get_worker_info(callee)
+    assert (other.name, other.id) == ("callee", 1)
+    assert repr(other) == "WorkerInfo(id=1, name=callee)"
+    assert rpc.get_worker_info(callee) == other
+    assert [w.name for w in rpc.get_all_worker_infos()] == ["caller", "callee"]
+    assert rpc.get_rpc_timeout() == 60.0
+    with pytest.raises(RuntimeError, match="unknown worker 'nobody'"):
+        rpc.get_worker_info("nobody")
+
+
+def test_torch_builtins_pick_the_overload_that_fits(callee):
+    t = torch.ones(2)
+    assert torch.equal(rpc.rpc_sync(callee, torch.add, args=(t, 3)),
+                       torch.full((2,), 4.0))
+    assert torch.equal(rpc.rpc_sync(callee, torch.add, args=(t, t),
+                                    kwargs={"alpha": 2}),
+                       torch.full((2,), 3.0))
+    m = torch.arange(4.0).reshape(2, 2)
+    assert torch.equal(rpc.rpc_sync(callee, torch.matmul, args=(m, m)), m @ m)
+    assert torch.equal(rpc.rpc_sync(callee, F.relu, args=(t - 2,)),
+                       torch.zeros(2))
+    assert torch.equal(rpc.rpc_sync(callee, torch.cat, args=([t, t],)),
+                       torch.ones(4))
+
+
+def test_builtin_without_a_fitting_overload_lists_candidates(callee):
+    with pytest.raises(RuntimeError) as error:
+        rpc.rpc_sync(callee, torch.add, args=("text",))
+    assert "no overload of aten::add fits the arguments (str)" in str(
+        error.value)
+    assert "aten::add.Tensor(Tensor self, Tensor other" in str(error.value)
+
+
+def test_harmless_builtins(callee):
+    assert rpc.rpc_sync(callee, min, args=(1, 2)) == 1
+    assert rpc.rpc_sync(callee, max, args=([3, 9, 4],)) == 9
+    assert rpc.rpc_sync(callee, sum, args=([1, 2, 3],)) == 6
+    assert rpc.rpc_sync(callee, len, args=("four",)) == 4
+    assert rpc.rpc_sync(callee, abs, args=(-2.5,)) == 2.5
+
+
+def test_user_functions_and_values_round_trip(callee):
+    assert rpc.rpc_sync(callee, rpc_functions.add, args=(1, 2)) == 3
+    value = {"t": torch.arange(3), "xs": [1, 2], "nested": (None, "s", 1.5,
+                                                            [torch.ones(1)]),
+             "flags": [True, False], "empty": []}
+    back = rpc.rpc_sync(callee, rpc_functions.echo, args=(value,))
+    assert back.keys() == value.keys()
+    assert torch.equal(back["t"], value["t"])
+    assert back["xs"] == [1, 2] and back["flags"] == [True, False]
+    assert back["nested"][:3] == (None, "s", 1.5)
+    assert torch.equal(back["nested"][3][0], torch.ones(1))
+    assert back["empty"] == []
+    assert rpc.rpc_sync(callee, "py::__main__:main_add", args=(2, 3)) == 5
+    assert rpc.rpc_sync(callee, rpc_functions.whoami) == "callee"
+
+
+def test_exposed_function_of_a_module_not_allowed(callee):
+    import exposed_functions
+    assert rpc.rpc_sync(callee, exposed_functions.exposed_double,
+                        args=(21,)) == 42
+    with pytest.raises(RuntimeError, match="module 'exposed_functions' is "
+                                           "not allowed"):
+        rpc.rpc_sync(callee, exposed_functions.not_exposed, args=(1,))
+
+
+def test_remote_exception_keeps_its_type_worker_and_text(callee):
+    with pytest.raises(ValueError) as error:
+        rpc.rpc_sync(callee, rpc_functions.fail, args=("boom",))
+    text = str(error.value)
+    assert "Error on worker 1 (callee)" in text
+    assert "ValueError: boom" in text
+    assert "in fail" in text  # the remote traceback
+
+
+def test_rpc_async_returns_a_torch_future(callee):
+    fut = rpc.rpc_async(callee, torch.add, args=(torch.ones(2), 3))
+    assert isinstance(fut, torch.futures.Future.__mro__[1])  # torch._C.Future
+    assert torch.equal(fut.wait(), torch.full((2,), 4.0))
+    assert fut.done()
+    assert torch.equal(fut.value(), torch.full((2,), 4.0))
+    chained = rpc.rpc_async(callee, min, args=(1, 2)).then(
+        lambda f: f.wait() + 10)
+    assert chained.wait() == 11
+    seen = threading.Event()
+    done = rpc.rpc_async(callee, rpc_functions.add, args=(1, 1))
+    done.add_done_callback(lambda f: seen.set())
+    assert done.wait() == 2
+    assert seen.wait(30)
+    futs = [rpc.rpc_async(callee, rpc_functions.add, args=(i, i))
+            for i in range(20)]
+    assert [f.wait() for f in torch.futures.wait_all(futs) and futs] == [
+        2 * i for i in range(20)]
+    assert torch.futures.wait_all(futs) == [2 * i for i in range(20)]
+    collected = torch.futures.collect_all(futs).wait()
+    assert [f.value() for f in collected] == [2 * i for i in range(20)]
+
+
+def test_rpc_async_error_raises_at_wait(callee):
+    fut = rpc.rpc_async(callee, rpc_functions.fail, args=("later",))
+    with pytest.raises(ValueError, match="later"):
+        fut.wait()
+
+
+def test_arguments_that_are_not_wire_values_are_refused_at_the_caller(
+        callee):
+    with pytest.raises(TypeError, match=r"argument 1 of "
+                       r"'py::rpc_functions:echo' is a object"):
+        rpc.rpc_sync(callee, rpc_functions.echo, args=(object(),))
+    with pytest.raises(TypeError, match=r"\[1\] is a set"):
+        rpc.rpc_sync(callee, rpc_functions.echo, args=([1, {2}],))
+    with pytest.raises(TypeError, match="keyword argument 'value' .* is a "
+                                        "torch.nn.modules.linear.Linear"):
+        rpc.rpc_sync(callee, rpc_functions.echo,
+                     kwargs={"value": torch.nn.Linear(1, 1)})
+    with pytest.raises(TypeError, match="lambda"):
+        rpc.rpc_sync(callee, lambda: 1)
+
+
+def test_timeout(callee):
+    with pytest.raises(RuntimeError, match="(?i)deadline|timed out"):
+        rpc.rpc_sync(callee, rpc_functions.slow, args=(5,), timeout=0.2)
+
+
+def test_remote_and_rrefs(callee):
+    rref = rpc.remote(callee, torch.add, args=(torch.ones(2), 1))
+    assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+    assert rref.owner().name == "callee" and rref.owner_name() == "callee"
+    assert not rref.is_owner()
+    local = rpc.RRef(torch.ones(3))
+    assert local.is_owner() and local.owner().name == "caller"
+    assert torch.equal(local.local_value(), torch.ones(3))
+    assert torch.equal(local.to_here(), torch.ones(3))
+    # The callee fetches a value the caller owns.
+    assert torch.equal(rpc.rpc_sync(callee, rpc_functions.fetch_twice,
+                                    args=(local,)), torch.full((3,), 2.0))
+
+
+def test_remote_python_object_stays_on_its_owner(callee):
+    rref = rpc.remote(callee, rpc_functions.Accumulator, args=(5,))
+    assert rpc.rpc_sync(callee, rpc_functions.total_of, args=(rref,)) == 5
+    with pytest.raises(RuntimeError, match="a Python object is not a wire "
+                                           "value: it stays on its owner"):
+        rref.to_here()
+
+
+def test_nested_calls_back_to_the_waiting_caller(callee):
+    t = torch.ones(2)
+    assert torch.equal(rpc.rpc_sync(callee, rpc_functions.add_on,
+                                    args=("caller", t, t)), 2 * t)
+    # The caller's pool runs Python while its main thread waits: the wait
+    # released the GIL.
+    assert rpc.rpc_sync(callee, rpc_functions.python_add_on,
+                        args=("caller", 20, 22)) == 42

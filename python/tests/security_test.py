@@ -1,0 +1,129 @@
+"""A worker never runs what its policy does not allow (docs/security.md).
+
+The callee allows no module beyond its __main__ (which imports os). Each
+attempt must be refused, naming the function and how to allow it, and have
+no effect: the marker file it would create never appears, and the callee
+keeps serving.
+"""
+import builtins
+import os
+import subprocess
+
+import pytest
+import torch
+
+import tether.rpc as rpc
+import workers
+
+CALLEE = os.path.join(workers.HERE, "callee.py")
+
+
+@pytest.fixture(scope="module")
+def callee():
+    port = workers.free_port()
+    init = "tcp://127.0.0.1:%d" % port
+    proc = workers.spawn([CALLEE, init],
+                         workers.group_env(1, 2, port, "tensorpipe"))
+    rpc.init_rpc("caller", rank=0, world_size=2,
+                 rpc_backend_options=rpc.RpcBackendOptions(init_method=init))
+    yield "callee"
+    rpc.shutdown()
+    [(rc, out)] = workers.finish([proc])
+    assert rc == 0, out
+
+
+@pytest.fixture
+def marker(tmp_path, callee):
+    path = tmp_path / "pwned"
+    yield str(path)
+    assert not path.exists(), "a refused call had an effect"
+    # ... and the callee still serves.
+    assert torch.equal(rpc.rpc_sync(callee, torch.add, args=(torch.ones(1), 1)),
+                       torch.full((1,), 2.0))
+
+
+def refused(match):
+    return pytest.raises(RuntimeError, match=match)
+
+
+HOW_TO_ALLOW = r"allowed_modules=\[\.\.\.\] or tether\.rpc\.allow_module"
+
+
+def test_os_system_is_refused(callee, marker):
+    with refused(r"refused to run posix\.system: module 'posix' is not "
+                 r"allowed\. .*" + HOW_TO_ALLOW):
+        rpc.rpc_sync(callee, os.system, args=("touch " + marker,))
+
+
+def test_builtins_eval_exec_open_import_are_refused(callee, marker):
+    code = "__import__('os').system('touch %s')" % marker
+    for fn, args, why in [
+            (builtins.eval, (code,), r"builtins\.eval: it is not a harmless"),
+            (builtins.exec, (code,), r"builtins\.exec: it is not a harmless"),
+            (builtins.__import__, ("os",),
+             r"builtins\.__import__: it is not a harmless"),
+            (builtins.getattr, ("os", "system"),
+             r"builtins\.getattr: it is not a harmless"),
+            (builtins.open, (marker, "w"), r"io\.open: module 'io' is not "
+                                           r"allowed")]:
+        with refused("refused to run " + why):
+            rpc.rpc_sync(callee, fn, args=args)
+
+
+def test_subprocess_popen_is_refused(callee, marker):
+    with refused(r"refused to run subprocess\.Popen: module 'subprocess' "
+                 r"is not allowed"):
+        rpc.rpc_sync(callee, subprocess.Popen, args=(["touch", marker],))
+    with refused(r"refused to run subprocess\.Popen"):
+        rpc.remote(callee, subprocess.Popen,
+                   args=(["touch", marker],)).to_here()
+
+
+class Malicious:
+    """Pickle would run os.system while loading this object."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, ("touch " + self.path,))
+
+
+def test_object_with_malicious_reduce_is_refused_at_the_caller(callee,
+                                                               marker):
+    evil = Malicious(marker)
+    for args, kwargs in [((evil,), None), (([1, evil],), None),
+                         (({"k": evil},), None), ((), {"x": evil})]:
+        with pytest.raises(TypeError, match=r"is a security_test\.Malicious"
+                           r": tether sends only tensors"):
+            rpc.rpc_sync(callee, torch.add, args=args, kwargs=kwargs)
+    # As the function: its module is not allowed on the callee.
+    with refused(r"refused to run security_test\.Malicious: module "
+                 r"'security_test' is not allowed"):
+        rpc.rpc_sync(callee, Malicious, args=(marker,))
+
+
+@pytest.mark.parametrize("reference,why", [
+    # __main__ imported os: reachable by attribute, not defined there.
+    ("py::__main__:os.system", "it is not a function or class defined "
+                               "there"),
+    ("py::__main__:__builtins__.eval", "dunder or local"),
+    ("py::__main__:Helper.__init__", "dunder or local"),
+    ("py::__main__:main_add.__globals__", "dunder or local"),
+    ("py::__main__:torch.load", "it is not a function or class defined "
+                                "there"),
+    ("py::torch.serialization:load", "module 'torch.serialization' is not "
+                                     "allowed"),
+    ("py::importlib:import_module", "module 'importlib' is not allowed"),
+    ("py::builtins:compile", "not a harmless builtin"),
+])
+def test_crafted_references_are_refused(callee, marker, reference, why):
+    with refused("refused to run .*" + why.replace(".", r"\.")):
+        rpc.rpc_sync(callee, reference, args=("touch " + marker,))
+
+
+def test_operators_that_touch_files_are_refused(callee, marker):
+    with refused("operator aten::from_file is refused"):
+        rpc.rpc_sync(callee, "aten::from_file", args=("/etc/passwd",))
+    with refused("operator aten::from_file is refused"):
+        rpc.rpc_sync(callee, torch.from_file, args=("/etc/passwd",))

@@ -1,0 +1,61 @@
+"""Starts real worker processes on loopback for the Python tests."""
+import os
+import socket
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+BACKENDS = ["tensorpipe", "grpc", "libfabric"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_env(rank, world_size, port, backend, extra=None):
+    env = dict(os.environ)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               RANK=str(rank), WORLD_SIZE=str(world_size),
+               TETHER_BACKEND=backend)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [HERE] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(extra or {})
+    return env
+
+
+def spawn(argv, env):
+    return subprocess.Popen([sys.executable] + list(argv), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def finish(procs, timeout=120):
+    """Waits for every process; returns their (returncode, output). A
+    process still running after `timeout` seconds is killed and reported."""
+    results = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            out += "\n[killed after %s s]" % timeout
+        results.append((proc.returncode, out))
+    return results
+
+
+def run_group(script, world_size, backend, args_for_rank=None, extra_env=None,
+              timeout=120):
+    """Runs `script` as every rank of a group; returns [(rc, output)]."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        args = args_for_rank(rank) if args_for_rank else []
+        procs.append(spawn([script] + args,
+                           group_env(rank, world_size, port, backend,
+                                     extra_env)))
+    return finish(procs, timeout)

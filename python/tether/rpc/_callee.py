@@ -1,0 +1,153 @@
+"""What a worker runs for its peers: the allow policy (docs/security.md).
+
+A peer names a Python function by reference, "py::MODULE:QUALNAME"; nothing
+arrives as code and nothing is unpickled. This worker runs it only if it is
+
+- a function or class defined in its ``__main__`` module,
+- defined in a module allowed at init (``allowed_modules``, or
+  ``tether.rpc.allow_module``; a package allows its submodules),
+- registered with the ``@tether.rpc.expose`` decorator, or
+- one of the harmless builtins in ``HARMLESS_BUILTINS``.
+
+The reference must name the object where it is defined: an attribute walk
+(``__main__:os.system`` when the script imported os) finds an object whose
+``__module__`` or ``__qualname__`` differs, and is refused; so are dunder and
+``<locals>`` components. A module is imported only once the policy allows it.
+Torch builtins do not come here: they travel as ATen operator names and core
+picks the overload (core/callables.h).
+
+tether._C calls ``serve`` on the worker pool, holding the GIL.
+"""
+import builtins
+import importlib
+import sys
+import threading
+import traceback
+import types
+
+from tether.rpc import _errors
+
+PREFIX = "py::"
+
+HARMLESS_BUILTINS = frozenset({
+    "abs", "all", "any", "divmod", "len", "max", "min", "round", "sorted",
+    "sum",
+})
+
+_lock = threading.Lock()
+_allowed_modules = set()
+_exposed = {}   # "module:qualname" -> function
+_resolved = {}  # full name -> callable, filled as calls are allowed
+
+
+class Failure(Exception):
+    """Raised by serve with (absl status code, text); tether._C returns it
+    as the call's Status."""
+
+
+def reference(module, qualname):
+    if module == "__mp_main__":  # the main script under multiprocessing
+        module = "__main__"
+    return "%s%s:%s" % (PREFIX, module, qualname)
+
+
+def allow_module(name):
+    """Lets peers call the functions and classes defined in module ``name``
+    (and its submodules) on this worker."""
+    if not isinstance(name, str) or not name or name.startswith("."):
+        raise ValueError("allow_module needs an absolute module name, got %r"
+                         % (name,))
+    with _lock:
+        _allowed_modules.add(name)
+
+
+def expose(fn):
+    """Decorator: lets peers call ``fn`` on this worker, wherever it is
+    defined."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise TypeError("only module-level functions and classes can be "
+                        "exposed, not %r" % (fn,))
+    with _lock:
+        _exposed[reference(module, qualname)] = fn
+    return fn
+
+
+def _refuse(name, why):
+    raise Failure(_errors.PERMISSION_DENIED, (
+        "refused to run %s: %s. This worker runs only functions and classes "
+        "of its __main__ module, of modules allowed at init "
+        "(rpc_backend_options allowed_modules=[...] or "
+        "tether.rpc.allow_module(name)), functions decorated with "
+        "@tether.rpc.expose, torch operators and the builtins %s "
+        "(docs/security.md)") % (name, why, ", ".join(sorted(HARMLESS_BUILTINS))))
+
+
+def _module_allowed(module):
+    if module == "__main__":
+        return True
+    with _lock:
+        return any(module == m or module.startswith(m + ".")
+                   for m in _allowed_modules)
+
+
+def _resolve(name):
+    if not name.startswith(PREFIX) or ":" not in name[len(PREFIX):]:
+        raise Failure(_errors.INVALID_ARGUMENT,
+                      "malformed function reference %r: expected "
+                      "'py::module:qualname'" % (name,))
+    module, qualname = name[len(PREFIX):].split(":", 1)
+    with _lock:
+        exposed = _exposed.get(name)
+    if exposed is not None:
+        return exposed
+    if module == "builtins":
+        if qualname not in HARMLESS_BUILTINS:
+            _refuse("builtins." + qualname, "it is not a harmless builtin")
+        return getattr(builtins, qualname)
+    if not _module_allowed(module):
+        _refuse("%s.%s" % (module, qualname),
+                "module %r is not allowed" % (module,))
+    parts = qualname.split(".")
+    if any(not p or p.startswith("__") or p.startswith("<") for p in parts):
+        _refuse("%s.%s" % (module, qualname),
+                "a reference may not name dunder or local objects")
+    if module == "__main__":
+        target = sys.modules.get("__main__")
+    else:
+        try:
+            target = importlib.import_module(module)
+        except ImportError as e:
+            raise Failure(_errors.NOT_FOUND, "cannot import module %r: %s"
+                          % (module, e))
+    for part in parts:
+        target = getattr(target, part, None)
+        if target is None:
+            raise Failure(_errors.NOT_FOUND, "no function or class %r in "
+                          "module %r of this worker" % (qualname, module))
+    defined_in = getattr(target, "__module__", None)
+    if defined_in == "__mp_main__":
+        defined_in = "__main__"
+    if (not isinstance(target, (type, types.FunctionType))
+            or defined_in != module
+            or getattr(target, "__qualname__", None) != qualname):
+        _refuse("%s.%s" % (module, qualname),
+                "it is not a function or class defined there (it is %r)"
+                % (target,))
+    return target
+
+
+def serve(name, args, kwargs):
+    fn = _resolved.get(name)
+    if fn is None:
+        fn = _resolve(name)
+        _resolved[name] = fn
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # the caller gets its type, text and traceback
+        text = "".join(traceback.format_exception_only(type(e), e)).strip()
+        tb = "".join(traceback.format_tb(e.__traceback__.tb_next))
+        raise Failure(_errors.UNKNOWN,
+                      "%s\nTraceback (most recent call last):\n%s"
+                      % (text, tb)) from None

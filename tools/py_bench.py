@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""py_bench: tether from Python beside torch.distributed.rpc (the peer).
+
+The same Python program on both: rank 0 calls rank 1 in another local
+process; only the module differs (tether.rpc or torch.distributed.rpc).
+
+    /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
+
+Needs `import tether` (scripts/python_setup.sh). Prints one table; each
+workload is a median over N calls (p99 beside it), timed in rank 0:
+  rpc_sync builtin   rpc_sync(torch.add, (2-float tensor, 1))
+  rpc_sync python    rpc_sync(py_add, (2-float tensor, 1)), a function of
+                     the script's __main__ (tether: by reference; the peer:
+                     pickled)
+  rpc_async builtin  calls per second, 64 in flight
+  remote + to_here   rpc.remote(torch.add, ...).to_here()
+"""
+import argparse
+import collections
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+rpc = None
+
+
+def py_add(a, b):
+    return a + b
+
+
+def percentile(samples, q):
+    samples = sorted(samples)
+    return samples[min(len(samples) - 1, int(q * len(samples)))]
+
+
+def timed(n, call):
+    for _ in range(max(10, n // 10)):  # warm up
+        call()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        call()
+        samples.append((time.perf_counter_ns() - start) / 1000.0)
+    return {"p50_us": percentile(samples, 0.5),
+            "p99_us": percentile(samples, 0.99)}
+
+
+def run(impl, rank, n, backend):
+    global rpc
+    import torch
+    if impl == "tether":
+        import tether.rpc as rpc
+        kwargs = {"backend": backend}
+    else:
+        import torch.distributed.rpc as rpc
+        kwargs = {}
+    rpc.init_rpc("w%d" % rank, rank=rank, world_size=2, **kwargs)
+    if rank == 0:
+        t = torch.ones(2)
+        result = {
+            "rpc_sync builtin": timed(
+                n, lambda: rpc.rpc_sync("w1", torch.add, args=(t, 1))),
+            "rpc_sync python": timed(
+                n, lambda: rpc.rpc_sync("w1", py_add, args=(t, 1))),
+            "remote + to_here": timed(
+                n // 3, lambda: rpc.remote("w1", torch.add,
+                                           args=(t, 1)).to_here()),
+        }
+        calls = 10 * n
+        pending = collections.deque()
+        start = time.perf_counter()
+        for _ in range(calls):
+            pending.append(rpc.rpc_async("w1", torch.add, args=(t, 1)))
+            if len(pending) >= 64:
+                pending.popleft().wait()
+        while pending:
+            pending.popleft().wait()
+        result["rpc_async builtin"] = {
+            "calls_per_s": calls / (time.perf_counter() - start)}
+        print("JSON " + json.dumps(result), flush=True)
+    rpc.shutdown()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(impl, n, backend):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--impl", impl,
+         "--rank", str(rank), "--n", str(n), "--backend", backend],
+        env=env, stdout=subprocess.PIPE, text=True) for rank in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        if p.returncode != 0:
+            sys.exit("%s rank failed (%d):\n%s" % (impl, p.returncode, out))
+    line = [l for l in outs[0].splitlines() if l.startswith("JSON ")][0]
+    return json.loads(line[5:])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--backend", default="tensorpipe")
+    parser.add_argument("--impl")
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--n", type=int)
+    args = parser.parse_args()
+    if args.impl:
+        run(args.impl, args.rank, args.n, args.backend)
+        return
+    n = 300 if args.quick else 3000
+    tether = measure("tether", n, args.backend)
+    peer = measure("peer", n, args.backend)
+    print("| workload | tether (%s) | peer (tensorpipe) | better by |"
+          % args.backend)
+    print("| --- | --- | --- | --- |")
+    for name in ["rpc_sync builtin", "rpc_sync python", "remote + to_here"]:
+        a, b = tether[name], peer[name]
+        print("| %s p50 (p99), us | %.1f (%.1f) | %.1f (%.1f) | %.2fx |"
+              % (name, a["p50_us"], a["p99_us"], b["p50_us"], b["p99_us"],
+                 b["p50_us"] / a["p50_us"]))
+    a = tether["rpc_async builtin"]["calls_per_s"]
+    b = peer["rpc_async builtin"]["calls_per_s"]
+    print("| rpc_async builtin, 64 in flight, calls/s | %.0f | %.0f | %.2fx |"
+          % (a, b, a / b))
+
+
+if __name__ == "__main__":
+    main()
