@@ -66,7 +66,11 @@ struct RpcOptions {
   // What one message may hold (payload bytes, tensors, tensor bytes, nesting
   // depth, values). This worker refuses to send more (RESOURCE_EXHAUSTED
   // to its caller) and refuses to take more: a request over them fails at
-  // its caller with RESOURCE_EXHAUSTED and this worker keeps serving.
+  // its caller with RESOURCE_EXHAUSTED naming the limit ("worker 'b'
+  // refuses a CALL: a payload of ... is over the limit max_payload_bytes
+  // ..."), a response over them fails this worker's call the same way, and
+  // the connection keeps serving both ways: the refused message's bytes are
+  // skipped without being held (see core/message.h, MessageLimits).
   wire::Limits limits;
   // The secret peers prove they share when they connect (core/auth); empty:
   // the environment variable TETHER_AUTH_SECRET, and if that is unset too,
