@@ -206,7 +206,11 @@ absl::Status Worker::check_limits(const Message& message) const {
 }
 
 absl::Status Worker::encode(const c10::IValue& value, Message& out) {
-  if (absl::Status s = wire::encode(value, out, rref_hook_); !s.ok()) return s;
+  if (absl::Status s =
+          wire::encode(value, out, rref_hook_, nullptr, options_.limits);
+      !s.ok()) {
+    return s;
+  }
   return check_limits(out);
 }
 
@@ -222,7 +226,9 @@ absl::Status Worker::encode_request(const c10::IValue& value,
       meta = *sent;
     }
   }
-  if (absl::Status s = wire::encode(value, out, rref_hook_, &meta); !s.ok()) {
+  if (absl::Status s =
+          wire::encode(value, out, rref_hook_, &meta, options_.limits);
+      !s.ok()) {
     return s;
   }
   return check_limits(out);
@@ -240,7 +246,9 @@ absl::Status Worker::encode_response(const c10::IValue& value,
     if (!sent.ok()) return sent.status();
     meta = *sent;
   }
-  if (absl::Status s = wire::encode(value, out, rref_hook_, &meta); !s.ok()) {
+  if (absl::Status s =
+          wire::encode(value, out, rref_hook_, &meta, options_.limits);
+      !s.ok()) {
     return s;
   }
   return check_limits(out);
