@@ -15,6 +15,8 @@
 #ifndef TETHER_CORE_MESSAGE_H_
 #define TETHER_CORE_MESSAGE_H_
 
+#include <absl/status/status.h>
+#include <absl/types/span.h>
 #include <c10/core/Storage.h>
 
 #include <cstdint>
@@ -54,17 +56,29 @@ enum class MessageType : int32_t {
 // Returns a short name for logs and error messages ("CALL", ...).
 const char* message_type_name(MessageType type);
 
-// What a worker accepts in one message from a peer. A backend checks an
-// incoming message's announced sizes against these before it allocates
-// anything, and drops the connection of a peer that goes over them (a
-// well-behaved sender is stopped earlier, by its own Worker, with
-// RESOURCE_EXHAUSTED).
+// What a worker accepts in one message from a peer (RpcOptions::limits,
+// passed to its agent as AgentSetup::limits). A backend checks an incoming
+// message's announced sizes against these before it allocates anything for
+// it. A message over them is refused, not the connection: a request gets
+// the RESOURCE_EXHAUSTED of check_message_limits() as its response (a
+// response fails its request with it), its bytes are skipped without being
+// held (read and dropped in bounded memory, or never transferred, as the
+// transport allows), and the connection keeps serving. Only a peer that
+// breaks the protocol loses its connection.
 struct MessageLimits {
   int64_t max_payload_bytes = int64_t{256} << 20;
   int64_t max_storages = int64_t{1} << 16;
   // All the storages' bytes together.
   int64_t max_storage_bytes = int64_t{64} << 30;
 };
+
+// RESOURCE_EXHAUSTED naming the first limit of `limits` that a message of
+// `payload_bytes` and storages of `storage_bytes` (one size per storage) is
+// over, e.g. "a payload of 70000 bytes is over the limit max_payload_bytes
+// of 65536 (RpcOptions::limits)"; OK if it is within them all.
+[[nodiscard]] absl::Status check_message_limits(
+    uint64_t payload_bytes, absl::Span<const uint64_t> storage_bytes,
+    const MessageLimits& limits);
 
 struct Message {
   MessageType type = MessageType::kUnknown;

@@ -30,6 +30,15 @@ class ServingScope {
   Worker* previous_;
 };
 
+// The part of the codec's limits an agent checks (AgentSetup::limits).
+MessageLimits message_limits(const wire::Limits& limits) {
+  MessageLimits out;
+  out.max_payload_bytes = limits.max_payload_bytes;
+  out.max_storages = limits.max_storages;
+  out.max_storage_bytes = limits.max_storage_bytes;
+  return out;
+}
+
 std::string describe(const WorkerInfo& info) {
   return absl::StrCat(info.id, " (", info.name, ")");
 }
@@ -124,9 +133,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.store = group->store;
   setup.group_key = group->group_key;
   setup.settings = options.backend_settings;
-  setup.limits.max_payload_bytes = options.limits.max_payload_bytes;
-  setup.limits.max_storages = options.limits.max_storages;
-  setup.limits.max_storage_bytes = options.limits.max_storage_bytes;
+  setup.limits = message_limits(options.limits);
   setup.auth = *std::move(authenticator);
   setup.peer_timeout = options.peer_timeout;
   absl::StatusOr<std::unique_ptr<Agent>> agent =
@@ -219,31 +226,21 @@ void Worker::set_call_gate(
 }
 
 absl::Status Worker::check_limits(const Message& message) const {
-  const wire::Limits& limits = options_.limits;
-  if (static_cast<int64_t>(message.payload.size()) > limits.max_payload_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a payload of ", message.payload.size(), " bytes is over the limit of ",
-        limits.max_payload_bytes, " (RpcOptions::limits.max_payload_bytes)"));
-  }
-  if (static_cast<int64_t>(message.storages.size()) > limits.max_storages) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        message.storages.size(), " tensor storages are over the limit of ",
-        limits.max_storages, " (RpcOptions::limits.max_storages)"));
-  }
-  int64_t bytes = 0;
+  std::vector<uint64_t> storage_bytes;
+  storage_bytes.reserve(message.storages.size());
   for (const c10::Storage& storage : message.storages) {
-    bytes += static_cast<int64_t>(storage.nbytes());
+    storage_bytes.push_back(storage.nbytes());
   }
-  if (bytes > limits.max_storage_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        bytes, " bytes of tensors are over the limit of ",
-        limits.max_storage_bytes, " (RpcOptions::limits.max_storage_bytes)"));
-  }
-  return absl::OkStatus();
+  return check_message_limits(message.payload.size(), storage_bytes,
+                              message_limits(options_.limits));
 }
 
 absl::Status Worker::encode(const c10::IValue& value, Message& out) {
-  if (absl::Status s = wire::encode(value, out, rref_hook_); !s.ok()) return s;
+  if (absl::Status s =
+          wire::encode(value, out, rref_hook_, nullptr, options_.limits);
+      !s.ok()) {
+    return s;
+  }
   return check_limits(out);
 }
 
@@ -259,7 +256,9 @@ absl::Status Worker::encode_request(const c10::IValue& value,
       meta = *sent;
     }
   }
-  if (absl::Status s = wire::encode(value, out, rref_hook_, &meta); !s.ok()) {
+  if (absl::Status s =
+          wire::encode(value, out, rref_hook_, &meta, options_.limits);
+      !s.ok()) {
     return s;
   }
   return check_limits(out);
@@ -277,7 +276,9 @@ absl::Status Worker::encode_response(const c10::IValue& value,
     if (!sent.ok()) return sent.status();
     meta = *sent;
   }
-  if (absl::Status s = wire::encode(value, out, rref_hook_, &meta); !s.ok()) {
+  if (absl::Status s =
+          wire::encode(value, out, rref_hook_, &meta, options_.limits);
+      !s.ok()) {
     return s;
   }
   return check_limits(out);

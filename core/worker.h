@@ -75,7 +75,17 @@ struct RpcOptions {
   // What one message may hold (payload bytes, tensors, tensor bytes, nesting
   // depth, values). This worker refuses to send more (RESOURCE_EXHAUSTED
   // to its caller) and refuses to take more: a request over them fails at
-  // its caller with RESOURCE_EXHAUSTED and this worker keeps serving.
+  // its caller with RESOURCE_EXHAUSTED naming the limit ("worker 'b'
+  // refuses a CALL: a payload of ... is over the limit max_payload_bytes
+  // ..."), a response over them fails this worker's call the same way, and
+  // the connection keeps serving both ways: the refused message's bytes are
+  // skipped without being held (see core/message.h, MessageLimits).
+  // Nesting (max_depth) is counted alike by this worker's encoder and its
+  // peers' decoders over the whole message: a call's arguments sit 2 deep
+  // (the call tuple, the args tuple), so with the default 64 an argument
+  // may nest 62 deep; deeper is RESOURCE_EXHAUSTED "... nested deeper than
+  // 64 (the limit max_depth ...)", from this worker before it sends or
+  // from the callee ("Error on worker ...").
   wire::Limits limits;
   // The secret peers prove they share when they connect (core/auth); empty:
   // the environment variable TETHER_AUTH_SECRET, and if that is unset too,

@@ -403,22 +403,21 @@ TEST(WorkerLimits, OverTheLimitsIsResourceExhaustedAndTheReceiverStaysUp) {
                      const char* limit) {
     EXPECT_THAT((*sender)->rpc_sync("strict", fn, std::move(args)),
                 StatusIs(absl::StatusCode::kResourceExhausted,
-                         AllOf(HasSubstr("Error on worker 1 (strict)"),
+                         AllOf(HasSubstr("worker 'strict' refuses"),
                                HasSubstr(limit))))
         << fn;
   };
-  refused("aten::len.str", {std::string(10000, 'x')}, "payload of");
+  refused("aten::len.str", {std::string(10000, 'x')}, "max_payload_bytes");
   std::vector<at::Tensor> many;
   for (int i = 0; i < 10; ++i) many.push_back(at::full({2}, i));
-  refused("aten::cat", {c10::IValue(many), int64_t{0}}, "storages");
-  refused("aten::neg", {at::ones({1 << 19})}, "bytes of tensors");
-  c10::IValue nested = c10::IValue(std::vector<int64_t>{1});
-  for (int i = 0; i < 20; ++i) {
-    c10::impl::GenericList outer(c10::AnyType::get());
-    outer.push_back(nested);
-    nested = outer;
-  }
-  refused("aten::len.any", {nested}, "nest");
+  refused("aten::cat", {c10::IValue(many), int64_t{0}}, "max_storages");
+  refused("aten::neg", {at::ones({1 << 19})}, "max_storage_bytes");
+  c10::IValue nested = testing::nested_lists(21);
+  // Nesting is the codec's: the callee's decode refuses it.
+  EXPECT_THAT((*sender)->rpc_sync("strict", "aten::len.any", {nested}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("Error on worker 1 (strict)"),
+                             HasSubstr("nested deeper than 8"))));
   // Still serving.
   absl::StatusOr<c10::IValue> fine = (*sender)->rpc_sync(
       "strict", "aten::add.Tensor", {at::ones({2}), at::ones({2})});
@@ -426,9 +425,53 @@ TEST(WorkerLimits, OverTheLimitsIsResourceExhaustedAndTheReceiverStaysUp) {
   // The strict worker does not send what it would not take.
   EXPECT_THAT((*strict)->rpc_sync("sender", "aten::neg", {at::ones({1 << 19})}),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("RpcOptions::limits.max_storage_bytes")));
+                       HasSubstr("limit max_storage_bytes")));
   std::thread s0([&] { EXPECT_THAT((*sender)->shutdown(), IsOk()); });
   std::thread s1([&] { EXPECT_THAT((*strict)->shutdown(), IsOk()); });
+  s0.join();
+  s1.join();
+}
+
+// Nesting is one limit (RpcOptions::limits.max_depth) checked alike by
+// sender and callee, always RESOURCE_EXHAUSTED naming it: a call's argument
+// sits 2 deep in the message (the call tuple and the args tuple).
+TEST(WorkerLimits, NestingIsOneLimitCheckedAlikeBySenderAndCallee) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  const std::string init = unique_init_method();
+  RpcOptions deep = loopback_options(init);
+  deep.limits.max_depth = wire::kMaxSupportedDepth;
+  RpcOptions usual = loopback_options(init);  // max_depth 64
+  absl::StatusOr<std::unique_ptr<Worker>> a, b;
+  std::thread t0([&] { a = Worker::create("a", 0, 2, deep, registry); });
+  std::thread t1([&] { b = Worker::create("b", 1, 2, usual, registry); });
+  t0.join();
+  t1.join();
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  const auto kExhausted = absl::StatusCode::kResourceExhausted;
+  // Within b's limit both ways.
+  EXPECT_THAT((*b)->rpc_sync("a", testing::kNesting, {testing::nested_lists(62)}),
+              IsOk());
+  EXPECT_THAT((*a)->rpc_sync("b", testing::kNesting, {testing::nested_lists(62)}),
+              IsOk());
+  // One more: b refuses to send it, and refuses to take it from a, alike.
+  EXPECT_THAT((*b)->rpc_sync("a", testing::kNesting, {testing::nested_lists(63)}),
+              StatusIs(kExhausted, AllOf(HasSubstr("nested deeper than 64"),
+                                         HasSubstr("max_depth"))));
+  for (int depth : {63, 64, 200, wire::kMaxSupportedDepth - 2}) {
+    EXPECT_THAT((*a)->rpc_sync("b", testing::kNesting, {testing::nested_lists(depth)}),
+                StatusIs(kExhausted,
+                         AllOf(HasSubstr("Error on worker 1 (b)"),
+                               HasSubstr("nested deeper than 64"),
+                               HasSubstr("max_depth"))))
+        << depth;
+  }
+  // Deeper than the codec goes at all: refused by the sender.
+  EXPECT_THAT((*a)->rpc_sync("b", testing::kNesting, {testing::nested_lists(10000)}),
+              StatusIs(kExhausted, HasSubstr("nested deeper than 256")));
+  std::thread s0([&] { EXPECT_THAT((*a)->shutdown(), IsOk()); });
+  std::thread s1([&] { EXPECT_THAT((*b)->shutdown(), IsOk()); });
   s0.join();
   s1.join();
 }

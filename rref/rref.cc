@@ -567,15 +567,37 @@ class ContextState : public wire::RRefHook,
           }
         });
     if (!reply.is_set()) {
-      timers_.schedule(absl::Now() + wait, [weak, id, owner, wait] {
-        absl::Status never = creation_failure(absl::DeadlineExceededError(
-            absl::StrCat("RRef ", id.str(), " has no value after ",
-            absl::FormatDuration(wait), " (its REMOTE_CALL never arrived)")));
-        owner->set_value(never);  // no-op if it came meanwhile
-        if (auto self = weak.lock()) self->release_if_unforked(id);
-      });
+      // Holds the id, not the owner: a value that comes meanwhile is let go
+      // with the last user, not when this fetch could have timed out. The
+      // timer itself is cancelled once the value is there.
+      const internal::TimerQueue::Id timer =
+          timers_.schedule(absl::Now() + wait, [weak, id, wait] {
+            if (auto self = weak.lock()) self->fail_valueless(id, wait);
+          });
+      owner->value().on_complete(
+          [weak, timer](const absl::StatusOr<c10::IValue>&) {
+            if (auto self = weak.lock()) self->timers_.cancel(timer);
+          });
     }
     return reply.future();
+  }
+
+  // A fetch waited `wait` for RRef `id`'s value: if its REMOTE_CALL never
+  // came, the RRef fails and, without users, is let go.
+  void fail_valueless(const RRefId& id, absl::Duration wait) {
+    c10::intrusive_ptr<OwnerRRef> owner;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = owners_.find(id);
+      if (it != owners_.end()) owner = it->second;
+    }
+    // Kept in owners_ until it has a value (delete_fork): still there.
+    if (owner == nullptr || owner->value().is_ready()) return;
+    owner->set_value(creation_failure(absl::DeadlineExceededError(
+        absl::StrCat("RRef ", id.str(), " has no value after ",
+                     absl::FormatDuration(wait),
+                     " (its REMOTE_CALL never arrived)"))));
+    release_if_unforked(id);
   }
 
   Future<Message> on_user_delete(Message request) {

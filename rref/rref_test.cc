@@ -2,6 +2,7 @@
 #include "rref/rref.h"
 
 #include <ATen/ATen.h>
+#include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/custom_class.h>
@@ -70,7 +71,25 @@ int64_t add_via_proxy(const c10::IValue& r, int64_t n) {
   return v->toInt();
 }
 
+// The storage of the last value slow_ones() made, held weakly: a test sees
+// when its owner lets go of it.
+c10::weak_intrusive_ptr<c10::StorageImpl>& last_slow_storage() {
+  static auto* storage = new c10::weak_intrusive_ptr<c10::StorageImpl>(
+      c10::intrusive_ptr<c10::StorageImpl>());
+  return *storage;
+}
+
+// ones(2) after `ms` ms: a value a fetch arrives before.
+at::Tensor slow_ones(int64_t ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  at::Tensor t = at::ones({2});
+  last_slow_storage() = c10::weak_intrusive_ptr<c10::StorageImpl>(
+      t.storage().getWeakStorageImpl());
+  return t;
+}
+
 TORCH_LIBRARY(tether_rref_test, m) {
+  m.def("slow_ones(int ms) -> Tensor", &slow_ones);
   m.class_<Counter>("Counter")
       .def(torch::init<int64_t>())
       .def("add", &Counter::add)
@@ -93,6 +112,27 @@ using ::tether::testing::IsOk;
 using ::tether::testing::StatusIs;
 
 constexpr absl::Duration kBound = absl::Seconds(30);
+
+// Waits (bounded) until every worker's RRef counts are back to zero.
+void expect_released(const std::vector<std::unique_ptr<Worker>>& workers) {
+  const absl::Time deadline = absl::Now() + kBound;
+  for (const auto& w : workers) {
+    for (;;) {
+      absl::StatusOr<RRefDebugInfo> info = rref_debug_info(*w);
+      ASSERT_THAT(info, IsOk());
+      if (info->owners == 0 && info->forks == 0 && info->pending_users == 0 &&
+          info->pending_children == 0) {
+        break;
+      }
+      ASSERT_LT(absl::Now(), deadline)
+          << w->get_current_worker_info().name << " still has "
+          << info->owners << " owners, " << info->forks << " forks, "
+          << info->pending_users << " pending users, "
+          << info->pending_children << " pending children";
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+}
 
 class RRefs : public ::testing::Test {
  protected:
@@ -137,26 +177,7 @@ class RRefs : public ::testing::Test {
     return absl::OkStatus();
   }
 
-  // Waits (bounded) until every worker's RRef counts are back to zero.
-  void expect_all_released() {
-    const absl::Time deadline = absl::Now() + kBound;
-    for (auto& w : workers_) {
-      for (;;) {
-        absl::StatusOr<RRefDebugInfo> info = rref_debug_info(*w);
-        ASSERT_THAT(info, IsOk());
-        if (info->owners == 0 && info->forks == 0 &&
-            info->pending_users == 0 && info->pending_children == 0) {
-          break;
-        }
-        ASSERT_LT(absl::Now(), deadline)
-            << w->get_current_worker_info().name << " still has "
-            << info->owners << " owners, " << info->forks << " forks, "
-            << info->pending_users << " pending users, "
-            << info->pending_children << " pending children";
-        absl::SleepFor(absl::Milliseconds(5));
-      }
-    }
-  }
+  void expect_all_released() { expect_released(workers_); }
 
   std::vector<std::unique_ptr<Worker>> workers_;
 };
@@ -372,6 +393,64 @@ TEST_F(RRefs, SharingAndDroppingLeaveNoForksBehind) {
                 IsOk());
   }
   expect_all_released();
+}
+
+// A chain of eight workers, each a user that passes the RRef on as an
+// argument; the last one fetches it, before the value exists (it takes
+// 300 ms). Every call keeps the default timeout, ten minutes here (the
+// owner waits at most 60 s for a value): once every handle is dropped, the
+// owner lets go of the entry and of the value at once, not when the fetch
+// could have timed out.
+TEST(RRefChains, ReleasedPromptlyAfterAFetchThatWaitedWhateverTheTimeout) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  RpcOptions options;
+  options.backend = "loopback";
+  options.init_method = "memory://rref_test_chain";
+  options.num_worker_threads = 16;
+  options.default_timeout = absl::Minutes(10);
+  std::vector<std::string> names;
+  for (int i = 0; i < 8; ++i) names.push_back(absl::StrCat("w", i));
+  std::vector<std::unique_ptr<Worker>> workers(names.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t rank = 0; rank < names.size(); ++rank) {
+      threads.emplace_back([&, rank] {
+        auto w = Worker::create(names[rank], static_cast<int>(rank),
+                                static_cast<int>(names.size()), options,
+                                registry, {rref_extension()});
+        ASSERT_THAT(w, IsOk());
+        workers[rank] = std::move(*w);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (const auto& w : workers) ASSERT_NE(w, nullptr);
+  {
+    absl::StatusOr<RRef> r = remote(*workers[0], "w1",
+                                    "tether_rref_test::slow_ones",
+                                    {int64_t{300}});
+    ASSERT_THAT(r, IsOk());
+    // w0 -> w2 -> ... -> w7, each a user of w1's RRef; w7 fetches.
+    std::vector<std::string> path(names.begin() + 3, names.end());
+    absl::StatusOr<c10::IValue> v = workers[0]->rpc_sync(
+        "w2", "tether_rref_test::forward", {*r, c10::IValue(path)});
+    ASSERT_THAT(v, IsOk());
+    EXPECT_TRUE(at::equal(v->toTensor(), at::ones({2})));
+  }
+  expect_released(workers);
+  // The owner's value itself is gone too (within kBound, well before the
+  // 60 s the owner would have waited for it).
+  const absl::Time deadline = absl::Now() + kBound;
+  while (!last_slow_storage().expired()) {
+    ASSERT_LT(absl::Now(), deadline) << "w1 still holds the value";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  std::vector<std::thread> threads;
+  for (auto& w : workers) {
+    threads.emplace_back([&w] { EXPECT_THAT(w->shutdown(), IsOk()); });
+  }
+  for (auto& t : threads) t.join();
 }
 
 class RRefsWithLeakCheck : public RRefs {

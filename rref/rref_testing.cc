@@ -40,6 +40,21 @@ at::Tensor forward(const c10::IValue& r, std::vector<std::string> path) {
   return v->toTensor();
 }
 
+at::Tensor forward_default(const c10::IValue& r,
+                           std::vector<std::string> path) {
+  if (path.empty()) {
+    absl::StatusOr<c10::IValue> v = rref_of(r).to_here();
+    TORCH_CHECK(v.ok(), v.status().ToString());
+    return v->toTensor();
+  }
+  std::string next = path.front();
+  path.erase(path.begin());
+  absl::StatusOr<c10::IValue> v =
+      rpc_sync(next, kForwardDefault, {r, c10::IValue(path)});
+  TORCH_CHECK(v.ok(), v.status().ToString());
+  return v->toTensor();
+}
+
 c10::IValue make_local(const at::Tensor& t) {
   absl::StatusOr<RRef> r = RRef::local(t * 10);
   TORCH_CHECK(r.ok(), r.status().ToString());
@@ -77,6 +92,7 @@ TORCH_LIBRARY(tether_rref_testing, m) {
   m.def("value_of(Any r) -> Tensor", &value_of);
   m.def("is_confirmed(Any r) -> bool", &is_confirmed);
   m.def("forward(Any r, str[] path) -> Tensor", &forward);
+  m.def("forward_default(Any r, str[] path) -> Tensor", &forward_default);
   m.def("make_local(Tensor t) -> Any", &make_local);
   m.def("remote_add(str owner, Tensor x) -> Any", &remote_add);
   m.def("sum_all(Any rrefs) -> Tensor", &sum_all);

@@ -35,6 +35,10 @@ inline constexpr char kIsConfirmed[] = "tether_rref_testing::is_confirmed";
 // forward(Any r, str[] path) -> Tensor: passes r to path[0] with the rest of
 // the path, and so on; the last worker reads it (value_of).
 inline constexpr char kForward[] = "tether_rref_testing::forward";
+// forward_default(Any r, str[] path) -> Tensor: forward, but every call and
+// the fetch keep the callee's default timeout (RpcOptions::default_timeout).
+inline constexpr char kForwardDefault[] =
+    "tether_rref_testing::forward_default";
 // make_local(Tensor t) -> Any: an RRef owned by the callee, holding t * 10.
 inline constexpr char kMakeLocal[] = "tether_rref_testing::make_local";
 // remote_add(str owner, Tensor x) -> Any: the callee's own user of an RRef

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -104,6 +105,62 @@ void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
   absl::StatusOr<Message> second = next.get(absl::Now() + kBound);
   ASSERT_THAT(second, IsOk());
   EXPECT_EQ(second->payload, "next/late");
+}
+
+MessageLimits small_limits() {
+  MessageLimits limits;
+  limits.max_payload_bytes = 64 << 10;
+  limits.max_storages = 4;
+  limits.max_storage_bytes = 1 << 20;
+  return limits;
+}
+
+void expect_over_limits_refused(Agent& from, const WorkerInfo& to,
+                                HeldControl& held) {
+  // A request the peer holds: it must survive the refusals below, which a
+  // dropped connection would fail.
+  Future<Message> first = from.send(to, ping("first"), kBound);
+  held.wait_for(1);
+  struct Over {
+    const char* limit;
+    Message request;
+  };
+  std::vector<Over> over;
+  over.push_back({"max_payload_bytes", ping(std::string((64 << 10) + 1, 'p'))});
+  over.push_back({"max_payload_bytes", ping(std::string(8 << 20, 'q'))});
+  Message many = ping("many");
+  for (int i = 0; i < 5; ++i) many.storages.push_back(make_storage(8, i));
+  over.push_back({"max_storages", std::move(many)});
+  Message bytes = ping("bytes");
+  bytes.storages.push_back(make_storage(512 << 10, 1));
+  bytes.storages.push_back(make_storage((512 << 10) + 1, 2));
+  over.push_back({"max_storage_bytes", std::move(bytes)});
+  Message large = ping("large");
+  large.storages.push_back(make_storage(32 << 20, 3));
+  over.push_back({"max_storage_bytes", std::move(large)});
+  for (Over& o : over) {
+    EXPECT_THAT(from.send(to, std::move(o.request), kBound)
+                    .get(absl::Now() + kBound),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr(o.limit)));
+  }
+  EXPECT_FALSE(first.is_ready());
+  held.release_all();
+  absl::StatusOr<Message> answered = first.get(absl::Now() + kBound);
+  ASSERT_THAT(answered, IsOk());
+  EXPECT_EQ(answered->payload, "first/late");
+  // At the limits exactly: served.
+  Message within = ping(std::string(64 << 10, 'w'));
+  for (int i = 0; i < 3; ++i) {
+    within.storages.push_back(make_storage(256 << 10, i));
+  }
+  within.storages.push_back(make_storage(0, 9));
+  Future<Message> next = from.send(to, std::move(within), kBound);
+  held.wait_for(1);
+  held.release_all();
+  absl::StatusOr<Message> served = next.get(absl::Now() + kBound);
+  ASSERT_THAT(served, IsOk());
+  EXPECT_EQ(served->payload, std::string(64 << 10, 'w') + "/late");
 }
 
 void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,

@@ -49,6 +49,19 @@ void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
 void expect_shutdown_cancels(Agent& from, const WorkerInfo& to,
                              HeldControl& held);
 
+// The limits (AgentSetup::limits) of the peer of
+// expect_over_limits_refused(): 64 KiB of payload, 4 storages, 1 MiB of
+// storage bytes.
+MessageLimits small_limits();
+
+// Peer: holds (through `held`), with small_limits(). While a request is held
+// on the connection, requests over each of the peer's limits (payload bytes,
+// storage count, storage bytes; small and 32 MiB large) fail with
+// RESOURCE_EXHAUSTED naming the limit; the connection stays: the held
+// request is then answered, and a request within the limits succeeds.
+void expect_over_limits_refused(Agent& from, const WorkerInfo& to,
+                                HeldControl& held);
+
 // Checks of the multi-process backends (tensorpipe, grpc, libfabric), whose
 // peers may reach an agent before it has started and see each other shut
 // down; not of the conformance suite (loopback does neither).

@@ -82,6 +82,16 @@ TEST_P(AgentConformance, TimeoutFailsWithDeadlineExceeded) {
   expect_timeout_then_working(group[0], group[1].self(), *held);
 }
 
+TEST_P(AgentConformance, RequestOverTheCalleesLimitsIsRefusedNotTheConnection) {
+  AgentGroup group(GetParam().backend(), 2, {}, {},
+                   {MessageLimits(), small_limits()});
+  ASSERT_TRUE(group.ok());
+  auto held = std::make_shared<HeldResponses>();
+  group.start_all(
+      [held](Message request) { return held->hold(std::move(request)); });
+  expect_over_limits_refused(group[0], group[1].self(), *held);
+}
+
 TEST_P(AgentConformance, ShutdownCancelsPendingAndLaterSends) {
   AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());

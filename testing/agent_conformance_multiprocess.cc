@@ -104,18 +104,22 @@ class Process {
 
 // Runs `body` in `world_size` processes of the backend under test: each
 // meets the group through env://, builds its agent, runs `body` and
-// finishes (Process::finish). Ranks in `may_die` may be killed.
+// finishes (Process::finish). Ranks in `may_die` may be killed. Rank r's
+// agent gets limits[r] (AgentSetup::limits; the defaults beyond `limits`).
 void run_across_processes(const ConformanceParam& param, int world_size,
                           const std::function<void(Process&)>& body,
-                          const std::vector<int>& may_die = {}) {
+                          const std::vector<int>& may_die = {},
+                          const std::vector<MessageLimits>& limits = {}) {
   run_in_processes(
       world_size,
-      [&param, &body, &may_die](int rank, int world) {
+      [&param, &body, &may_die, &limits](int rank, int world) {
         absl::StatusOr<RendezvousResult> member =
             meet_as_agent("env://", rank, world);
         ASSERT_THAT(member, IsOk());
-        absl::StatusOr<std::unique_ptr<Agent>> agent =
-            create_agent(param.backend(), *member);
+        absl::StatusOr<std::unique_ptr<Agent>> agent = create_agent(
+            param.backend(), *member, {},
+            rank < static_cast<int>(limits.size()) ? limits[rank]
+                                                   : MessageLimits());
         ASSERT_THAT(agent, IsOk());
         Process process(*std::move(member), *std::move(agent));
         body(process);
@@ -137,20 +141,24 @@ void check_against_peer(
 
 // The same against a rank 1 that holds responses until rank 0 releases them
 // by messages; what is still held at the end is released then, after rank 0
-// may have shut down.
+// may have shut down. Rank 1 takes `holder_limits` (AgentSetup::limits).
 void check_against_holder(
     const ConformanceParam& param,
     const std::function<void(Agent& from, const WorkerInfo& to,
-                             HeldControl& held)>& check) {
-  run_across_processes(param, 2, [&check](Process& p) {
-    if (p.rank() != 0) {
-      p.start_holding();
-      return;
-    }
-    p.start(echo);
-    RemoteHeld held(p.agent(), p.worker(1));
-    check(p.agent(), p.worker(1), held);
-  });
+                             HeldControl& held)>& check,
+    const MessageLimits& holder_limits = MessageLimits()) {
+  run_across_processes(
+      param, 2,
+      [&check](Process& p) {
+        if (p.rank() != 0) {
+          p.start_holding();
+          return;
+        }
+        p.start(echo);
+        RemoteHeld held(p.agent(), p.worker(1));
+        check(p.agent(), p.worker(1), held);
+      },
+      {}, {MessageLimits(), holder_limits});
 }
 
 TEST_P(AgentConformanceMultiprocess,
@@ -196,6 +204,11 @@ TEST_P(AgentConformanceMultiprocess, UnknownPeerIsUnavailable) {
 
 TEST_P(AgentConformanceMultiprocess, TimeoutFailsWithDeadlineExceeded) {
   check_against_holder(GetParam(), expect_timeout_then_working);
+}
+
+TEST_P(AgentConformanceMultiprocess,
+       RequestOverTheCalleesLimitsIsRefusedNotTheConnection) {
+  check_against_holder(GetParam(), expect_over_limits_refused, small_limits());
 }
 
 TEST_P(AgentConformanceMultiprocess, ShutdownCancelsPendingAndLaterSends) {

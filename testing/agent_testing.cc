@@ -156,18 +156,20 @@ absl::StatusOr<RendezvousResult> meet_as_agent(const std::string& init_method,
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(
     const Backend& backend, const RendezvousResult& member,
-    const AgentSettings& settings) {
+    const AgentSettings& settings, const MessageLimits& limits) {
   AgentSetup setup;
   setup.self = member.self;
   setup.workers = member.workers;
   setup.store = member.store;
   setup.group_key = member.group_key;
   setup.settings = settings;
+  setup.limits = limits;
   return backend.create(std::move(setup));
 }
 
 AgentGroup::AgentGroup(const Backend& backend, int size, Settings settings,
-                       std::vector<int> create) {
+                       std::vector<int> create,
+                       std::vector<MessageLimits> limits) {
   static std::atomic<int> counter{0};
   const std::string init_method =
       absl::StrCat("memory://agent_testing_", counter++, "_", getpid());
@@ -176,21 +178,22 @@ AgentGroup::AgentGroup(const Backend& backend, int size, Settings settings,
   }
   agents_.resize(size);
   errors_.resize(size);
+  limits.resize(size);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < size; ++rank) {
     const bool wanted =
         std::find(create.begin(), create.end(), rank) != create.end();
-    threads.emplace_back(
-        [this, &backend, &init_method, size, rank, wanted, &settings] {
-          meet(backend, init_method, size, rank, wanted, settings);
-        });
+    threads.emplace_back([this, &backend, &init_method, size, rank, wanted,
+                          &settings, &limits] {
+      meet(backend, init_method, size, rank, wanted, settings, limits[rank]);
+    });
   }
   for (std::thread& thread : threads) thread.join();
 }
 
 void AgentGroup::meet(const Backend& backend, const std::string& init_method,
                       int size, int rank, bool wanted,
-                      const Settings& settings) {
+                      const Settings& settings, const MessageLimits& limits) {
   absl::StatusOr<RendezvousResult> group =
       meet_as_agent(init_method, rank, size);
   if (!group.ok()) {
@@ -200,7 +203,7 @@ void AgentGroup::meet(const Backend& backend, const std::string& init_method,
   if (rank == 0) store_ = group->store;
   if (!wanted) return;
   absl::StatusOr<std::unique_ptr<Agent>> agent =
-      create_agent(backend, *group, settings);
+      create_agent(backend, *group, settings, limits);
   if (!agent.ok()) {
     errors_[rank] = agent.status();
     return;

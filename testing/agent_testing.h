@@ -143,22 +143,25 @@ absl::StatusOr<RendezvousResult> meet_as_agent(const std::string& init_method,
                                                int rank, int size);
 
 // Builds the agent of a worker that met its group as `member`, with
-// `settings` (AgentSetup::settings).
+// `settings` (AgentSetup::settings) and `limits` (AgentSetup::limits).
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(
     const Backend& backend, const RendezvousResult& member,
-    const AgentSettings& settings = {});
+    const AgentSettings& settings = {},
+    const MessageLimits& limits = MessageLimits());
 
 // `size` agents of one backend in this process, named "agent<rank>", meeting
 // through rendezvous() on a fresh memory:// store. Every rank joins the
 // rendezvous; only the ranks in `create` (all when empty) get an agent, each
-// with `settings` (AgentSetup::settings). The destructor shuts the agents
-// down.
+// with `settings` (AgentSetup::settings) and its entry of `limits`
+// (AgentSetup::limits; the defaults when `limits` is empty). The destructor
+// shuts the agents down.
 class AgentGroup {
  public:
   using Settings = AgentSettings;
 
   AgentGroup(const Backend& backend, int size, Settings settings = {},
-             std::vector<int> create = {});
+             std::vector<int> create = {},
+             std::vector<MessageLimits> limits = {});
   ~AgentGroup();
   AgentGroup(const AgentGroup&) = delete;
   AgentGroup& operator=(const AgentGroup&) = delete;
@@ -183,7 +186,8 @@ class AgentGroup {
   // On a thread of its own per rank: writes only that rank's slots (and
   // rank 0 the store).
   void meet(const Backend& backend, const std::string& init_method, int size,
-            int rank, bool wanted, const Settings& settings);
+            int rank, bool wanted, const Settings& settings,
+            const MessageLimits& limits);
 
   std::vector<std::unique_ptr<Agent>> agents_;
   std::vector<absl::Status> errors_;

@@ -45,6 +45,15 @@ std::string whoami() {
 
 at::Tensor identity(const at::Tensor& x) { return x; }
 
+int64_t nesting(const c10::IValue& x) {
+  int64_t depth = 0;
+  for (c10::IValue v = x; v.isList() && !v.toListRef().empty();
+       v = v.toListRef()[0]) {
+    ++depth;
+  }
+  return depth;
+}
+
 int64_t chain(int64_t hops) {
   if (hops <= 0) return 0;
   Worker* worker = current_worker();
@@ -74,6 +83,7 @@ TORCH_LIBRARY(tether_test, m) {
   m.def("slow_then_add_via(str to) -> Tensor", &slow_then_add_via);
   m.def("whoami() -> str", &whoami);
   m.def("identity(Tensor x) -> Tensor", &identity);
+  m.def("nesting(Any x) -> int", &nesting);
   m.def("chain(int hops) -> int", &chain);
   m.def("release() -> int", &release);
 }
@@ -82,6 +92,16 @@ TORCH_LIBRARY(tether_test, m) {
 
 bool wait_for_release(absl::Duration timeout) {
   return released().WaitForNotificationWithTimeout(timeout);
+}
+
+c10::IValue nested_lists(int depth) {
+  c10::IValue value = c10::IValue(std::vector<int64_t>{1});
+  for (int i = 1; i < depth; ++i) {
+    c10::impl::GenericList outer(c10::AnyType::get());
+    outer.push_back(value);
+    value = outer;
+  }
+  return value;
 }
 
 }  // namespace tether::testing

@@ -7,6 +7,7 @@
 #ifndef TETHER_TESTING_TEST_OPS_H_
 #define TETHER_TESTING_TEST_OPS_H_
 
+#include <ATen/core/ivalue.h>
 #include <absl/time/time.h>
 
 namespace tether::testing {
@@ -25,6 +26,8 @@ inline constexpr char kAddVia[] = "tether_test::add_via";
 inline constexpr char kSlowThenAddVia[] = "tether_test::slow_then_add_via";
 // whoami() -> str: the serving worker's name.
 inline constexpr char kWhoami[] = "tether_test::whoami";
+// nesting(Any x) -> int: how many lists x nests (0 for a non-list).
+inline constexpr char kNesting[] = "tether_test::nesting";
 // identity(Tensor x) -> Tensor.
 inline constexpr char kIdentity[] = "tether_test::identity";
 // chain(int hops) -> int: sends chain(hops - 1) to the next rank without
@@ -35,6 +38,10 @@ inline constexpr char kRelease[] = "tether_test::release";
 
 // Waits until some peer called release() here; false after `timeout`.
 bool wait_for_release(absl::Duration timeout);
+
+// A list of lists `depth` deep (List[Any] down to a List[int] of one 1),
+// for tests of the nesting limit; kNesting of it is `depth`.
+c10::IValue nested_lists(int depth);
 
 }  // namespace tether::testing
 

@@ -127,7 +127,7 @@ class Link : public std::enable_shared_from_this<Link> {
   // the handshake is sent or accepted until the peer has proven it).
   Link(std::weak_ptr<State> state, const void* owner, std::string self,
        std::string peer, int rank, PendingRequests::Connection connection,
-       bool is_client, const Settings& settings,
+       bool is_client, const Settings& settings, const MessageLimits& limits,
        const std::optional<auth::Authenticator>& auth)
       : state_(std::move(state)),
         owner_(owner),
@@ -142,7 +142,7 @@ class Link : public std::enable_shared_from_this<Link> {
         auth_(auth),
         own_challenge_(auth ? auth->challenge() : std::string()),
         verified_(!auth),
-        assembler_(settings.max_message_bytes) {
+        assembler_(settings.max_message_bytes, limits) {
     if (auth_) {
       assembler_.close_gate(absl::StrCat(
           "worker '", self_, "' requires authentication and worker '", peer_,
@@ -262,6 +262,7 @@ class State : public std::enable_shared_from_this<State> {
         workers_(std::move(setup.workers)),
         store_(std::move(setup.store)),
         settings_(std::move(settings)),
+        limits_(setup.limits),
         auth_(std::move(setup.auth)),
         peer_timeout_(setup.peer_timeout),
         joiner_(store_, kBackendName, self_.id,
@@ -348,6 +349,8 @@ class State : public std::enable_shared_from_this<State> {
   const std::vector<WorkerInfo> workers_;
   const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
+  // What a peer's message may hold (AgentSetup::limits).
+  const MessageLimits limits_;
   const std::optional<auth::Authenticator> auth_;
   absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
   // Per rank, "host:port" (set by init(), then const).
@@ -881,7 +884,7 @@ std::shared_ptr<Link> State::add_link(int rank, bool is_client) {
   auto link = std::make_shared<Link>(weak_from_this(), this, self_.name,
                                      workers_[rank].name, rank,
                                      next_connection_++, is_client, settings_,
-                                     auth_);
+                                     limits_, auth_);
   links_[rank].push_back(link);
   ++live_streams_;
   if (auth_) {
@@ -1007,6 +1010,13 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
 }
 
 void State::on_received(const std::shared_ptr<Link>& link, Received received) {
+  if (received.refused) {
+    received.result = absl::Status(
+        received.result.status().code(),
+        absl::StrCat("worker '", self_.name, "' refuses a ",
+                     received.is_response ? "response" : "request", ": ",
+                     received.result.status().message()));
+  }
   if (received.is_response) {
     // A response for an id no longer pending (timed out) is dropped.
     post(*link, [id = received.id,

@@ -110,15 +110,34 @@ Message copy_message(const Message& message) {
   return copy;
 }
 
+// RESOURCE_EXHAUSTED if worker `receiver` (whose limits are `limits`) may
+// not take `message`.
+absl::Status check_limits(const Message& message, const MessageLimits& limits,
+                          absl::string_view receiver) {
+  std::vector<uint64_t> storage_bytes;
+  storage_bytes.reserve(message.storages.size());
+  for (const c10::Storage& storage : message.storages) {
+    storage_bytes.push_back(storage.nbytes());
+  }
+  absl::Status within =
+      check_message_limits(message.payload.size(), storage_bytes, limits);
+  if (within.ok()) return within;
+  return absl::Status(within.code(),
+                      absl::StrCat("worker '", receiver, "' refuses a ",
+                                   message_type_name(message.type), ": ",
+                                   within.message()));
+}
+
 // One agent's state that peers reach: it outlives the agent while a peer
 // still holds it, and refuses work once closed.
 class Endpoint : public std::enable_shared_from_this<Endpoint> {
  public:
   // `loop` and `timers` belong to the agent and are used only while the
   // endpoint is open (the agent closes it before destroying them).
-  Endpoint(WorkerInfo self, std::shared_ptr<Hub> hub, c10::ThreadPool* loop,
-           internal::TimerQueue* timers)
+  Endpoint(WorkerInfo self, MessageLimits limits, std::shared_ptr<Hub> hub,
+           c10::ThreadPool* loop, internal::TimerQueue* timers)
       : self_(std::move(self)),
+        limits_(limits),
         hub_(std::move(hub)),
         loop_(loop),
         pending_(timers) {}
@@ -155,6 +174,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
     const int64_t id = pending->id;
     request.id = id;
     hub_->request_started();
+    // The callee's limits, checked before its copy is made, as a transport
+    // checks the sizes a peer announces before it allocates.
+    if (absl::Status within = check_limits(request, target->limits_, to.name);
+        !within.ok()) {
+      deliver_response(id, std::move(within));
+      return std::move(pending->response);
+    }
     auto copy = std::make_shared<Message>(copy_message(request));
     std::shared_ptr<Endpoint> sender = shared_from_this();
     bool posted = target->post([target, sender, copy]() mutable {
@@ -208,6 +234,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
             sender->deliver_response(id, result.status());
             return;
           }
+          // The caller's limits, before its copy is made.
+          if (absl::Status within =
+                  check_limits(*result, sender->limits_, sender->self_.name);
+              !within.ok()) {
+            sender->deliver_response(id, std::move(within));
+            return;
+          }
           Message copy = copy_message(*result);
           copy.id = id;
           sender->deliver_response(id, std::move(copy));
@@ -228,6 +261,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   }
 
   const WorkerInfo self_;
+  // What this endpoint takes in one request (AgentSetup::limits).
+  const MessageLimits limits_;
   const std::shared_ptr<Hub> hub_;
   absl::Mutex mu_;
   RequestHandler handler_ ABSL_GUARDED_BY(mu_);
@@ -241,7 +276,7 @@ class LoopbackAgent final : public Agent {
   explicit LoopbackAgent(AgentSetup setup)
       : workers_(std::move(setup.workers)),
         endpoint_(std::make_shared<Endpoint>(
-            setup.self,
+            setup.self, setup.limits,
             Hub::get(setup.group_key, static_cast<int>(workers_.size())),
             &loop_, &timers_)) {}
 

@@ -1079,8 +1079,17 @@ void State::on_response(const std::shared_ptr<ClientPipe>& client,
     return;
   }
   read_responses(client);
+  absl::StatusOr<Message> result = frame->take_result();
+  if (!frame->refused.ok()) {
+    // Over this worker's limits: read and dropped; the pipe goes on.
+    result = absl::Status(
+        frame->refused.code(),
+        absl::StrCat("worker '", self_.name, "' refuses the response of '",
+                     workers_[client->rank].name, "': ",
+                     frame->refused.message()));
+  }
   // A response for an id no longer pending (timed out) is dropped.
-  pending_.complete(frame->header.id, frame->take_result());
+  pending_.complete(frame->header.id, std::move(result));
 }
 
 void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
@@ -1247,7 +1256,8 @@ void State::on_request_descriptor(
     allocated = absl::InvalidArgumentError("a response on a server pipe");
   }
   if (!allocated.ok()) {
-    // Its message cannot be skipped: the pipe is unusable from here on.
+    // Broken or beyond any limit: the pipe is unusable from here on. (A
+    // message merely over this worker's limits is refused alone, below.)
     LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
                  << "' drops a connection from '" << pipe->getRemoteName()
                  << "': " << allocated.status().ToString();
@@ -1268,6 +1278,20 @@ void State::on_request_descriptor(
         return;
       }
       state.read_requests(pipe);
+      if (!frame->refused.ok()) {
+        // Over this worker's limits: its bytes were read and dropped; the
+        // sender learns why, and the pipe serves on.
+        std::shared_ptr<OutgoingFrame> answer = internal::make_response_frame(
+            frame->header.id,
+            absl::Status(frame->refused.code(),
+                         absl::StrCat("worker '", state.self_.name,
+                                      "' refuses a ",
+                                      message_type_name(frame->header.type),
+                                      ": ", frame->refused.message())));
+        pipe->write(answer->to_tensorpipe(),
+                    [answer](const ::tensorpipe::Error& /*error*/) {});
+        return;
+      }
       absl::StatusOr<Message> request = frame->take_result();
       state.incoming_.arrived(pipe, *std::move(request));
     });

@@ -144,8 +144,19 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status exhausted(absl::string_view what,
       absl::StrCat(what, " at ", path.str(), ": ", fmt(parts)...));
 }
 
+// The protobuf parser's recursion budget: enough for kMaxSupportedDepth
+// containers of the deepest kind (3 levels each) and a type description as
+// deep (1 level each), plus the envelope and leaves.
+constexpr int kParseRecursionLimit = 4 * kMaxSupportedDepth + 16;
+
 int effective_max_depth(int max_depth) {
   return std::clamp(max_depth, 0, kMaxSupportedDepth);
+}
+
+// The one refusal of nesting, by encode and decode alike.
+absl::Status too_deep(absl::string_view what, const Path& path, int max) {
+  return exhausted(what, path, "containers nested deeper than ", max,
+                   " (the limit max_depth, RpcOptions::limits)");
 }
 
 // ---------------------------------------------------------------------------
@@ -346,7 +357,8 @@ bool matches(const c10::IValue& v, const c10::Type& type) {
 
 class Encoder {
  public:
-  explicit Encoder(RRefHook* rrefs) : rrefs_(rrefs) {}
+  Encoder(RRefHook* rrefs, const Limits& limits)
+      : rrefs_(rrefs), max_depth_(effective_max_depth(limits.max_depth)) {}
 
   absl::Status value(const c10::IValue& v, pb::Value* out, const Path& path,
                      int depth);
@@ -383,6 +395,7 @@ class Encoder {
                                             pb::RRef* out, const Path& path);
 
   RRefHook* const rrefs_;
+  const int max_depth_;
   std::vector<PendingTensor> pending_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> materialized_;
   std::vector<c10::Storage> storages_;
@@ -417,10 +430,8 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
   } else if (v.isRRef()) {
     return rref(v, out->mutable_rref(), path);
   } else if (v.isList() || v.isTuple() || v.isGenericDict()) {
-    if (depth + 1 > kMaxSupportedDepth) {
-      return exhausted("value", path, "nested deeper than ", kMaxSupportedDepth,
-                       " containers (a list that contains itself?)");
-    }
+    // Also what stops a list that contains itself.
+    if (depth + 1 > max_depth_) return too_deep("value", path, max_depth_);
     if (v.isList()) return list(v, out->mutable_list(), path, depth + 1);
     if (v.isGenericDict()) return dict(v, out->mutable_dict(), path, depth + 1);
     const auto& elems = v.toTupleRef().elements();
@@ -447,10 +458,7 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
 absl::Status Encoder::type(const c10::Type& t, pb::TypeDesc* out,
                            const Path& path, absl::string_view role,
                            int depth) {
-  if (depth > kMaxSupportedDepth) {
-    return exhausted(role, path, "type nested deeper than ",
-                     kMaxSupportedDepth);
-  }
+  if (depth > max_depth_) return too_deep(role, path, max_depth_);
   using K = pb::TypeDesc;
   switch (t.kind()) {
     case c10::TypeKind::AnyType:
@@ -787,10 +795,7 @@ absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
     case pb::Value::kList:
     case pb::Value::kTuple:
     case pb::Value::kDict:
-      if (depth + 1 > max_depth_) {
-        return exhausted("value", path, "containers nested deeper than ",
-                         max_depth_);
-      }
+      if (depth + 1 > max_depth_) return too_deep("value", path, max_depth_);
       if (v.kind_case() == pb::Value::kList) {
         return list(v.list(), path, depth + 1);
       }
@@ -847,9 +852,7 @@ absl::StatusOr<c10::TypePtr> Decoder::type(const pb::TypeDesc& t,
   }
   std::vector<c10::TypePtr> contained;
   if (!contained_desc.empty()) {
-    if (depth + 1 > max_depth_) {
-      return exhausted(role, path, "type nested deeper than ", max_depth_);
-    }
+    if (depth + 1 > max_depth_) return too_deep(role, path, max_depth_);
     contained.reserve(contained_desc.size());
     for (const pb::TypeDesc& c : contained_desc) {
       absl::StatusOr<c10::TypePtr> c_or = type(c, path, role, depth + 1);
@@ -1157,12 +1160,12 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
 }  // namespace
 
 absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs,
-                    const AutogradMeta* autograd) {
+                    const AutogradMeta* autograd, const Limits& limits) {
   try {
     google::protobuf::Arena arena;
     auto* envelope =
         google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
-    Encoder encoder(rrefs);
+    Encoder encoder(rrefs, limits);
     absl::Status s =
         encoder.value(value, envelope->mutable_root(), Path::root(), 0);
     if (!s.ok()) return s;
@@ -1217,13 +1220,19 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
         reinterpret_cast<const uint8_t*>(in.payload.data()),
         static_cast<int>(payload_size));
     // Value -> Dict -> DictEntry -> Value is 3 protobuf levels per
-    // container, plus the deepest type description and a few leaves.
-    stream.SetRecursionLimit(4 * effective_max_depth(limits.max_depth) + 16);
+    // container, plus the deepest type description and a few leaves. The
+    // budget is that of the deepest value any encoder makes, not of this
+    // receiver's max_depth: a value deeper than max_depth parses and is
+    // refused below as RESOURCE_EXHAUSTED naming the limit, as the sender
+    // itself would have refused it (a budget from max_depth made it
+    // INVALID_ARGUMENT "not a wire envelope" from about 2 * max_depth on).
+    stream.SetRecursionLimit(kParseRecursionLimit);
     if (!envelope->ParseFromCodedStream(&stream) ||
         !stream.ConsumedEntireMessage()) {
-      return absl::InvalidArgumentError(
+      return absl::InvalidArgumentError(absl::StrCat(
           "payload is not a wire envelope (truncated, corrupt, or nested "
-          "deeper than max_depth allows)");
+          "deeper than any encoder makes: ",
+          kMaxSupportedDepth, " containers)"));
     }
     if (has_unknown_fields(*envelope) ||
         (envelope->has_autograd() && has_unknown_fields(envelope->autograd()))) {

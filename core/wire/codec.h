@@ -42,7 +42,13 @@ namespace tether::wire {
 // defaults are generous for real traffic and keep a hostile payload from
 // exhausting the stack or memory.
 struct Limits {
-  // Nesting of lists, tuples, dicts and optionals, in values and in types.
+  // Nesting of lists, tuples and dicts in values, and of container types in
+  // the types the message carries (List[List[int]] is as deep as the value
+  // [[1]]: 2). Every container of the message counts, the ones a layer
+  // above wraps around user values included (a CALL is the tuple (name,
+  // args tuple, kwargs): an argument sits 2 deep). encode and decode count
+  // alike and refuse one level more than this with the same
+  // RESOURCE_EXHAUSTED "... nested deeper than N (the limit max_depth ...)".
   // Values above kMaxSupportedDepth are treated as kMaxSupportedDepth.
   int max_depth = 64;
   // Total IValue nodes (containers and packed list elements included) plus
@@ -57,8 +63,6 @@ struct Limits {
   int64_t max_storage_bytes = int64_t{64} << 30;
 };
 
-// The deepest nesting either direction handles; encode refuses deeper values
-// (RESOURCE_EXHAUSTED) so that a cyclic list cannot overflow the stack.
 // An RRef's wire form. The codec moves it; the RRef layer gives it meaning.
 struct RRefForkData {
   int32_t owner = -1;
@@ -87,6 +91,11 @@ class RRefHook {
   adopt(const RRefForkData& data) = 0;
 };
 
+// The deepest nesting either direction handles, whatever Limits say: encode
+// refuses deeper values (RESOURCE_EXHAUSTED) so that a cyclic list cannot
+// overflow the stack, and decode parses any payload up to this depth (then
+// refuses it by its own max_depth, RESOURCE_EXHAUSTED); a payload deeper
+// than any encoder makes is INVALID_ARGUMENT.
 inline constexpr int kMaxSupportedDepth = 256;
 
 // A message's place in distributed autograd (autograd/ gives it meaning):
@@ -106,10 +115,13 @@ struct AutogradMeta {
 // INVALID_ARGUMENT names the unsupported kind and where it sits, e.g.
 // "value at root[1][0]: unsupported IValue kind Object".
 // RRefs in `value` need `rrefs` (INVALID_ARGUMENT without it). `autograd`,
-// if given and in a context, travels in the envelope.
+// if given and in a context, travels in the envelope. A value nested deeper
+// than limits.max_depth is RESOURCE_EXHAUSTED, as decode would find it (the
+// other limits are the receiver's, checked by decode and the agents).
 [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out,
                                   RRefHook* rrefs = nullptr,
-                                  const AutogradMeta* autograd = nullptr);
+                                  const AutogradMeta* autograd = nullptr,
+                                  const Limits& limits = Limits());
 
 // Decodes what encode produced. Never crashes on any input: malformed,
 // truncated, inconsistent input is INVALID_ARGUMENT, a limit exceeded is

@@ -10,6 +10,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/quantize_per_tensor.h>
 #include <ATen/ops/zeros.h>
+#include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -29,15 +30,19 @@
 namespace tether::wire {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::tether::testing::IsOk;
 using ::tether::testing::StatusIs;
 
 // --- helpers ---------------------------------------------------------------
 
+// Encoded as deep as the codec goes, for tests of what decode refuses.
 Message encoded(const c10::IValue& value) {
+  Limits widest;
+  widest.max_depth = kMaxSupportedDepth;
   Message message;
-  absl::Status status = encode(value, message);
+  absl::Status status = encode(value, message, nullptr, nullptr, widest);
   EXPECT_THAT(status, IsOk());
   return message;
 }
@@ -642,6 +647,65 @@ TEST(CodecDecode, DepthOverLimitIsResourceExhausted) {
               StatusIs(absl::StatusCode::kResourceExhausted));
   limits.max_depth = 6;
   EXPECT_THAT(decode(encoded(tuples), limits), IsOk());
+}
+
+// Nesting is one limit, Limits::max_depth, counted the same way by encode
+// and decode: a value either side takes at max_depth, and one level more is
+// RESOURCE_EXHAUSTED naming the limit on both sides; what a sender with a
+// larger limit sends to a stricter receiver (200 deep to 64, issue #16) is
+// RESOURCE_EXHAUSTED too, never INVALID_ARGUMENT.
+TEST(CodecLimits, EncodeAndDecodeRefuseTheSameDepthWithTheSameCode) {
+  auto nested = [](const std::string& kind, int depth) {
+    c10::IValue v = int64_t{1};
+    if (kind == "list") return nested_int_lists(depth);
+    for (int i = 0; i < depth; ++i) {
+      if (kind == "tuple") {
+        v = tuple_of({v});
+      } else {
+        c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+        d.insert(std::string("k"), v);
+        v = d;
+      }
+    }
+    return v;
+  };
+  Limits widest;
+  widest.max_depth = kMaxSupportedDepth;
+  for (const std::string kind : {"list", "tuple", "dict"}) {
+    for (int max : {8, 64, kMaxSupportedDepth}) {
+      SCOPED_TRACE(absl::StrCat(kind, " with max_depth ", max));
+      Limits limits;
+      limits.max_depth = max;
+      const std::string why = absl::StrCat("nested deeper than ", max);
+      Message at_limit;
+      ASSERT_THAT(encode(nested(kind, max), at_limit, nullptr, nullptr, limits),
+                  IsOk());
+      EXPECT_THAT(decode(at_limit, limits), IsOk());
+      Message over;
+      EXPECT_THAT(
+          encode(nested(kind, max + 1), over, nullptr, nullptr, limits),
+          StatusIs(absl::StatusCode::kResourceExhausted,
+                   AllOf(HasSubstr(why), HasSubstr("max_depth"))));
+      if (max == kMaxSupportedDepth) continue;
+      for (int depth : {max + 1, 200, kMaxSupportedDepth}) {
+        SCOPED_TRACE(absl::StrCat("sent ", depth, " deep"));
+        Message sent;
+        ASSERT_THAT(encode(nested(kind, depth), sent, nullptr, nullptr, widest),
+                    IsOk());
+        EXPECT_THAT(decode(sent, limits),
+                    StatusIs(absl::StatusCode::kResourceExhausted,
+                             AllOf(HasSubstr(why), HasSubstr("max_depth"))));
+      }
+    }
+  }
+  // A value deeper than the codec supports at all (a cycle, say) is refused
+  // by encode whatever the limits say.
+  Limits beyond;
+  beyond.max_depth = 100000;
+  Message message;
+  EXPECT_THAT(encode(nested("tuple", 10000), message, nullptr, nullptr, beyond),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("nested deeper than 256")));
 }
 
 TEST(CodecDecode, TypeDepthOverLimitIsResourceExhausted) {

@@ -33,7 +33,8 @@ using ::tether::testing::backend_under_test;
 constexpr int kWorld = 4;
 
 // init_rpc over env:// as a launched worker would, named "w<rank>".
-void init(int rank, int world_size) {
+void init(int rank, int world_size,
+          const wire::Limits& limits = wire::Limits()) {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry;
     EXPECT_THAT(backends::register_builtin_backends(*r), IsOk());
@@ -46,6 +47,7 @@ void init(int rank, int world_size) {
   options.num_worker_threads = 8;
   options.default_timeout = absl::Seconds(60);
   options.scripts = {"def twice(x: Tensor) -> Tensor:\n    return x * 2\n"};
+  options.limits = limits;
   ASSERT_THAT(init_rpc(absl::StrCat("w", rank), rank, world_size, options,
                        *registry),
               IsOk());
@@ -92,6 +94,39 @@ TEST(Scenarios, CallsOfEveryKind) {
                 StatusIs(absl::StatusCode::kDeadlineExceeded));
     EXPECT_THAT(rpc_sync("nobody", "aten::add.Tensor", {a, b}),
                 StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+// Nesting is one limit checked alike by sender and callee, across
+// processes: w0 allows 256, w1 the default 64. A call's argument sits 2
+// deep (the call tuple, the args tuple).
+TEST(Scenarios, NestingOverTheLimitIsResourceExhaustedOnBothSides) {
+  ::tether::testing::run_in_processes(2, [](int rank, int world) {
+    wire::Limits limits;
+    if (rank == 0) limits.max_depth = wire::kMaxSupportedDepth;
+    init(rank, world, limits);
+    const auto kExhausted = absl::StatusCode::kResourceExhausted;
+    const std::string peer = name_of(1 - rank);
+    absl::StatusOr<c10::IValue> within =
+        rpc_sync(peer, testing::kNesting, {testing::nested_lists(62)});
+    ASSERT_THAT(within, IsOk());
+    EXPECT_EQ(within->toInt(), 62);
+    if (rank == 1) {
+      // Refused here, before it leaves.
+      EXPECT_THAT(rpc_sync(peer, testing::kNesting, {testing::nested_lists(63)}),
+                  StatusIs(kExhausted, AllOf(HasSubstr("deeper than 64"),
+                                             HasSubstr("max_depth"))));
+    } else {
+      // Refused by the callee, whatever the depth (200 was INVALID_ARGUMENT).
+      for (int depth : {63, 200, wire::kMaxSupportedDepth - 2}) {
+        EXPECT_THAT(rpc_sync(peer, testing::kNesting, {testing::nested_lists(depth)}),
+                    StatusIs(kExhausted, AllOf(HasSubstr("Error on worker 1"),
+                                               HasSubstr("deeper than 64"),
+                                               HasSubstr("max_depth"))))
+            << depth;
+      }
+    }
     EXPECT_THAT(shutdown(), IsOk());
   });
 }

@@ -66,7 +66,7 @@ constexpr absl::Duration kBound = ::tether::testing::kRRefOpTimeout;
 
 // init_rpc over env:// as a launched worker would, named "w<rank>", serving
 // RRefs.
-void init(int rank, int world_size) {
+void init(int rank, int world_size, absl::Duration default_timeout = kBound) {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry;
     EXPECT_THAT(backends::register_builtin_backends(*r), IsOk());
@@ -78,7 +78,7 @@ void init(int rank, int world_size) {
   options.init_method = "env://";
   // Nested calls hold a pool thread per hop while they wait.
   options.num_worker_threads = 16;
-  options.default_timeout = kBound;
+  options.default_timeout = default_timeout;
   ASSERT_THAT(init_rpc(absl::StrCat("w", rank), rank, world_size, options,
                        *registry, {rref_extension()}),
               IsOk());
@@ -93,10 +93,10 @@ absl::StatusOr<c10::IValue> call(const std::string& to, absl::string_view fn,
 
 at::Tensor twos() { return at::full({2}, 2.0); }
 
-// Polls (bounded) every worker's RRef counts until all are zero: this
-// worker's own directly, the others' through debug_counts().
-void expect_all_released(int world) {
-  const absl::Time deadline = absl::Now() + kBound;
+// Polls (bounded by `bound`) every worker's RRef counts until all are zero:
+// this worker's own directly, the others' through debug_counts().
+void expect_all_released(int world, absl::Duration bound = kBound) {
+  const absl::Time deadline = absl::Now() + bound;
   Worker& self = *current_worker();
   for (int rank = 0; rank < world; ++rank) {
     const std::string worker = name_of(rank);
@@ -164,24 +164,41 @@ TEST(RRefScenarios, RemoteToSelfIsAnOwner) {
   });
 }
 
+// An RRef owned by rank+1 goes through eight nested calls of `forward` (an
+// operator of rref/rref_testing.h): the first to rank+2, then seven hops,
+// visiting every process (the owner and this one too) twice; the last one
+// fetches it. `timeout` bounds the first call (kDefaultTimeout: the default).
+void forward_through_eight_calls(int rank, const char* forward,
+                                 absl::Duration timeout) {
+  absl::StatusOr<RRef> r = remote(name_of(rank + 1), "aten::add.Tensor",
+                                  {at::ones({2}), at::full({2}, 6.0 + rank)});
+  ASSERT_THAT(r, IsOk());
+  std::vector<std::string> path;
+  for (int hop = 3; hop < 10; ++hop) path.push_back(name_of(rank + hop));
+  absl::StatusOr<c10::IValue> v = rpc_sync(
+      name_of(rank + 2), forward, {*r, c10::IValue(path)}, {}, timeout);
+  ASSERT_THAT(v, IsOk()) << absl::StrJoin(path, " -> ");
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 7.0 + rank)));
+}
+
 TEST(RRefScenarios, ForwardedThroughEightNestedCalls) {
   ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
     init(rank, world);
-    {
-      absl::StatusOr<RRef> r =
-          remote(name_of(rank + 1), "aten::add.Tensor",
-                 {at::ones({2}), at::full({2}, 6.0 + rank)});
-      ASSERT_THAT(r, IsOk());
-      // Eight nested calls: the first to rank+2, then seven hops, visiting
-      // every process (the owner and this one too) twice.
-      std::vector<std::string> path;
-      for (int hop = 3; hop < 10; ++hop) path.push_back(name_of(rank + hop));
-      absl::StatusOr<c10::IValue> v =
-          call(name_of(rank + 2), kForward, {*r, c10::IValue(path)});
-      ASSERT_THAT(v, IsOk()) << absl::StrJoin(path, " -> ");
-      EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 7.0 + rank)));
-    }
+    forward_through_eight_calls(rank, kForward, kBound);
     expect_all_released(world);
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+// The same with every call and the last one's fetch on the default timeout
+// (ten minutes here): once every handle is dropped, the owners let go
+// within 20 s, not when a call or the fetch could have timed out.
+TEST(RRefScenarios, ChainOfUsersIsReleasedPromptlyWhateverTheTimeout) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world, absl::Minutes(10));
+    forward_through_eight_calls(rank, ::tether::testing::kForwardDefault,
+                                kDefaultTimeout);
+    expect_all_released(world, absl::Seconds(20));
     EXPECT_THAT(shutdown(), IsOk());
   });
 }

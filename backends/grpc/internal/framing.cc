@@ -290,6 +290,7 @@ struct Assembler::Partial {
     out.id = id;
     if (!refused.ok()) {
       out.result = refused;
+      out.refused = true;
     } else if (kind == FrameKind::kError) {
       out.result = absl::Status(static_cast<absl::StatusCode>(code), payload);
     } else {
@@ -304,8 +305,8 @@ struct Assembler::Partial {
   }
 };
 
-Assembler::Assembler(uint64_t max_message_bytes)
-    : max_message_bytes_(max_message_bytes) {}
+Assembler::Assembler(uint64_t max_message_bytes, const MessageLimits& limits)
+    : max_message_bytes_(max_message_bytes), limits_(limits) {}
 
 Assembler::~Assembler() = default;
 
@@ -442,10 +443,18 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
   if (partial_.contains(key)) {
     return malformed(absl::StrCat("a second head for message ", partial->id));
   }
+  absl::Status within = absl::OkStatus();
+  if (!is_error) {
+    within = check_message_limits(
+        partial->sizes[0],
+        absl::MakeConstSpan(partial->sizes).subspan(1), limits_);
+  }
   if (too_large) {
     partial->refused = absl::ResourceExhaustedError(absl::StrCat(
         "a message of more than ", max_message_bytes_,
         " bytes, the receiver's limit (setting grpc.max_message_bytes)"));
+  } else if (!within.ok()) {
+    partial->refused = std::move(within);
   } else {
     try {
       partial->payload.resize(partial->sizes[0]);

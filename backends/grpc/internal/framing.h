@@ -171,17 +171,24 @@ struct Received {
   bool is_response = false;
   int64_t id = -1;
   // A request or response; the status of an error message; or
-  // RESOURCE_EXHAUSTED if this side refused it (too large, or no memory),
-  // given as soon as its head came: its bytes are skipped as they come.
+  // RESOURCE_EXHAUSTED if this side refused it (over the limits, or no
+  // memory), given as soon as its head came: its bytes are skipped as they
+  // come.
   absl::StatusOr<Message> result;
+  // This side refused it (`result` says why).
+  bool refused = false;
 };
 
 // Rebuilds messages from the frames of one stream, in the order they come.
 class Assembler {
  public:
   // Large received storages reuse the buffers of freed ones
-  // (core/internal/receive_buffers.h).
-  explicit Assembler(uint64_t max_message_bytes);
+  // (core/internal/receive_buffers.h). A request or response over
+  // `max_message_bytes` or `limits` (AgentSetup::limits) is refused: it is
+  // delivered as RESOURCE_EXHAUSTED naming the limit, and its bytes are
+  // skipped as they come, never held.
+  explicit Assembler(uint64_t max_message_bytes,
+                     const MessageLimits& limits = MessageLimits());
   ~Assembler();
   Assembler(const Assembler&) = delete;
   Assembler& operator=(const Assembler&) = delete;
@@ -219,6 +226,7 @@ class Assembler {
                              std::vector<Received>& done);
 
   const uint64_t max_message_bytes_;
+  const MessageLimits limits_;
   // Not empty while the gate is closed: why.
   std::string gate_;
   // Keyed by (is_response, id).

@@ -206,27 +206,12 @@ absl::StatusOr<Body> read_body(absl::string_view bytes) {
 
 absl::Status check_limits(const Body& body, const MessageLimits& limits) {
   const uint64_t payload = body.segments.empty() ? 0 : body.segments[0].size;
-  if (payload > static_cast<uint64_t>(limits.max_payload_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a payload of ", payload, " bytes is over the limit of ",
-        limits.max_payload_bytes, " (MessageLimits::max_payload_bytes)"));
-  }
-  const uint64_t storages = body.segments.empty() ? 0 : body.segments.size() - 1;
-  if (storages > static_cast<uint64_t>(limits.max_storages)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(storages, " storages are over the limit of ",
-                     limits.max_storages, " (MessageLimits::max_storages)"));
-  }
-  uint64_t bytes = 0;
+  std::vector<uint64_t> storages;
+  if (!body.segments.empty()) storages.reserve(body.segments.size() - 1);
   for (size_t i = 1; i < body.segments.size(); ++i) {
-    bytes += body.segments[i].size;  // each <= kMaxSegmentBytes: no overflow
-    if (bytes > static_cast<uint64_t>(limits.max_storage_bytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the storages' bytes are over the limit of ",
-          limits.max_storage_bytes, " (MessageLimits::max_storage_bytes)"));
-    }
+    storages.push_back(body.segments[i].size);
   }
-  return absl::OkStatus();
+  return check_message_limits(payload, storages, limits);
 }
 
 uint64_t max_body_size(const MessageLimits& limits) {

@@ -238,6 +238,7 @@ absl::StatusOr<AuthFrame> IncomingFrame::take_auth() const {
 }
 
 absl::StatusOr<Message> IncomingFrame::take_result() {
+  if (!refused.ok()) return refused;
   if (header.kind == FrameKind::kError) {
     auto code = static_cast<absl::StatusCode>(header.code);
     if (header.code <= 0 || header.code > 16) code = absl::StatusCode::kUnknown;
@@ -251,36 +252,108 @@ absl::StatusOr<Message> IncomingFrame::take_result() {
   return message;
 }
 
+namespace {
+
+// The frame of a message refused for `why`: its bytes are read into a
+// DiscardRegion (nothing for an inline frame, whose bytes are in the
+// descriptor already) and dropped.
+absl::StatusOr<std::unique_ptr<IncomingFrame>> discard_frame(
+    FrameHeader header, const ::tensorpipe::Descriptor& descriptor,
+    absl::Status why) {
+  auto frame = std::make_unique<IncomingFrame>();
+  frame->header = std::move(header);
+  frame->refused = std::move(why);
+  if (frame->header.inline_data) return frame;
+  uint64_t total = frame->header.payload_size;
+  for (uint64_t size : frame->header.storage_sizes) {
+    if (size > DiscardRegion::kMaxLength - total) {
+      return frame->refused;  // more than anyone may send: drop the peer
+    }
+    total += size;
+  }
+  if (total == 0) return frame;
+  absl::StatusOr<std::unique_ptr<DiscardRegion>> region =
+      DiscardRegion::create(total);
+  if (!region.ok()) {
+    return absl::Status(frame->refused.code(),
+                        absl::StrCat(frame->refused.message(), "; and ",
+                                     region.status().message()));
+  }
+  frame->discard = *std::move(region);
+  // Each buffer its own stretch of the region: they alias in memory, not
+  // in address (concurrent channels write them).
+  char* at = frame->discard->data();
+  if (!descriptor.payloads.empty()) {
+    frame->allocation.payloads.push_back({at});
+    at += frame->header.payload_size;
+  }
+  for (const ::tensorpipe::Descriptor::Tensor& tensor : descriptor.tensors) {
+    ::tensorpipe::Allocation::Tensor entry;
+    entry.buffer = ::tensorpipe::CpuBuffer{at};
+    frame->allocation.tensors.push_back(std::move(entry));
+    at += tensor.length;
+  }
+  return frame;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
     const ::tensorpipe::Descriptor& descriptor, const MessageLimits& limits) {
   absl::StatusOr<FrameHeader> header = decode_header(descriptor.metadata);
   if (!header.ok()) return header.status();
-  if (header->payload_size > static_cast<uint64_t>(limits.max_payload_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a payload of ", header->payload_size, " bytes is over the limit of ",
-        limits.max_payload_bytes));
-  }
-  if (header->storage_sizes.size() >
-      static_cast<uint64_t>(limits.max_storages)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(header->storage_sizes.size(),
-                     " storages are over the limit of ", limits.max_storages));
-  }
-  uint64_t storage_bytes = 0;
-  for (uint64_t size : header->storage_sizes) {
-    if (size > static_cast<uint64_t>(limits.max_storage_bytes) ||
-        (storage_bytes += size) >
-            static_cast<uint64_t>(limits.max_storage_bytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the storages' bytes are over the limit of ",
-          limits.max_storage_bytes));
-    }
-  }
+  // First what the peer may not send at all (the connection cannot be
+  // trusted after it), then what this side does not take (only the message
+  // is refused).
   if (header->inline_data) {
     if (!descriptor.payloads.empty() || !descriptor.tensors.empty()) {
       return malformed("an inline frame with payloads or tensors");
     }
-    auto frame = std::make_unique<IncomingFrame>();
+  } else {
+    const size_t payloads = header->payload_size > 0 ? 1 : 0;
+    if (descriptor.payloads.size() != payloads ||
+        (payloads == 1 &&
+         descriptor.payloads[0].length != header->payload_size)) {
+      return malformed("payload does not match the header");
+    }
+    size_t tensor = 0;
+    for (uint64_t size : header->storage_sizes) {
+      if (size == 0) continue;
+      if (tensor >= descriptor.tensors.size() ||
+          descriptor.tensors[tensor].length != size) {
+        return malformed("tensors do not match the header's storage sizes");
+      }
+      const ::tensorpipe::Descriptor::Tensor& t = descriptor.tensors[tensor];
+      if (!is_cpu(t.sourceDevice) ||
+          (t.targetDevice.has_value() && !is_cpu(*t.targetDevice))) {
+        return malformed("a tensor is not in CPU memory");
+      }
+      ++tensor;
+    }
+    if (tensor != descriptor.tensors.size()) {
+      return malformed("more tensors than the header announces");
+    }
+  }
+  if (header->kind == FrameKind::kRequest ||
+      header->kind == FrameKind::kResponse) {
+    absl::Status within = check_message_limits(header->payload_size,
+                                               header->storage_sizes, limits);
+    if (!within.ok()) {
+      return discard_frame(*std::move(header), descriptor, std::move(within));
+    }
+  } else if (header->payload_size >
+             static_cast<uint64_t>(limits.max_payload_bytes)) {
+    // An error or authentication frame this large is not a peer's honest
+    // mistake.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a payload of ", header->payload_size,
+        " bytes is over the limit max_payload_bytes of ",
+        limits.max_payload_bytes, " in a frame of kind ",
+        static_cast<int>(header->kind)));
+  }
+
+  auto frame = std::make_unique<IncomingFrame>();
+  if (header->inline_data) {
     const char* data = descriptor.metadata.data() + header_size(*header);
     frame->payload.assign(data, header->payload_size);
     data += header->payload_size;
@@ -296,31 +369,6 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
     frame->header = *std::move(header);
     return frame;
   }
-  const size_t payloads = header->payload_size > 0 ? 1 : 0;
-  if (descriptor.payloads.size() != payloads ||
-      (payloads == 1 &&
-       descriptor.payloads[0].length != header->payload_size)) {
-    return malformed("payload does not match the header");
-  }
-  size_t tensor = 0;
-  for (uint64_t size : header->storage_sizes) {
-    if (size == 0) continue;
-    if (tensor >= descriptor.tensors.size() ||
-        descriptor.tensors[tensor].length != size) {
-      return malformed("tensors do not match the header's storage sizes");
-    }
-    const ::tensorpipe::Descriptor::Tensor& t = descriptor.tensors[tensor];
-    if (!is_cpu(t.sourceDevice) ||
-        (t.targetDevice.has_value() && !is_cpu(*t.targetDevice))) {
-      return malformed("a tensor is not in CPU memory");
-    }
-    ++tensor;
-  }
-  if (tensor != descriptor.tensors.size()) {
-    return malformed("more tensors than the header announces");
-  }
-
-  auto frame = std::make_unique<IncomingFrame>();
   try {
     frame->payload.resize(header->payload_size);
     frame->storages.reserve(header->storage_sizes.size());

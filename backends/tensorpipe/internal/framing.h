@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/tensorpipe/internal/discard_region.h"
 #include "core/message.h"
 
 namespace tether::backends::internal {
@@ -116,11 +117,16 @@ struct IncomingFrame {
   FrameHeader header;
   std::string payload;
   std::vector<c10::Storage> storages;
-  // Points into `payload` and `storages`; pass it to Pipe::read().
+  // Not OK when this side refused the message (RESOURCE_EXHAUSTED, over the
+  // limits): its bytes are read into `discard` and dropped.
+  absl::Status refused;
+  std::unique_ptr<DiscardRegion> discard;
+  // Points into `payload` and `storages` (or `discard`); pass it to
+  // Pipe::read().
   ::tensorpipe::Allocation allocation;
 
-  // After the read: the request or response it carries, or the error
-  // status of a kError frame.
+  // After the read: the request or response it carries, the error status of
+  // a kError frame, or `refused`.
   absl::StatusOr<Message> take_result();
   // After the read, for a kAuth frame: its contents (INVALID_ARGUMENT if
   // malformed).
@@ -129,9 +135,13 @@ struct IncomingFrame {
 
 // Checks `descriptor` against its header (counts, sizes, CPU only) and
 // `limits`, and allocates the payload and one storage per announced size.
-// Errors: INVALID_ARGUMENT for a malformed or inconsistent frame,
-// RESOURCE_EXHAUSTED for one over `limits` (checked before allocating) or
-// when the memory cannot be allocated.
+// A request or response over `limits` (checked before allocating) is not an
+// error: its frame is `refused` with the RESOURCE_EXHAUSTED of
+// check_message_limits() and reads its bytes into a DiscardRegion, so that
+// the pipe goes on to the next message. Errors, after which the pipe cannot
+// be used: INVALID_ARGUMENT for a malformed or inconsistent frame,
+// RESOURCE_EXHAUSTED when the memory (or the discard region) cannot be had,
+// or for an error or authentication frame over the payload limit.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
     const ::tensorpipe::Descriptor& descriptor,
     const MessageLimits& limits = MessageLimits());

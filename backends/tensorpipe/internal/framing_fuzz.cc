@@ -9,8 +9,9 @@
 //
 // Properties checked: allocate_frame never crashes and fails only with
 // INVALID_ARGUMENT or RESOURCE_EXHAUSTED (never allocating over the limits
-// below); a frame it accepts reads back without crashing, an auth frame
-// parses or fails with INVALID_ARGUMENT.
+// below: a message over them is a refused frame, whose result is
+// RESOURCE_EXHAUSTED); a frame it accepts reads back without crashing, an
+// auth frame parses or fails with INVALID_ARGUMENT.
 #include <tensorpipe/common/cpu_buffer.h>
 
 #include <cstddef>
@@ -69,6 +70,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     return 0;
   }
-  (void)(*frame)->take_result();
+  const bool refused = !(*frame)->refused.ok();
+  absl::StatusOr<tether::Message> result = (*frame)->take_result();
+  if (refused &&
+      result.status().code() != absl::StatusCode::kResourceExhausted) {
+    std::abort();
+  }
   return 0;
 }

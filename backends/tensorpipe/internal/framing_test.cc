@@ -262,8 +262,10 @@ TEST(Framing, UnknownStatusCodeBecomesUnknown) {
 namespace tether::backends::internal {
 namespace {
 
-// A peer announcing more than the limits allow is refused before anything is
-// allocated (the announced terabyte would not fit on this machine).
+// A message over the limits is refused before anything is allocated for it:
+// its frame reads the bytes into a discard region (the pipe must move past
+// them) and yields RESOURCE_EXHAUSTED naming the limit. A terabyte, more
+// than anyone may send, is an error: that peer loses its connection.
 TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
   Message request;
   request.type = MessageType::kPing;
@@ -273,20 +275,31 @@ TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
       descriptor_of(make_request_frame(request)->to_tensorpipe());
   MessageLimits limits;
   ASSERT_THAT(allocate_frame(descriptor, limits), IsOk());
+  auto expect_refused = [&descriptor](const MessageLimits& limits,
+                                      const std::string& why) {
+    absl::StatusOr<std::unique_ptr<IncomingFrame>> frame =
+        allocate_frame(descriptor, limits);
+    ASSERT_THAT(frame, IsOk());
+    EXPECT_THAT((*frame)->refused,
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr(why)));
+    EXPECT_TRUE((*frame)->payload.empty());
+    EXPECT_TRUE((*frame)->storages.empty());
+    ASSERT_NE((*frame)->discard, nullptr);
+    EXPECT_EQ((*frame)->discard->length(), 100 + kInlineLimit + 10 + 50);
+    EXPECT_EQ((*frame)->allocation.payloads.size(), 1u);
+    EXPECT_EQ((*frame)->allocation.tensors.size(), 2u);
+    EXPECT_THAT((*frame)->take_result(),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr(why)));
+  };
   limits.max_payload_bytes = 99;
-  EXPECT_THAT(allocate_frame(descriptor, limits),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("payload of 100 bytes")));
+  expect_refused(limits, "payload of 100 bytes is over the limit "
+                         "max_payload_bytes of 99");
   limits = MessageLimits();
   limits.max_storages = 1;
-  EXPECT_THAT(allocate_frame(descriptor, limits),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("2 storages")));
+  expect_refused(limits, "2 tensor storages are over the limit max_storages");
   limits = MessageLimits();
   limits.max_storage_bytes = kInlineLimit;
-  EXPECT_THAT(allocate_frame(descriptor, limits),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("storages' bytes")));
+  expect_refused(limits, "max_storage_bytes");
   // A terabyte announced in the header, with the default limits.
   descriptor.tensors[0].length = uint64_t{1} << 40;
   FrameHeader header = *decode_header(descriptor.metadata);
