@@ -20,6 +20,8 @@ namespace {
 // the rounds into a busy loop on the store.
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(1);
 constexpr absl::Duration kLastBackoff = absl::Milliseconds(50);
+// How long rank 0 stays after a failed join for the others to read why.
+constexpr absl::Duration kFailedGrace = absl::Seconds(5);
 
 // A round's keys: counters, their "_all" marks, and one key per worker that
 // has arrived at each phase (so that a waiter knows whom to ask).
@@ -108,18 +110,45 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
         absl::StrCat("join timed out after ", absl::FormatDuration(timeout),
                      " in round ", round, ": ", what));
   };
+  std::vector<int> others;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r != rank_) others.push_back(r);
+  }
+  auto seen_key = [&](int rank) {
+    return absl::StrCat("tether/join/", scope_, "/failed_seen/", rank);
+  };
+  // A worker leaving a failed join says it has read why. Rank 0, whose
+  // process usually serves the store, then waits (at most kFailedGrace)
+  // until every other worker has read it too or is itself lost, so that
+  // none finds the store gone instead of the reason.
+  auto leave_failed = [&](absl::Status why) {
+    store_->set(seen_key(rank_), {1});
+    if (rank_ != 0) return why;
+    const absl::Time until = absl::Now() + kFailedGrace;
+    std::vector<int> waiting = others;
+    absl::Time next_probe = absl::Now() + kLastBackoff * 4;
+    while (!waiting.empty() && absl::Now() < until) {
+      std::vector<int> still;
+      const bool probe = hooks.check_alive && absl::Now() >= next_probe;
+      for (int r : waiting) {
+        if (store_->check({seen_key(r)})) continue;
+        if (probe && !hooks.check_alive({r}).ok()) continue;
+        still.push_back(r);
+      }
+      if (probe) next_probe = absl::Now() + kLastBackoff * 4;
+      waiting.swap(still);
+      if (!waiting.empty()) absl::SleepFor(kLastBackoff / 5);
+    }
+    return why;
+  };
   // Publishes why this worker's join fails, for the others (the first
   // reason stays), and returns it.
   auto fail_group = [&](const absl::Status& why) {
     store_->compareSet(failed_key, {},
                        std::vector<uint8_t>(why.message().begin(),
                                             why.message().end()));
-    return why;
+    return leave_failed(why);
   };
-  std::vector<int> others;
-  for (int r = 0; r < world_size_; ++r) {
-    if (r != rank_) others.push_back(r);
-  }
   // Waits until every worker has arrived at phase `name` of `round`,
   // checking meanwhile that the group has not failed and that the workers
   // still missing are alive.
@@ -134,8 +163,8 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
         next_failed_check = now + kLastBackoff * 4;
         if (store_->check({failed_key})) {
           std::vector<uint8_t> why = store_->get(failed_key);
-          return absl::UnavailableError(
-              absl::StrCat("join failed: ", std::string(why.begin(), why.end())));
+          return leave_failed(absl::UnavailableError(
+              absl::StrCat("join failed: ", std::string(why.begin(), why.end()))));
         }
       }
       if (hooks.check_alive && now >= next_probe) {
