@@ -31,6 +31,7 @@ enum class Query : uint8_t {
 };
 constexpr uint8_t kReady = 0;     // CheckResponseType::READY
 constexpr uint8_t kNotReady = 1;  // CheckResponseType::NOT_READY
+constexpr uint8_t kStopWaiting = 0;  // WaitResponseType::STOP_WAITING
 
 // A value the server sends back is at most this large (the store carries
 // names, addresses and counters; a larger length is a broken stream).
@@ -44,8 +45,6 @@ std::string prefixed(absl::string_view key) {
   return absl::StrCat(kKeyPrefix, key);
 }
 
-constexpr absl::Duration kFirstPoll = absl::Milliseconds(1);
-constexpr absl::Duration kLastPoll = absl::Milliseconds(10);
 
 // Bytes of one request, in the server's format.
 class Request {
@@ -95,12 +94,10 @@ bool wait_ready(int fd, short events, absl::Time deadline) {
 
 }  // namespace
 
-absl::StatusOr<c10::intrusive_ptr<TcpStoreClient>> TcpStoreClient::connect(
-    const std::string& host, int port, absl::Duration timeout) {
-  const std::string address = absl::StrCat(host, ":", port);
-  const absl::Time deadline = timeout == absl::ZeroDuration()
-                                  ? absl::InfiniteFuture()
-                                  : absl::Now() + timeout;
+// A connected socket to host:port, retrying until `deadline` (the server
+// may not listen yet); UNAVAILABLE naming the address and the last error.
+absl::StatusOr<int> open_socket(const std::string& host, int port,
+                                absl::Time deadline) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -115,8 +112,8 @@ absl::StatusOr<c10::intrusive_ptr<TcpStoreClient>> TcpStoreClient::connect(
                                 ::gai_strerror(rc));
     } else {
       for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-        const int fd =
-            ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
+                                a->ai_protocol);
         if (fd < 0) {
           last_error = std::strerror(errno);
           continue;
@@ -125,8 +122,7 @@ absl::StatusOr<c10::intrusive_ptr<TcpStoreClient>> TcpStoreClient::connect(
           ::freeaddrinfo(found);
           int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-          return c10::make_intrusive<TcpStoreClient>(Token{}, fd, address,
-                                                     timeout);
+          return fd;
         }
         last_error = std::strerror(errno);
         ::close(fd);
@@ -134,23 +130,39 @@ absl::StatusOr<c10::intrusive_ptr<TcpStoreClient>> TcpStoreClient::connect(
       ::freeaddrinfo(found);
     }
     if (absl::Now() + backoff >= deadline) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot reach the rendezvous store at ", address,
-                       " within ", absl::FormatDuration(timeout), ": ",
-                       last_error));
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach the rendezvous store at ", host, ":", port, ": ",
+          last_error));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
 }
 
-TcpStoreClient::TcpStoreClient(Token, int fd, std::string address,
+absl::StatusOr<c10::intrusive_ptr<TcpStoreClient>> TcpStoreClient::connect(
+    const std::string& host, int port, absl::Duration timeout) {
+  const absl::Time deadline = timeout == absl::ZeroDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + timeout;
+  absl::StatusOr<int> fd = open_socket(host, port, deadline);
+  if (!fd.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        fd.status().message(), " (tried for ", absl::FormatDuration(timeout),
+        ")"));
+  }
+  return c10::make_intrusive<TcpStoreClient>(Token{}, *fd, host, port,
+                                             timeout);
+}
+
+TcpStoreClient::TcpStoreClient(Token, int fd, std::string host, int port,
                                absl::Duration timeout)
     : c10d::Store(std::chrono::milliseconds(
           timeout == absl::InfiniteDuration()
               ? 0
               : absl::ToInt64Milliseconds(timeout))),
-      address_(std::move(address)),
+      host_(std::move(host)),
+      port_(port),
+      address_(absl::StrCat(host_, ":", port_)),
       fd_(fd) {}
 
 TcpStoreClient::~TcpStoreClient() {
@@ -311,21 +323,36 @@ void TcpStoreClient::wait_for(const std::vector<std::string>& keys,
   const absl::Time until = timeout == absl::ZeroDuration()
                                ? absl::InfiniteFuture()
                                : absl::Now() + timeout;
-  absl::Duration pause = kFirstPoll;
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (check_locked(keys)) return;
+  absl::MutexLock lock(&mu_);
+  // The server answers a WAIT the moment the last key is set, so a waiter
+  // hears of a key before its setter's next request (as with LibTorch's
+  // client): a barrier's last worker may leave at once.
+  Request request(Query::kWait);
+  request.u64(keys.size());
+  for (const std::string& key : keys) request.str(prefixed(key));
+  write_all(request.bytes(), deadline());
+  if (fd_ >= 0 && wait_ready(fd_, POLLIN, until)) {
+    uint8_t answer = 0;
+    read_exact(&answer, 1, deadline());
+    if (answer != kStopWaiting) {
+      fail(absl::StrCat("answered a wait with ", int{answer}, ": not a store"));
     }
-    const absl::Time now = absl::Now();
-    if (now >= until) {
-      throw std::runtime_error(absl::StrCat(
-          "Socket Timeout: waited ", absl::FormatDuration(timeout),
-          " for keys at the rendezvous store at ", address_));
-    }
-    absl::SleepFor(std::min(pause, until - now));
-    pause = std::min(pause * 2, kLastPoll);
+    return;
   }
+  // 1.13's server cannot cancel a WAIT: its late answer would be taken for
+  // the answer of the next request. This connection is done; take another.
+  ::close(fd_);
+  fd_ = -1;
+  absl::StatusOr<int> fresh =
+      open_socket(host_, port_, absl::Now() + absl::FromChrono(timeout_));
+  if (fresh.ok()) {
+    fd_ = *fresh;
+  } else {
+    broken_ = std::string(fresh.status().message());
+  }
+  throw std::runtime_error(absl::StrCat(
+      "Socket Timeout: waited ", absl::FormatDuration(timeout),
+      " for keys at the rendezvous store at ", address_));
 }
 
 }  // namespace tether::internal

@@ -16,9 +16,11 @@
 // it, as the c10d::Store interface reports every failure; the next call
 // fails at once.
 //
-// wait() and get() of a key that is not there yet poll with check() (the
-// server's WAIT cannot be cancelled in 1.13, and a late answer would be read
-// as the answer of the next request). watchKey() is not supported.
+// wait() (and get(), which waits for its key first) uses the server's WAIT,
+// which answers the moment the keys are set. 1.13's server cannot cancel a
+// WAIT, so a wait that times out closes its connection (a late answer would
+// be read as the answer of the next request) and opens a fresh one.
+// watchKey() is not supported.
 //
 // Thread safety: every method may be called from any thread; requests run
 // one at a time.
@@ -49,7 +51,8 @@ class TcpStoreClient final : public c10d::Store {
 
   // Use connect(); public only for c10::make_intrusive.
   struct Token {};
-  TcpStoreClient(Token, int fd, std::string address, absl::Duration timeout);
+  TcpStoreClient(Token, int fd, std::string host, int port,
+                 absl::Duration timeout);
   ~TcpStoreClient() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
@@ -81,6 +84,8 @@ class TcpStoreClient final : public c10d::Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void wait_for(const std::vector<std::string>& keys, absl::Duration timeout);
 
+  const std::string host_;
+  const int port_;
   const std::string address_;  // "host:port", for messages
   absl::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_);
