@@ -723,6 +723,18 @@ def plot_anywhere(args, results_path, out_dir, log):
 
 # ---- main ----
 
+def relative_to_workspace(arg):
+    """`arg` with an absolute path under the workspace made relative."""
+    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY", os.getcwd())
+    name, eq, value = arg.partition("=")
+    path = value if eq else arg
+    if os.path.isabs(path) and os.path.commonpath(
+            [root, os.path.abspath(path)]) == root:
+        path = os.path.relpath(path, root)
+        return name + "=" + path if eq else path
+    return arg
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -771,7 +783,10 @@ def main():
 
     started = time.time()
     results = {
-        "command": " ".join(["tools/bench"] + sys.argv[1:]),
+        # Paths of this machine stay out of the record: an absolute path
+        # under the workspace is written relative to it.
+        "command": " ".join(["tools/bench"] + [
+            relative_to_workspace(a) for a in sys.argv[1:]]),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                  "kernel": platform.release(),
