@@ -98,7 +98,7 @@ def tether_dependencies(cxx17_toolchain = True):
         already in the shared disk cache valid.
     """
     if cxx17_toolchain:
-        _tether_cc_config(name = "local_config_cc")
+        _maybe(_tether_cc_config, name = "local_config_cc")
 
     # Stand-ins for the repositories Bazel 4.2's own tools ask for.
     for name in ["rules_cc", "rules_java", "remote_coverage_tools"]:
