@@ -40,10 +40,12 @@ cleanup() { (cd "$ws" && "${nested[@]}" shutdown) >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 
 # Only the test's own plumbing: the shared cache, a quiet spawn strategy
-# (linux-sandbox prints pages of debug lines with this Bazel), 2 jobs.
+# (linux-sandbox prints pages of debug lines with this Bazel), 2 jobs, and a
+# fixed PATH for the actions (the caller's PATH would otherwise be part of
+# every action's cache key, and differ between a shell and a Bazel test).
 flags=(--disk_cache="$disk_cache" --spawn_strategy=local
        --genrule_strategy=local --jobs=2 --color=no --curses=no
-       --show_progress_rate_limit=60)
+       --show_progress_rate_limit=60 --incompatible_strict_action_env)
 
 for mode in fastbuild opt; do
   start=$(date +%s)
