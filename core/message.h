@@ -40,7 +40,7 @@ enum class MessageType : int32_t {
   // Agent-level test and health traffic (the conformance suite): any payload.
   kPing = 4,
   kPong = 5,
-  // The RRef protocol (rref/). Payloads are tuples; see rref/rref_context.h.
+  // The RRef protocol (rref/). Payloads are tuples; see rref/rref_impl.h.
   kRemoteCall = 6,       // run a function, keep its result as an OwnerRRef
   kRRefFetch = 7,        // a user asks the owner for the value
   kRRefUserDelete = 8,   // a user tells the owner it is gone

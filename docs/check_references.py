@@ -73,9 +73,14 @@ def exists(root, path):
 def target_names(build_file):
     """Patterns of the target names a BUILD file declares: the literal
     `name = "..."` values, with a name a comprehension formats
-    ("%s_scenarios_%s_test") matching any text in place of each %s."""
+    ("%s_scenarios_%s_test") matching any text in place of each %s. A name
+    given by a variable (`name = test`) could be anything: then any name
+    matches."""
     with open(build_file, encoding="utf-8") as f:
-        names = re.findall(r"\bname\s*=\s*\"([^\"]+)\"", f.read())
+        text = f.read()
+    if re.search(r"\bname\s*=\s*[A-Za-z_]", text):
+        return [re.compile(".*")]
+    names = re.findall(r"\bname\s*=\s*\"([^\"]+)\"", text)
     return [re.compile("^" + ".+".join(re.escape(part)
                                         for part in name.split("%s")) + "$")
             for name in names]

@@ -20,6 +20,7 @@ class CheckReferencesTest(unittest.TestCase):
                 "core/BUILD.bazel": 'cc_library(name = "worker")\n'
                                     '[cc_test(name = "%s_test" % b)]\n',
                 "core/worker.h": "",
+                "python/BUILD.bazel": '[sh_test(name = test) for test in T]\n',
                 "tools/bench_worker.cc": "",
                 "docs/bench/plot.png": "",
         }.items():
@@ -42,6 +43,7 @@ class CheckReferencesTest(unittest.TestCase):
             "`core/worker.h` and `core/worker.h:12`, `core/` `core/*.h`\n"
             "`bazel-bin/tools/bench_worker --quick`, `//core:worker`,\n"
             "`//core:grpc_test` `//core/...` `//...` ![plot](bench/plot.png)\n"
+            "`//python:rpc_test`\n"
             "[map](../README.md#use) [web](https://example.org/a/b)\n"
             "```sh\ncore/worker.h --out=docs/bench\n```\n"), [])
 

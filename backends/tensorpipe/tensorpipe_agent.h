@@ -1,5 +1,5 @@
 // The tensorpipe backend: agents that talk through libtensorpipe, the
-// default multi-process transport of tether (ARCHITECTURE.md section 2).
+// default multi-process transport of tether (docs/architecture.md section 2).
 //
 // Each agent owns one tensorpipe::Context with the transport tcp (tether's
 // own, internal/tcp_transport.h) and the channels basic, cma (cross-memory
