@@ -37,7 +37,8 @@ enum class MessageType : int32_t {
   // A response that carries an error instead of a result; payload is the
   // tuple (absl::StatusCode as int, message).
   kException = 3,
-  // Agent-level test and health traffic (the conformance suite): any payload.
+  // Liveness probes (a peer's graceful join; the Worker answers a PING on
+  // the agent's thread) and agent-level test traffic: any payload.
   kPing = 4,
   kPong = 5,
   // The RRef protocol (rref/). Payloads are tuples; see rref/rref_impl.h.
