@@ -8,7 +8,7 @@ A workspace that uses tether declares it and calls this once:
 
 Nothing here downloads: every library is a Debian package (scripts/setup.sh
 installs them) and Bazel 4.2's own tools get the offline stand-ins kept in
-third_party/ (ARCHITECTURE.md section 10). A repository the workspace already
+third_party/ (docs/architecture.md section 10). A repository the workspace already
 declared is left as it is, so a user's own rules_cc (say) wins.
 """
 
