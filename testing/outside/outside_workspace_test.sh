@@ -2,11 +2,13 @@
 # A user's own Bazel workspace (project/: WORKSPACE.in, BUILD.in, hello.cc)
 # that depends on tether with local_repository and tether_dependencies(),
 # and nothing else: no copy of tether's rules, repositories or .bazelrc.
-# Builds its program in fastbuild and in -c opt with a nested Bazel, and runs
+# Builds its program in each MODE given with a nested Bazel, and runs
 # each build's program as two workers under tether_run (built from the
 # same external repository) over the default backend.
 #
-#   outside_workspace_test.sh TETHER_WORKSPACE_FILE PROJECT_WORKSPACE_IN
+#   outside_workspace_test.sh TETHER_WORKSPACE_FILE PROJECT_WORKSPACE_IN MODE...
+#
+# MODE is a compilation mode (fastbuild, opt); each is built and run.
 #
 # The nested Bazel has its own output root (in the test's temporary folder,
 # so runs never share one) and reads only the system bazelrc (Debian's
@@ -17,6 +19,12 @@ set -euo pipefail
 
 tether_root="$(dirname "$(readlink -f "$1")")"
 project="$(dirname "$(readlink -f "$2")")"
+shift 2
+modes=("$@")
+if [[ ${#modes[@]} -eq 0 ]]; then
+  echo "FAIL: no compilation mode given" >&2
+  exit 1
+fi
 run_hello="$(cd "$(dirname "$0")" && pwd)/run_hello.sh"
 work="${TEST_TMPDIR:-$(mktemp -d)}"
 home="$(getent passwd "$(id -u)" | cut -d: -f6)"
@@ -47,7 +55,7 @@ flags=(--disk_cache="$disk_cache" --spawn_strategy=local
        --genrule_strategy=local --jobs=2 --color=no --curses=no
        --show_progress_rate_limit=60 --incompatible_strict_action_env)
 
-for mode in fastbuild opt; do
+for mode in "${modes[@]}"; do
   start=$(date +%s)
   (cd "$ws" && "${nested[@]}" build "${flags[@]}" -c "$mode" \
       //:hello @tether//tools:tether_run)
