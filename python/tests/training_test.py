@@ -246,3 +246,39 @@ def test_distributed_optimizer_errors(callee):
     opt = DistributedOptimizer(optim.SGD, params, lr=0.1)
     with pytest.raises(RuntimeError, match="424242"):
         opt.step(424242)
+
+
+def test_remote_module(callee):
+    from tether.nn.api.remote_module import RemoteModule
+    import tether.nn
+    assert tether.nn.RemoteModule is RemoteModule
+    remote = RemoteModule("%s/cpu" % callee, tf.Model, args=(3, 1))
+    by_rank = RemoteModule("rank:1/cpu", tf.Model, kwargs=dict(
+        in_features=3, out_features=1))
+    assert by_rank.get_module_rref().owner().name == callee
+    local = tf.Model(3, 1)
+    x = torch.ones(2, 3)
+    assert torch.allclose(remote(x), local(x))
+    assert torch.allclose(remote.forward_async(x).wait(), local(x))
+    params = remote.remote_parameters()
+    assert [p.owner().name for p in params] == [callee, callee]
+    dist_opt = DistributedOptimizer(optim.SGD, params, lr=0.1)
+    with dist_autograd.context() as context_id:
+        dist_autograd.backward(context_id, [remote(x).sum()])
+        dist_opt.step(context_id)
+    (local(x).sum()).backward()
+    optim.SGD(local.parameters(), lr=0.1).step()
+    assert torch.allclose(remote(x), local(x))
+    with pytest.raises(ValueError, match="not supported for RemoteModule"):
+        remote.parameters()
+    with pytest.raises(ValueError, match="names device 'cuda:0'"):
+        RemoteModule("%s/cuda:0" % callee, tf.Model, args=(3, 1))
+    with pytest.raises(ValueError, match="Could not parse remote_device"):
+        RemoteModule("a/b/c", tf.Model)
+    not_a_module = RemoteModule(callee, rpc_functions.Accumulator, args=(1,))
+    with pytest.raises(ValueError, match="returns an instance of"):
+        not_a_module.remote_parameters()
+    # module_cls travels by reference: the owner must allow it.
+    linear = RemoteModule(callee, nn.Linear, args=(2, 2))
+    with pytest.raises(RuntimeError, match="is not allowed"):
+        linear(torch.ones(2))
