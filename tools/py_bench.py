@@ -14,6 +14,11 @@ workload is a median over N calls (p99 beside it), timed in rank 0:
                      pickled)
   rpc_async builtin  calls per second, 64 in flight
   remote + to_here   rpc.remote(torch.add, ...).to_here()
+  dist autograd step a distributed autograd context around a forward of a
+                     Linear(256, 256) that rank 1 holds (an RRef made by
+                     rpc.remote, called through rref.rpc_sync()) on a
+                     32x256 input that requires grad, dist_autograd.backward
+                     of its sum, get_gradients, and the context's exit
 """
 import argparse
 import collections
@@ -29,6 +34,11 @@ rpc = None
 
 def py_add(a, b):
     return a + b
+
+
+def make_linear():
+    import torch
+    return torch.nn.Linear(256, 256)
 
 
 def percentile(samples, q):
@@ -52,9 +62,11 @@ def run(impl, rank, n, backend):
     global rpc
     import torch
     if impl == "tether":
+        import tether.autograd as dist_autograd
         import tether.rpc as rpc
         kwargs = {"backend": backend}
     else:
+        import torch.distributed.autograd as dist_autograd
         import torch.distributed.rpc as rpc
         kwargs = {}
     rpc.init_rpc("w%d" % rank, rank=rank, world_size=2, **kwargs)
@@ -69,6 +81,18 @@ def run(impl, rank, n, backend):
                 n // 3, lambda: rpc.remote("w1", torch.add,
                                            args=(t, 1)).to_here()),
         }
+        linear = rpc.remote("w1", make_linear)
+        x = torch.randn(32, 256, requires_grad=True)
+
+        def autograd_step():
+            with dist_autograd.context() as context_id:
+                out = linear.rpc_sync().forward(x)
+                dist_autograd.backward(context_id, [out.sum()])
+                grads = dist_autograd.get_gradients(context_id)
+            assert grads[x].shape == x.shape
+
+        result["dist autograd step"] = timed(n // 3, autograd_step)
+        del linear
         calls = 10 * n
         pending = collections.deque()
         start = time.perf_counter()
@@ -121,7 +145,8 @@ def main():
     print("| workload | tether (%s) | peer (tensorpipe) | better by |"
           % args.backend)
     print("| --- | --- | --- | --- |")
-    for name in ["rpc_sync builtin", "rpc_sync python", "remote + to_here"]:
+    for name in ["rpc_sync builtin", "rpc_sync python", "remote + to_here",
+                 "dist autograd step"]:
         a, b = tether[name], peer[name]
         print("| %s p50 (p99), us | %.1f (%.1f) | %.1f (%.1f) | %.2fx |"
               % (name, a["p50_us"], a["p99_us"], b["p50_us"], b["p99_us"],
