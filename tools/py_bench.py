@@ -17,8 +17,9 @@ workload is a median over N calls (p99 beside it), timed in rank 0:
   dist autograd step a distributed autograd context around a forward of a
                      Linear(256, 256) that rank 1 holds (an RRef made by
                      rpc.remote, called through rref.rpc_sync()) on a
-                     32x256 input that requires grad, dist_autograd.backward
-                     of its sum, get_gradients, and the context's exit
+                     64x256 input that requires grad, dist_autograd.backward
+                     of its sum, get_gradients, and the context's exit (the
+                     workload of tools/peer_bench.py and the C++ bench)
 """
 import argparse
 import collections
@@ -82,7 +83,7 @@ def run(impl, rank, n, backend):
                                            args=(t, 1)).to_here()),
         }
         linear = rpc.remote("w1", make_linear)
-        x = torch.randn(32, 256, requires_grad=True)
+        x = torch.randn(64, 256, requires_grad=True)
 
         def autograd_step():
             with dist_autograd.context() as context_id:
