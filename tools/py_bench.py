@@ -5,6 +5,11 @@ The same Python program on both: rank 0 calls rank 1 in another local
 process; only the module differs (tether.rpc or torch.distributed.rpc).
 
     /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
+        [--transports shm,tcp]
+
+--transports sets tether's "tensorpipe.transports" (default: the backend's,
+the guarded tcp); the peer always runs its default transports, which
+between two local processes are shm.
 
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:
@@ -59,13 +64,16 @@ def timed(n, call):
             "p99_us": percentile(samples, 0.99)}
 
 
-def run(impl, rank, n, backend):
+def run(impl, rank, n, backend, transports):
     global rpc
     import torch
     if impl == "tether":
         import tether.autograd as dist_autograd
         import tether.rpc as rpc
         kwargs = {"backend": backend}
+        if transports:
+            kwargs["rpc_backend_options"] = rpc.RpcBackendOptions(
+                backend_settings={"tensorpipe.transports": transports})
     else:
         import torch.distributed.autograd as dist_autograd
         import torch.distributed.rpc as rpc
@@ -115,11 +123,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def measure(impl, n, backend):
+def measure(impl, n, backend, transports):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--impl", impl,
-         "--rank", str(rank), "--n", str(n), "--backend", backend],
+         "--rank", str(rank), "--n", str(n), "--backend", backend,
+         "--transports", transports],
         env=env, stdout=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -133,18 +142,19 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backend", default="tensorpipe")
+    parser.add_argument("--transports", default="")
     parser.add_argument("--impl")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--n", type=int)
     args = parser.parse_args()
     if args.impl:
-        run(args.impl, args.rank, args.n, args.backend)
+        run(args.impl, args.rank, args.n, args.backend, args.transports)
         return
     n = 300 if args.quick else 3000
-    tether = measure("tether", n, args.backend)
-    peer = measure("peer", n, args.backend)
-    print("| workload | tether (%s) | peer (tensorpipe) | better by |"
-          % args.backend)
+    tether = measure("tether", n, args.backend, args.transports)
+    peer = measure("peer", n, args.backend, "")
+    print("| workload | tether (%s%s) | peer (tensorpipe) | better by |"
+          % (args.backend, " " + args.transports if args.transports else ""))
     print("| --- | --- | --- | --- |")
     for name in ["rpc_sync builtin", "rpc_sync python", "remote + to_here",
                  "dist autograd step"]:

@@ -430,6 +430,13 @@ PYBIND11_MODULE(_C, m) {
       .def("rpc_sync", proxy("rpc_sync"), py::arg("timeout") = -1.0)
       .def("rpc_async", proxy("rpc_async"), py::arg("timeout") = -1.0)
       .def("remote", proxy("remote"), py::arg("timeout") = -1.0)
+      .def(
+          "_get_future",
+          [](py::object self, double timeout) {
+            return py::module_::import("tether.rpc._proxy")
+                .attr("creation_future")(self, timeout);
+          },
+          py::arg("timeout") = -1.0)
       .def("__repr__", [](const RRef& self) {
         return std::string(self.is_owner() ? "OwnerRRef" : "UserRRef") +
                "(owner=" + worker_repr(self.owner()) + ")";

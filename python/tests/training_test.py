@@ -173,6 +173,17 @@ def test_rref_proxies_call_methods_on_the_owner(callee):
     assert module.rpc_sync()._private() == "private"
 
 
+def test_rref_creation_future(callee):
+    ok = rpc.remote(callee, rpc_functions.Accumulator, args=(1,))
+    fut = ok._get_future()
+    assert isinstance(fut, torch.futures.Future.__mro__[1])
+    assert fut.wait() is None
+    failed = rpc.remote(callee, rpc_functions.fail, args=("no value",))
+    with pytest.raises(ValueError, match="no value"):
+        failed._get_future().wait()
+    assert rpc.RRef(torch.ones(1))._get_future().wait() is None
+
+
 def test_parameter_rrefs_and_distributed_optimizer_match_torch_optim(callee):
     """Each kind steps the callee's parameters exactly as torch.optim steps a
     copy of them here with the same gradients."""
