@@ -1,4 +1,4 @@
-// tether._C: the Python extension over tether's C++ API (ARCHITECTURE.md
+// tether._C: the Python extension over tether's C++ API (docs/architecture.md
 // section 11). tether/rpc/__init__.py is its user-facing side; this module
 // is internal.
 //
