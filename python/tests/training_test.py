@@ -169,6 +169,12 @@ def test_rref_proxies_call_methods_on_the_owner(callee):
     with pytest.raises(RuntimeError, match="never other dunder methods"):
         rpc.rpc_sync(callee, _proxy.invoke,
                      args=(module, "__setattr__", ("training", 1), {}))
+    # An RRef of a Python object this worker owns, proxied by either side.
+    mine = rpc.RRef(rpc_functions.Accumulator(10))
+    assert mine.rpc_sync().add(1) == 11
+    assert rpc.rpc_sync(callee, rpc_functions.add_through_proxy,
+                        args=(mine, 4)) == 15
+    assert mine.local_value().total == 15
     # A private method is a method like any other, as in the peer.
     assert module.rpc_sync()._private() == "private"
 
