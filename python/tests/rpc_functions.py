@@ -53,3 +53,8 @@ class Accumulator:
 
 def total_of(rref):
     return rref.local_value().total
+
+
+def add_through_proxy(rref, x):
+    """A callee's proxy call back to the RRef's owner."""
+    return rref.rpc_sync().add(x)

@@ -7,7 +7,9 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
 - defined in a module allowed at init (``allowed_modules``, or
   ``tether.rpc.allow_module``; a package allows its submodules),
 - registered with the ``@tether.rpc.expose`` decorator, or
-- one of the harmless builtins in ``HARMLESS_BUILTINS``.
+- one of the harmless builtins in ``HARMLESS_BUILTINS``, or
+- one of tether's own functions in ``INTERNAL`` (an RRef proxy's call of a
+  method of the object the RRef holds, remote modules).
 
 The reference must name the object where it is defined: an attribute walk
 (``__main__:os.system`` when the script imported os) finds an object whose
@@ -32,6 +34,14 @@ PREFIX = "py::"
 HARMLESS_BUILTINS = frozenset({
     "abs", "all", "any", "divmod", "len", "max", "min", "round", "sorted",
     "sum",
+})
+
+# tether's own functions that peers call on a worker (RRef proxies, remote
+# modules), allowed whether or not this worker has imported them yet.
+INTERNAL = frozenset({
+    "py::tether.rpc._proxy:invoke",
+    "py::tether.rpc._proxy:created",
+    "py::tether.nn.api.remote_module:_parameter_rrefs",
 })
 
 _lock = threading.Lock()
@@ -98,6 +108,8 @@ def _resolve(name):
                       "malformed function reference %r: expected "
                       "'py::module:qualname'" % (name,))
     module, qualname = name[len(PREFIX):].split(":", 1)
+    if name in INTERNAL:
+        return getattr(importlib.import_module(module), qualname)
     with _lock:
         exposed = _exposed.get(name)
     if exposed is not None:
