@@ -273,13 +273,13 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
                                             absl::string_view name, int rank,
                                             int world_size,
                                             absl::Duration timeout) {
+  if (world_size == kDynamicGroup) {
+    return rendezvous_dynamic(init_method, name, rank, timeout);
+  }
   if (rank < 0) {
     absl::StatusOr<int> from_env = env_rank();
     if (!from_env.ok()) return from_env.status();
     rank = *from_env;
-  }
-  if (world_size == kDynamicGroup) {
-    return rendezvous_dynamic(init_method, name, rank, timeout);
   }
   if (world_size < 0) {
     absl::StatusOr<int> from_env = env_world_size();

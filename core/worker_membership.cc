@@ -12,6 +12,7 @@
 #include <absl/synchronization/mutex.h>
 #include <absl/time/clock.h>
 #include <c10/core/thread_pool.h>
+#include <glog/logging.h>
 
 #include <algorithm>
 #include <memory>
@@ -95,37 +96,74 @@ absl::Status Worker::tell_members(MessageType type,
                                   const std::vector<WorkerInfo>& to,
                                   std::vector<WorkerInfo>& gone) {
   const WorkerInfo self = agent_->self();
+  // The agent's own answers (send_counted): an EXCEPTION is a member that is
+  // alive and refuses, a failed send one the transport lost.
   std::vector<Future<Message>> answers;
   for (const WorkerInfo& member : to) {
-    answers.push_back(send(member, member_message(type, self),
-                           absl::InfiniteDuration()));
+    answers.push_back(send_counted(member, member_message(type, self),
+                                   absl::InfiniteDuration()));
   }
+  auto drop = [&](const WorkerInfo& member, absl::string_view why) {
+    LOG(WARNING) << "worker '" << self.name << "' drops worker '"
+                 << member.name << "' (rank " << member.id
+                 << ") from the group, lost while it was told of a "
+                 << message_type_name(type) << ": " << why;
+    gone.push_back(member);
+  };
   absl::Status first_error = absl::OkStatus();
   for (size_t i = 0; i < to.size(); ++i) {
     // A member answers a leave once its calls to this worker are done,
     // which may take as long as they do; meanwhile it must stay alive.
+    absl::Status silent;
     while (!answers[i].is_ready()) {
       if (answers[i].wait(absl::Now() + kProbeInterval).ok()) break;
       Message ping;
       ping.type = MessageType::kPing;
       absl::StatusOr<Message> pong =
-          send(to[i], std::move(ping), options_.peer_timeout).get();
-      if (!pong.ok() && lost(pong.status())) break;
+          send_counted(to[i], std::move(ping), options_.peer_timeout).get();
+      if (!pong.ok() && lost(pong.status())) {
+        silent = pong.status();
+        break;
+      }
     }
     if (!answers[i].is_ready()) {
-      gone.push_back(to[i]);
+      drop(to[i], absl::StrCat("it answered no liveness probe: ",
+                               silent.message()));
       continue;
     }
     absl::StatusOr<Message> answer = answers[i].get();
-    if (answer.ok()) continue;
-    if (lost(answer.status())) {
-      gone.push_back(to[i]);
-    } else if (first_error.ok()) {
+    absl::Status refused;
+    if (!answer.ok()) {
+      if (lost(answer.status())) {
+        // Lost, or only the connection the answer was to come on? A member
+        // is dropped from the group only if it does not answer a probe
+        // either.
+        Message ping;
+        ping.type = MessageType::kPing;
+        absl::StatusOr<Message> pong =
+            send_counted(to[i], std::move(ping), options_.peer_timeout).get();
+        if (!pong.ok() && lost(pong.status())) {
+          drop(to[i], answer.status().message());
+          continue;
+        }
+        LOG(WARNING) << "worker '" << self.name << "': the answer of worker '"
+                     << to[i].name << "' to its " << message_type_name(type)
+                     << " was lost (" << answer.status().message()
+                     << "), but the worker is alive";
+        // A leave goes on (at worst that member's calls to this worker
+        // fail once it has stopped); a join fails and is undone.
+        if (type == MessageType::kMemberLeave) continue;
+      }
+      refused = answer.status();
+    } else if (answer->type == MessageType::kException) {
+      refused = status_of_exception(*answer);
+    }
+    if (!refused.ok() && first_error.ok()) {
       first_error = absl::Status(
-          answer.status().code(),
+          refused.code(),
           absl::StrCat("worker '", to[i].name, "' (rank ", to[i].id,
                        ") refused the ", message_type_name(type), " of '",
-                       self.name, "': ", answer.status().message()));
+                       self.name, "': ", refused.message()));
     }
   }
   return first_error;

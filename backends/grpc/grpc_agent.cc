@@ -834,8 +834,11 @@ absl::Status State::add_peer(const WorkerInfo& worker) {
 
 void State::remove_peer(const WorkerInfo& worker) {
   if (!peers_.remove(worker)) return;
-  // Its links and channel go, so that a worker joining later with its rank
-  // gets its own. Nothing is in flight on them (the Worker drained them).
+  // Its links and channel leave the tables, so that a worker joining later
+  // with its rank gets its own. Nothing of ours is in flight on them (the
+  // Worker drained them), but they stay open until the leaver ends them as
+  // it stops: a stream carries both ways, and the answer to its
+  // MEMBER_LEAVE goes back on one of them after this returns.
   std::vector<std::shared_ptr<Link>> links;
   std::shared_ptr<::grpc::Channel> channel;
   {
@@ -848,11 +851,9 @@ void State::remove_peer(const WorkerInfo& worker) {
       channels_.erase(cached);
     }
   }
-  for (const std::shared_ptr<Link>& link : links) {
-    link->close(absl::StrCat("worker '", worker.name, "' left the group"));
-  }
-  // WARNING: the channel may not be destroyed on a gRPC thread; this runs
-  // on the Worker's pool. Streams still hold it while they end.
+  // WARNING: the links and the channel may not be destroyed on a gRPC
+  // thread; this runs on the Worker's pool, and the streams still hold
+  // them while they end.
 }
 
 absl::Status State::start(RequestHandler handler) {

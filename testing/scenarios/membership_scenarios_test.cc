@@ -90,34 +90,41 @@ absl::Status join(int rank) {
                   registry(), {rref_extension(), autograd::autograd_extension()});
 }
 
-std::string name_of(int rank) { return absl::StrCat("w", rank); }
-
-// The group's rendezvous store, for the test's own keys.
+// The group's rendezvous store, for the test's own keys. Connects on first
+// use: rank 0's process serves the store once it has joined.
 class TestStore {
  public:
-  TestStore() {
-    const char* port = std::getenv("MASTER_PORT");
-    absl::StatusOr<c10::intrusive_ptr<internal::TcpStoreClient>> client =
-        internal::TcpStoreClient::connect(std::getenv("MASTER_ADDR"),
-                                          std::atoi(port), kBound);
-    EXPECT_THAT(client.status(), IsOk());
-    if (client.ok()) store_ = *client;
-  }
-  void set(const std::string& key) { store_->set("test/" + key, {1}); }
+  void set(const std::string& key) { store().set("test/" + key, {1}); }
   void wait(const std::string& key) {
-    store_->wait({"test/" + key}, std::chrono::milliseconds(
+    store().wait({"test/" + key}, std::chrono::milliseconds(
                                       absl::ToInt64Milliseconds(kBound)));
   }
   // Counts `key` up; the one that brings it to `n` sets "<key>_all".
   void count(const std::string& key, int n) {
-    if (store_->add("test/" + key, 1) == n) set(key + "_all");
+    if (store().add("test/" + key, 1) == n) set(key + "_all");
   }
   std::shared_ptr<c10d::Store> shared() {
+    store();
     c10::intrusive_ptr<internal::TcpStoreClient> keep = store_;
     return std::shared_ptr<c10d::Store>(keep.get(), [keep](c10d::Store*) {});
   }
 
  private:
+  internal::TcpStoreClient& store() {
+    if (!store_) {
+      absl::StatusOr<c10::intrusive_ptr<internal::TcpStoreClient>> client =
+          internal::TcpStoreClient::connect(
+              std::getenv("MASTER_ADDR"), std::atoi(std::getenv("MASTER_PORT")),
+              kBound);
+      if (!client.ok()) {
+        ADD_FAILURE() << client.status();
+        std::abort();
+      }
+      store_ = *client;
+    }
+    return *store_;
+  }
+
   c10::intrusive_ptr<internal::TcpStoreClient> store_;
 };
 
@@ -125,7 +132,7 @@ at::Tensor add_on(const std::string& to, int64_t n) {
   absl::StatusOr<c10::IValue> sum =
       rpc_sync(to, "aten::add.Tensor", {at::full({4}, n), at::ones({4})});
   EXPECT_THAT(sum, IsOk()) << "a call to " << to;
-  return sum.ok() ? sum->toTensor() : at::Tensor();
+  return sum.ok() ? sum->toTensor() : at::full({4}, -1);
 }
 
 bool is_member(const std::string& name) {
@@ -201,6 +208,7 @@ TEST(MembershipScenarios, JoinDuringTraffic) {
       std::printf("w1: %d calls to w0 while w2 joined, then %d to w2\n",
                   to_w0, to_w2);
       store.set("w1_done");
+      store.wait("w2_done");  // w2's calls to w1 are over
     }
     if (rank == 2) {
       store.set("w2_in");
@@ -208,6 +216,7 @@ TEST(MembershipScenarios, JoinDuringTraffic) {
         EXPECT_TRUE(at::equal(add_on("w0", i), at::full({4}, i + 1)));
         EXPECT_TRUE(at::equal(add_on("w1", i), at::full({4}, i + 1)));
       }
+      store.set("w2_done");
       store.wait("w1_done");  // w1's calls to w2 are over
     }
     EXPECT_THAT(shutdown(), IsOk());
