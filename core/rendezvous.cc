@@ -144,8 +144,8 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_store(
                    "memory://KEY"));
 }
 
-// What "tether/world_size" holds in a dynamic group
-// (core/join/membership.h's kDynamicWorldSize).
+// What "tether/world_size" holds in a dynamic group (the store's keys are
+// listed in core/join/membership.h).
 constexpr char kDynamicMark[] = "dynamic";
 
 absl::Status mixed_group(absl::string_view init_method, absl::string_view name,

@@ -36,6 +36,7 @@
 #include "core/backend_registry.h"
 #include "core/callables.h"
 #include "core/future.h"
+#include "core/rendezvous.h"  // kDynamicGroup, for callers of create()
 #include "core/wire/codec.h"
 
 namespace c10 {
@@ -184,9 +185,12 @@ using ExtensionFactory =
 class Worker {
  public:
   // Joins the group and starts serving. A negative rank or world size is
-  // read from the environment (core/rendezvous.h). Errors come from the rendezvous
-  // (core/rendezvous.h), the registry (NOT_FOUND for an unknown backend,
-  // FAILED_PRECONDITION for one not viable here) and the backend.
+  // read from the environment (core/rendezvous.h); world size
+  // kDynamicGroup joins a dynamic group instead (see shutdown() and
+  // docs/reliability.md). Errors come from the rendezvous
+  // (core/rendezvous.h), the membership token (core/join/membership.h),
+  // the registry (NOT_FOUND for an unknown backend, FAILED_PRECONDITION for
+  // one not viable here) and the backend.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Worker>> create(
       const std::string& name, int rank, int world_size,
       const RpcOptions& options, const BackendRegistry& registry,

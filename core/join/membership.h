@@ -10,8 +10,9 @@
 // here) before it lets go.
 //
 // Store keys (under the group's store, next to the rendezvous keys):
-//   tether/world_size        "dynamic" (a static group's first rank puts
-//                            its world size there: the two cannot mix)
+//   tether/world_size        "dynamic" (put there by the rendezvous,
+//                            core/rendezvous.cc; a static group's first rank
+//                            puts its world size there: the two cannot mix)
 //   tether/members           the members, "rank:name" per line, rank order
 //   tether/members/token     "" or the holder: "rank:name:join|leave:nonce"
 //   tether/members/beat      a counter the holder adds to every 100 ms
@@ -47,9 +48,6 @@ class Store;
 }  // namespace c10d
 
 namespace tether::join {
-
-// The value a dynamic group puts under "tether/world_size".
-inline constexpr char kDynamicWorldSize[] = "dynamic";
 
 // Parses a member list ("rank:name" lines); INVALID_ARGUMENT naming the
 // line that is not one.

@@ -360,7 +360,11 @@ TEST(MembershipScenarios, AJoinerKilledMidJoinHoldsNobodyUp) {
           ::kill(::getpid(), SIGKILL);
         }
         if (rank == 1) {
+          const absl::Time start = absl::Now();
           ASSERT_THAT(join(rank), IsOk());
+          std::printf("w1: joined in %s (the dead joiner may have held the "
+                      "token)\n",
+                      absl::FormatDuration(absl::Now() - start).c_str());
           store.set("w1_in");
           store.wait("w3_in");
           EXPECT_TRUE(at::equal(add_on("w3", 2), at::full({4}, 3)));
