@@ -71,8 +71,26 @@ class Agent {
 
   virtual const WorkerInfo& self() const = 0;
 
-  // Every worker of the group, in rank order.
+  // The workers of the group the agent was set up with, in rank order. In
+  // a dynamic group (AgentSetup::dynamic) the group changes afterwards:
+  // Worker::get_all_worker_infos() is the current one.
   virtual const std::vector<WorkerInfo>& worker_infos() const = 0;
+
+  // Dynamic groups (AgentSetup::dynamic) only; a static group's agent
+  // refuses both with FAILED_PRECONDITION. The Worker calls them when a
+  // member tells it of a change (core/join/membership.h); the backend only
+  // updates its table of peers.
+  //
+  // `worker` has joined: its agent published its address in the store
+  // before it said so. Sends to it work from the return on. ALREADY_EXISTS
+  // if another peer has its name or rank; UNAVAILABLE if its address cannot
+  // be read. Blocks briefly (a store read): not on an agent thread.
+  [[nodiscard]] virtual absl::Status add_peer(const WorkerInfo& worker) = 0;
+  // `worker` has left (after its graceful leave: nothing is in flight to
+  // it): later sends to it fail at once with UNAVAILABLE naming it, and the
+  // agent lets go of its connections to it, so that a worker that joins
+  // later with the same rank gets fresh ones. No-op for an unknown worker.
+  virtual void remove_peer(const WorkerInfo& worker) = 0;
 
   // Graceful drain: blocks until every worker of the group has called join()
   // and no request is in flight anywhere in the group, or until `timeout`
@@ -91,6 +109,15 @@ class Agent {
 struct AgentSetup {
   WorkerInfo self;
   std::vector<WorkerInfo> workers;  // in rank order, self included
+  // A dynamic group (init without a world size): `workers` are the members
+  // when this worker joins (ranks may have gaps), more come and go through
+  // Agent::add_peer / remove_peer, and peers the agent does not know yet
+  // may connect to it (a joiner tells each member of itself over its own
+  // connection). The backend publishes its address at init with
+  // publish_address() and reads each peer's with lookup_address()
+  // (backends/common) instead of waiting for the whole group. join() is
+  // not used (the Worker drains a leaving worker itself).
+  bool dynamic = false;
   // The rendezvous store, already prefixed for this group; backends publish
   // and look up their addresses here. Outlives the agent.
   std::shared_ptr<c10d::Store> store;

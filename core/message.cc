@@ -67,6 +67,10 @@ const char* message_type_name(MessageType type) {
       return "AUTOGRAD_BACKWARD";
     case MessageType::kAutogradCleanup:
       return "AUTOGRAD_CLEANUP";
+    case MessageType::kMemberJoin:
+      return "MEMBER_JOIN";
+    case MessageType::kMemberLeave:
+      return "MEMBER_LEAVE";
   }
   return "INVALID";
 }

@@ -52,6 +52,10 @@ enum class MessageType : int32_t {
   // Distributed autograd (autograd/). Payloads are tuples; see autograd.cc.
   kAutogradBackward = 13,  // gradients for a send node: run a pass from it
   kAutogradCleanup = 14,   // a context was left: forget it, tell its peers
+  // Dynamic membership (core/join/membership.h): a worker tells each member
+  // that it joined or is leaving; payload "rank:name"; answered with kAck.
+  kMemberJoin = 15,
+  kMemberLeave = 16,
 };
 
 // Returns a short name for logs and error messages ("CALL", ...).

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 
 namespace tether {
 namespace {
@@ -143,6 +144,23 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_store(
                    "memory://KEY"));
 }
 
+// What "tether/world_size" holds in a dynamic group (the store's keys are
+// listed in core/join/membership.h).
+constexpr char kDynamicMark[] = "dynamic";
+
+absl::Status mixed_group(absl::string_view init_method, absl::string_view name,
+                         int rank, int world_size) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " ('", name, "') cannot join the group at '",
+      init_method,
+      "': RPC group mixes statically and dynamically initialized members, "
+      "which is not supported (this worker gave ",
+      world_size == kDynamicGroup ? "no world size"
+                                  : absl::StrCat("world size ", world_size),
+      ", the group's first worker ",
+      world_size == kDynamicGroup ? "a world size" : "none", ")"));
+}
+
 }  // namespace
 
 absl::Status validate_worker_name(absl::string_view name) {
@@ -204,10 +222,60 @@ absl::StatusOr<LauncherEnv> launcher_env() {
   return env;
 }
 
+namespace {
+
+absl::StatusOr<RendezvousResult> rendezvous_dynamic(
+    absl::string_view init_method, absl::string_view name, int rank,
+    absl::Duration timeout) {
+  if (rank < 0) {
+    absl::StatusOr<int> from_env = env_rank();
+    if (!from_env.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a worker joining a dynamic group needs its rank: ",
+          from_env.status().message()));
+    }
+    rank = *from_env;
+  }
+  if (absl::Status valid = validate_worker_name(name); !valid.ok()) {
+    return valid;
+  }
+  // Ranks are worker ids, 16 bits in autograd context and RRef ids.
+  if (rank >= (1 << 16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is out of range [0, 65536)"));
+  }
+  // A FileStore deletes its file once `world_size` workers have closed it:
+  // never, for a group whose size is not known.
+  absl::StatusOr<std::shared_ptr<c10d::Store>> store = open_store(
+      init_method, rank, std::numeric_limits<int>::max(), timeout);
+  if (!store.ok()) return store.status();
+  RendezvousResult result;
+  result.group_key = std::string(init_method);
+  result.store = *store;
+  result.self = WorkerInfo{std::string(name), rank};
+  result.dynamic = true;
+  try {
+    std::string holder = from_bytes((*store)->compareSet(
+        "tether/world_size", {}, to_bytes(kDynamicMark)));
+    if (holder != kDynamicMark) {
+      return mixed_group(init_method, name, rank, kDynamicGroup);
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("rendezvous store at '", init_method, "': ", e.what()));
+  }
+  return result;
+}
+
+}  // namespace
+
 absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
                                             absl::string_view name, int rank,
                                             int world_size,
                                             absl::Duration timeout) {
+  if (world_size == kDynamicGroup) {
+    return rendezvous_dynamic(init_method, name, rank, timeout);
+  }
   if (rank < 0) {
     absl::StatusOr<int> from_env = env_rank();
     if (!from_env.ok()) return from_env.status();
@@ -269,6 +337,10 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     // and otherwise returns its holder.
     std::string size_holder = from_bytes(s.compareSet(
         "tether/world_size", {}, to_bytes(absl::StrCat(world_size))));
+    if (size_holder == kDynamicMark) {
+      // Not published as the group's failure: the dynamic group runs on.
+      return mixed_group(init_method, name, rank, world_size);
+    }
     if (size_holder != absl::StrCat(world_size)) {
       return refuse(absl::InvalidArgumentError(
           absl::StrCat("its world size is ", world_size,

@@ -32,11 +32,19 @@
 
 namespace tether {
 
+// Passed as the world size: join a dynamic group (the peer's init_rpc
+// without a world size). Its members join and leave while it runs; the
+// rank is still the caller's (or the launcher's) and must be unique.
+inline constexpr int kDynamicGroup = 0;
+
 struct RendezvousResult {
   WorkerInfo self;
   std::shared_ptr<c10d::Store> store;
-  std::vector<WorkerInfo> workers;  // rank order
+  // Rank order. Empty for a dynamic group: the Worker reads the members
+  // under the membership token (core/join/membership.h).
+  std::vector<WorkerInfo> workers;
   std::string group_key;
+  bool dynamic = false;
 };
 
 // What the launcher that started this process says about it: torchrun's and
@@ -59,6 +67,10 @@ struct LauncherEnv {
 // environment (see above). Errors: INVALID_ARGUMENT for a bad name, rank, world size
 // or init method; ALREADY_EXISTS for a name or rank taken by another worker;
 // DEADLINE_EXCEEDED naming the ranks still missing after `timeout`.
+// With world_size kDynamicGroup it only opens the store (rank 0 serves it
+// for env:// and tcp://, so rank 0 starts the group and leaves it last) and
+// marks the group dynamic; FAILED_PRECONDITION when static and dynamic
+// members mix, either way round.
 [[nodiscard]] absl::StatusOr<RendezvousResult> rendezvous(
     absl::string_view init_method, absl::string_view name, int rank,
     int world_size, absl::Duration timeout);

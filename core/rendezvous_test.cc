@@ -15,6 +15,7 @@
 namespace tether {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::tether::testing::IsOk;
 using ::tether::testing::StatusIs;
@@ -102,11 +103,49 @@ TEST(Rendezvous, BadInputIsInvalidArgument) {
                        HasSubstr("HOST:PORT")));
   EXPECT_THAT(rendezvous("memory://k", "", 0, 1, kBound),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(rendezvous("memory://k", "w", 0, 0, kBound),
+  EXPECT_THAT(rendezvous("memory://k", "w", 0, 70000, kBound),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("world_size")));
   EXPECT_THAT(rendezvous("memory://k", "w", -1, 2, kBound),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK")));
+}
+
+TEST(Rendezvous, DynamicAndStaticMembersDoNotMix) {
+  ASSERT_THAT(rendezvous("memory://mix_dynamic_first", "d", 0, kDynamicGroup,
+                         kBound)
+                  .status(),
+              IsOk());
+  EXPECT_THAT(rendezvous("memory://mix_dynamic_first", "s", 1, 2, kBound),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("mixes statically and dynamically")));
+  // The dynamic group runs on: another dynamic worker may still come.
+  EXPECT_THAT(rendezvous("memory://mix_dynamic_first", "d2", 2, kDynamicGroup,
+                         kBound)
+                  .status(),
+              IsOk());
+
+  // A static rank 0 alone claims the world size, then times out waiting.
+  EXPECT_THAT(rendezvous("memory://mix_static_first", "s", 0, 2,
+                         absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(rendezvous("memory://mix_static_first", "d", 1, kDynamicGroup,
+                         kBound),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("mixes statically and dynamically")));
+}
+
+TEST(Rendezvous, ADynamicWorkerNeedsARank) {
+  unsetenv("RANK");
+  unsetenv("SLURM_PROCID");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  EXPECT_THAT(rendezvous("memory://dyn_rank", "w", -1, kDynamicGroup, kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("dynamic group needs its rank"),
+                             HasSubstr("RANK"))));
+  EXPECT_THAT(rendezvous("memory://dyn_rank", "w", 70000, kDynamicGroup,
+                         kBound),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 70000")));
 }
 
 // Runs `names.size()` ranks (rank i with names[i], ranks[i], sizes[i]) and

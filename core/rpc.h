@@ -25,7 +25,9 @@
 
 namespace tether {
 
-// ALREADY_EXISTS if the process has a default Worker already.
+// ALREADY_EXISTS if the process has a default Worker already. With
+// world_size kDynamicGroup the worker joins a dynamic group, and
+// shutdown() leaves it (Worker::create, Worker::shutdown).
 [[nodiscard]] absl::Status init_rpc(
     const std::string& name, int rank, int world_size,
     const RpcOptions& options, const BackendRegistry& registry,

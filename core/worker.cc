@@ -3,13 +3,16 @@
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
+#include <absl/time/clock.h>
 #include <c10/core/thread_pool.h>
 #include <signal.h>
 
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
+#include "core/join/membership.h"
 #include "core/rendezvous.h"
 #include "core/wire/codec.h"
 
@@ -127,9 +130,48 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
       options.init_method, name, rank, world_size, options.init_timeout);
   if (!group.ok()) return group.status();
 
+  // A dynamic group: the join runs under the group's membership token, from
+  // here until every member knows this worker (or it gives up: then its
+  // claims go and the members it told are told it left).
+  std::unique_ptr<join::MembershipToken> token;
+  std::vector<WorkerInfo> members;
+  if (group->dynamic) {
+    absl::StatusOr<std::unique_ptr<join::MembershipToken>> taken =
+        join::MembershipToken::acquire(
+            group->store, group->self, join::MembershipToken::Op::kJoin,
+            options.peer_timeout, absl::Now() + options.init_timeout);
+    if (!taken.ok()) return taken.status();
+    token = *std::move(taken);
+    if (absl::Status claimed = token->claim(); !claimed.ok()) {
+      return absl::Status(
+          claimed.code(),
+          absl::StrCat("worker '", name, "' (rank ", group->self.id,
+                       ") cannot join the group at '", options.init_method,
+                       "': ", claimed.message()));
+    }
+    absl::StatusOr<std::vector<WorkerInfo>> listed = token->members();
+    if (!listed.ok()) {
+      (void)token->forget(group->self);
+      return listed.status();
+    }
+    members = *std::move(listed);
+    group->workers = members;
+    group->workers.push_back(group->self);
+    std::sort(group->workers.begin(), group->workers.end(),
+              [](const WorkerInfo& a, const WorkerInfo& b) {
+                return a.id < b.id;
+              });
+  }
+  // Undoes the claims of a join that fails from here on.
+  auto unclaim = [&token, &group](absl::Status why) {
+    if (token != nullptr) (void)token->forget(group->self);
+    return why;
+  };
+
   AgentSetup setup;
   setup.self = group->self;
   setup.workers = group->workers;
+  setup.dynamic = group->dynamic;
   setup.store = group->store;
   setup.group_key = group->group_key;
   setup.settings = options.backend_settings;
@@ -138,25 +180,37 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.peer_timeout = options.peer_timeout;
   absl::StatusOr<std::unique_ptr<Agent>> agent =
       (*backend)->create(std::move(setup));
-  if (!agent.ok()) return agent.status();
+  if (!agent.ok()) return unclaim(agent.status());
 
   std::unique_ptr<Worker> worker(new Worker(options, std::move(*agent)));
+  worker->dynamic_ = group->dynamic;
+  worker->store_ = group->store;
+  {
+    absl::MutexLock lock(&worker->members_mu_);
+    worker->members_ = worker->agent_->worker_infos();
+  }
   for (const std::string& source : options.scripts) {
     if (absl::Status added = worker->register_script(source); !added.ok()) {
-      return added;
+      return unclaim(added);
     }
   }
   for (const ExtensionFactory& factory : extensions) {
     absl::StatusOr<std::unique_ptr<WorkerExtension>> extension =
         factory(*worker);
-    if (!extension.ok()) return extension.status();
+    if (!extension.ok()) return unclaim(extension.status());
     worker->extensions_.push_back(*std::move(extension));
   }
   worker->building_ = false;
   Worker* raw = worker.get();
   absl::Status started = worker->agent_->start(
       [raw](Message request) { return raw->handle_request(std::move(request)); });
-  if (!started.ok()) return started;
+  if (!started.ok()) return unclaim(started);
+  if (token != nullptr) {
+    if (absl::Status joined = worker->announce_join(*token, std::move(members));
+        !joined.ok()) {
+      return unclaim(joined);
+    }
+  }
   return worker;
 }
 
@@ -322,6 +376,23 @@ Future<Message> Worker::send(const WorkerInfo& to, Message message,
 
 Future<Message> Worker::send_counted(const WorkerInfo& to, Message message,
                                      absl::Duration timeout) {
+  if (dynamic_) {
+    if (absl::Status member = count_send_to(to); !member.ok()) {
+      return Future<Message>::ready(member);
+    }
+    Future<Message> response =
+        send_limited(to, std::move(message), timeout);
+    const int rank = to.id;
+    response.on_complete(
+        [this, rank](const absl::StatusOr<Message>&) { sent_to_done(rank); });
+    return response;
+  }
+  return send_limited(to, std::move(message), timeout);
+}
+
+Future<Message> Worker::send_limited(const WorkerInfo& to,
+                                               Message message,
+                                               absl::Duration timeout) {
   const bool call = message.type == MessageType::kCall ||
                     message.type == MessageType::kRemoteCall ||
                     message.type == MessageType::kRRefMethodCall ||
@@ -361,10 +432,11 @@ absl::Status Worker::shutdown(bool graceful) {
       absl::Status s = extension->before_graceful_join();
       if (joined.ok()) joined = s;
     }
-    absl::Status drained = agent_->join(
-        options_.shutdown_timeout <= absl::ZeroDuration()
-            ? absl::InfiniteDuration()
-            : options_.shutdown_timeout);
+    absl::Status drained =
+        dynamic_ ? leave_group()
+                 : agent_->join(options_.shutdown_timeout <= absl::ZeroDuration()
+                                    ? absl::InfiniteDuration()
+                                    : options_.shutdown_timeout);
     if (joined.ok()) joined = drained;
     for (const auto& extension : extensions_) {
       absl::Status s = extension->after_graceful_join();
@@ -383,23 +455,46 @@ absl::Status Worker::register_script(const std::string& source) {
 }
 
 absl::StatusOr<WorkerInfo> Worker::get_worker_info(const To& to) const {
-  const std::vector<WorkerInfo>& workers = agent_->worker_infos();
+  absl::MutexLock lock(&members_mu_);
+  const std::vector<WorkerInfo>& workers = members_;
+  // A member that left, named (dynamic groups).
+  auto left = [this](absl::string_view name, int rank)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(members_mu_)
+                      -> std::optional<absl::Status> {
+    for (const auto& [unused, info] : left_) {
+      if (info.name == name || info.id == rank) {
+        return absl::UnavailableError(absl::StrCat(
+            "worker '", info.name, "' (rank ", info.id,
+            ") has left the group of worker '", agent_->self().name, "'"));
+      }
+    }
+    return std::nullopt;
+  };
   if (const auto* name = std::get_if<std::string>(&to.target())) {
     for (const WorkerInfo& info : workers) {
       if (info.name == *name) return info;
     }
+    if (auto gone = left(*name, -1)) return *gone;
     return absl::NotFoundError(absl::StrCat("unknown worker '", *name, "'"));
   }
+  auto by_rank = [&workers](int rank) -> const WorkerInfo* {
+    auto it = std::lower_bound(
+        workers.begin(), workers.end(), rank,
+        [](const WorkerInfo& info, int r) { return info.id < r; });
+    return it != workers.end() && it->id == rank ? &*it : nullptr;
+  };
   if (const int* rank = std::get_if<int>(&to.target())) {
-    if (*rank < 0 || *rank >= static_cast<int>(workers.size())) {
-      return absl::NotFoundError(absl::StrCat(
-          "unknown worker rank ", *rank, " (world size ", workers.size(), ")"));
-    }
-    return workers[*rank];
+    if (const WorkerInfo* info = by_rank(*rank)) return *info;
+    if (auto gone = left("", *rank)) return *gone;
+    return absl::NotFoundError(absl::StrCat(
+        "unknown worker rank ", *rank, " (", workers.size(),
+        dynamic_ ? " members)" : absl::StrCat(" workers, ranks 0 to ",
+                                               workers.size() - 1, ")")));
   }
   const WorkerInfo& info = std::get<WorkerInfo>(to.target());
-  if (info.id < 0 || info.id >= static_cast<int>(workers.size()) ||
-      !(workers[info.id] == info)) {
+  const WorkerInfo* known = by_rank(info.id);
+  if (known == nullptr || !(*known == info)) {
+    if (auto gone = left(info.name, -1)) return *gone;
     return absl::NotFoundError(
         absl::StrCat("unknown worker ", describe(info)));
   }
@@ -410,8 +505,9 @@ const WorkerInfo& Worker::get_current_worker_info() const {
   return agent_->self();
 }
 
-const std::vector<WorkerInfo>& Worker::get_all_worker_infos() const {
-  return agent_->worker_infos();
+std::vector<WorkerInfo> Worker::get_all_worker_infos() const {
+  absl::MutexLock lock(&members_mu_);
+  return members_;
 }
 
 absl::Duration Worker::rpc_timeout() const {
@@ -535,6 +631,24 @@ bool contains_rref(const c10::IValue& v) {
 }  // namespace
 
 Future<Message> Worker::handle_request(Message request) {
+  if (!dynamic_) return serve_request(std::move(request));
+  {
+    absl::MutexLock lock(&members_mu_);
+    ++serving_;
+  }
+  Future<Message> response = serve_request(std::move(request));
+  response.on_complete([this](const absl::StatusOr<Message>&) {
+    absl::MutexLock lock(&members_mu_);
+    --serving_;
+  });
+  return response;
+}
+
+Future<Message> Worker::serve_request(Message request) {
+  if (request.type == MessageType::kMemberJoin ||
+      request.type == MessageType::kMemberLeave) {
+    return handle_membership(std::move(request));
+  }
   // A liveness probe (a peer's graceful join asks whether this worker is
   // alive): answered here, on the agent's thread, however busy the pool is.
   if (request.type == MessageType::kPing) {

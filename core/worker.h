@@ -24,9 +24,11 @@
 #include <absl/time/time.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -34,11 +36,20 @@
 #include "core/backend_registry.h"
 #include "core/callables.h"
 #include "core/future.h"
+#include "core/rendezvous.h"  // kDynamicGroup, for callers of create()
 #include "core/wire/codec.h"
 
 namespace c10 {
 class ThreadPool;
 }  // namespace c10
+
+namespace c10d {
+class Store;
+}  // namespace c10d
+
+namespace tether::join {
+class MembershipToken;
+}  // namespace tether::join
 
 
 namespace tether {
@@ -174,9 +185,12 @@ using ExtensionFactory =
 class Worker {
  public:
   // Joins the group and starts serving. A negative rank or world size is
-  // read from the environment (core/rendezvous.h). Errors come from the rendezvous
-  // (core/rendezvous.h), the registry (NOT_FOUND for an unknown backend,
-  // FAILED_PRECONDITION for one not viable here) and the backend.
+  // read from the environment (core/rendezvous.h); world size
+  // kDynamicGroup joins a dynamic group instead (see shutdown() and
+  // docs/reliability.md). Errors come from the rendezvous
+  // (core/rendezvous.h), the membership token (core/join/membership.h),
+  // the registry (NOT_FOUND for an unknown backend, FAILED_PRECONDITION for
+  // one not viable here) and the backend.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Worker>> create(
       const std::string& name, int rank, int world_size,
       const RpcOptions& options, const BackendRegistry& registry,
@@ -204,6 +218,14 @@ class Worker {
   // Graceful: waits until every worker of the group has called shutdown and
   // no call is in flight anywhere, then stops. Otherwise stops at once.
   // Calls afterwards fail with CANCELLED. Idempotent.
+  // In a dynamic group a graceful shutdown leaves the group, the others
+  // running on: under the membership token (core/join/membership.h) it
+  // tells every member, each of which stops new calls to this worker and
+  // answers once its calls to it in flight have completed; then this
+  // worker waits for its own calls and those it serves, and stops. A
+  // member lost meanwhile (its transport fails, or it leaves a probe
+  // unanswered for the peer timeout) is dropped from the group, not waited
+  // for.
   [[nodiscard]] absl::Status shutdown(bool graceful = true);
 
   // The bound of calls that do not give their own (kDefaultTimeout), as
@@ -216,10 +238,17 @@ class Worker {
   // TorchScript functions that peers may call on this worker.
   [[nodiscard]] absl::Status register_script(const std::string& source);
 
+  // In a dynamic group (world size kDynamicGroup) these see the group as
+  // it is now: a worker that joined is known from the moment its init
+  // returns, one that left is gone once its graceful shutdown has begun
+  // telling the members (UNAVAILABLE naming it: "has left the group").
   [[nodiscard]] absl::StatusOr<WorkerInfo> get_worker_info(
       const To& to) const;
   const WorkerInfo& get_current_worker_info() const;
-  const std::vector<WorkerInfo>& get_all_worker_infos() const;
+  // A copy: in a dynamic group the members change.
+  std::vector<WorkerInfo> get_all_worker_infos() const;
+  // Whether this worker joined a dynamic group.
+  bool is_dynamic() const { return dynamic_; }
 
   // The Worker serving the request that runs on this thread, or null.
   static Worker* serving();
@@ -318,6 +347,10 @@ class Worker {
   Worker(RpcOptions options, std::unique_ptr<Agent> agent);
 
   Future<Message> handle_request(Message request);
+  Future<Message> serve_request(Message request);
+  // send_counted's work, apart from the in-flight count of dynamic groups.
+  Future<Message> send_limited(const WorkerInfo& to, Message message,
+                                         absl::Duration timeout);
   // Sends through the agent; a user-level call counts against
   // max_calls_in_flight until it completes.
   Future<Message> send_counted(const WorkerInfo& to, Message message,
@@ -338,7 +371,45 @@ class Worker {
   // Runs a decoded call (after the call gate) and encodes its response.
   Message run_call(DecodedCall& call);
 
+  // ---- Dynamic membership (core/worker_membership.cc). ----
+  // Tells every member of `members` (this worker not among them) that this
+  // worker joined, under `token`; a member found lost is forgotten.
+  // Writes the new member list.
+  absl::Status announce_join(join::MembershipToken& token,
+                             std::vector<WorkerInfo> members);
+  absl::Status leave_group();
+  // A MEMBER_JOIN or MEMBER_LEAVE request.
+  Future<Message> handle_membership(Message request);
+  // Sends a MEMBER_JOIN or MEMBER_LEAVE to each of `to`; the workers found
+  // lost (UNAVAILABLE, or silent past the peer timeout) go to `lost`.
+  absl::Status tell_members(MessageType type, const std::vector<WorkerInfo>& to,
+                            std::vector<WorkerInfo>& lost);
+  // Counts a send to `to` in flight (dynamic groups), or fails fast when
+  // `to` is not a member.
+  absl::Status count_send_to(const WorkerInfo& to);
+  void sent_to_done(int rank);
+
   const RpcOptions options_;
+  bool dynamic_ = false;
+  // The group's rendezvous store (dynamic groups: leaving takes the
+  // membership token there).
+  std::shared_ptr<c10d::Store> store_;
+  mutable absl::Mutex members_mu_;
+  // The group, rank order (a static group's never changes).
+  std::vector<WorkerInfo> members_ ABSL_GUARDED_BY(members_mu_);
+  // Workers that left (dynamic groups), by name: calls to them fail fast
+  // naming them.
+  absl::flat_hash_map<std::string, WorkerInfo> left_
+      ABSL_GUARDED_BY(members_mu_);
+  // Sends in flight per destination rank, and in all (dynamic groups).
+  absl::flat_hash_map<int, int64_t> in_flight_to_ ABSL_GUARDED_BY(members_mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(members_mu_) = 0;
+  // Requests being served (dynamic groups).
+  int64_t serving_ ABSL_GUARDED_BY(members_mu_) = 0;
+  // Members that left, waiting for this worker's calls to them to end
+  // before they are answered: (rank, what completes the answer).
+  std::vector<std::pair<int, std::function<void()>>> drained_waiters_
+      ABSL_GUARDED_BY(members_mu_);
   // rpc_timeout() in nanoseconds; -1: none.
   std::atomic<int64_t> default_timeout_ns_;
   Callables callables_;

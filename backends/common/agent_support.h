@@ -60,7 +60,7 @@ class ScopedMark {
 // The Agent of a backend whose state its callbacks share (and hold weakly):
 // forwards every call, and shuts the state down when destroyed. `State` has
 // the Agent's methods under these names: start, send, self, workers, join,
-// shutdown.
+// add_peer, remove_peer, shutdown.
 template <typename State>
 class SharedStateAgent final : public Agent {
  public:
@@ -81,6 +81,12 @@ class SharedStateAgent final : public Agent {
   }
   absl::Status join(absl::Duration timeout) override {
     return state_->join(timeout);
+  }
+  absl::Status add_peer(const WorkerInfo& worker) override {
+    return state_->add_peer(worker);
+  }
+  void remove_peer(const WorkerInfo& worker) override {
+    state_->remove_peer(worker);
   }
   void shutdown() override { state_->shutdown(); }
 

@@ -231,6 +231,13 @@ class FaultyAgent final : public Agent {
     return inner_->worker_infos();
   }
 
+  absl::Status add_peer(const WorkerInfo& worker) override {
+    return inner_->add_peer(worker);
+  }
+  void remove_peer(const WorkerInfo& worker) override {
+    inner_->remove_peer(worker);
+  }
+
   absl::Status join(absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
     {

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "backends/common/agent_support.h"
+#include "backends/common/peer_table.h"
 #include "backends/grpc/internal/framing.h"
 #include "backends/grpc/internal/settings.h"
 #include "core/auth/auth.h"
@@ -151,6 +152,7 @@ class Link : public std::enable_shared_from_this<Link> {
   }
 
   int rank() const { return rank_; }
+  const std::string& peer() const { return peer_; }
   PendingRequests::Connection connection() const { return connection_; }
   bool is_client() const { return is_client_; }
   const void* owner() const { return owner_; }
@@ -264,16 +266,14 @@ class State : public std::enable_shared_from_this<State> {
         settings_(std::move(settings)),
         limits_(setup.limits),
         auth_(std::move(setup.auth)),
+        dynamic_(setup.dynamic),
+        peers_(workers_),
         peer_timeout_(setup.peer_timeout),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         incoming_(self_.name),
         timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
         pending_(timers_.get()) {
-    for (const WorkerInfo& worker : workers_) {
-      rank_by_name_[worker.name] = worker.id;
-    }
-    peer_addresses_.resize(workers_.size());
     for (int i = 0; i < settings_.completion_threads; ++i) {
       completion_.push_back(std::make_unique<SerialExecutor>());
     }
@@ -291,6 +291,8 @@ class State : public std::enable_shared_from_this<State> {
                        absl::Duration timeout);
   absl::Status join(absl::Duration timeout);
   void shutdown();
+  absl::Status add_peer(const WorkerInfo& worker);
+  void remove_peer(const WorkerInfo& worker) ABSL_LOCKS_EXCLUDED(mu_);
 
   const WorkerInfo& self() const { return self_; }
   const std::vector<WorkerInfo>& workers() const { return workers_; }
@@ -333,11 +335,13 @@ class State : public std::enable_shared_from_this<State> {
   // An open link to `rank` (a new client link if there is none), with
   // request `id` bound to it; nullptr if the request is no longer pending.
   std::shared_ptr<Link> link_for(int rank, int64_t id) ABSL_LOCKS_EXCLUDED(mu_);
-  std::shared_ptr<Link> add_link(int rank, bool is_client)
+  std::shared_ptr<Link> add_link(int rank, const std::string& name,
+                                 bool is_client)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void open_stream(const std::shared_ptr<Link>& link,
                    std::shared_ptr<::grpc::Channel> channel);
-  std::shared_ptr<::grpc::Channel> make_channel(int rank) const;
+  std::shared_ptr<::grpc::Channel> make_channel(
+      const std::string& address) const;
 
   void send_response(const std::weak_ptr<Link>& link, int64_t id,
                      const absl::StatusOr<Message>& result);
@@ -352,9 +356,13 @@ class State : public std::enable_shared_from_this<State> {
   // What a peer's message may hold (AgentSetup::limits).
   const MessageLimits limits_;
   const std::optional<auth::Authenticator> auth_;
-  absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
-  // Per rank, "host:port" (set by init(), then const).
-  std::vector<std::string> peer_addresses_;
+  // A dynamic group (AgentSetup::dynamic): peers come and go, and a worker
+  // not known yet may open a stream (to say it joined).
+  const bool dynamic_;
+  // The peers, each with its "host:port".
+  common::PeerTable peers_;
+  // This worker's "host:port" (set by start_server()).
+  std::string my_address_;
   std::shared_ptr<::grpc::ChannelCredentials> channel_credentials_;
   // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
   const absl::Duration peer_timeout_;
@@ -788,21 +796,64 @@ absl::Status State::start_server() {
   absl::MutexLock lock(&mu_);
   service_ = std::move(service);
   server_ = std::move(server);
-  peer_addresses_[self_.id] = absl::StrCat(settings_.host, ":", port);
+  my_address_ = absl::StrCat(settings_.host, ":", port);
   return absl::OkStatus();
 }
 
+namespace {
+absl::StatusOr<std::string> as_published(const std::string& address) {
+  return address;
+}
+}  // namespace
+
 absl::Status State::init() {
   if (absl::Status started = start_server(); !started.ok()) return started;
+  const std::string who =
+      absl::StrCat("gRPC agent of worker '", self_.name, "'");
+  if (dynamic_) {
+    return common::publish_and_look_up(*store_, kAddressKeyPrefix, self_,
+                                       workers_, my_address_, peers_,
+                                       as_published, who);
+  }
   absl::StatusOr<std::vector<std::string>> addresses =
-      common::exchange_addresses(
-          *store_, kAddressKeyPrefix, self_.id,
-          static_cast<int>(workers_.size()), peer_addresses_[self_.id],
-          settings_.init_timeout,
-          absl::StrCat("gRPC agent of worker '", self_.name, "'"));
+      common::exchange_addresses(*store_, kAddressKeyPrefix, self_.id,
+                                 static_cast<int>(workers_.size()),
+                                 my_address_, settings_.init_timeout, who);
   if (!addresses.ok()) return addresses.status();
-  peer_addresses_ = *std::move(addresses);
+  for (size_t rank = 0; rank < addresses->size(); ++rank) {
+    peers_.set_address(static_cast<int>(rank), (*addresses)[rank]);
+  }
   return absl::OkStatus();
+}
+
+absl::Status State::add_peer(const WorkerInfo& worker) {
+  return common::add_peer(
+      *store_, kAddressKeyPrefix, dynamic_, worker, peers_, as_published,
+      absl::StrCat("gRPC agent of worker '", self_.name, "'"));
+}
+
+void State::remove_peer(const WorkerInfo& worker) {
+  if (!peers_.remove(worker)) return;
+  // Its links and channel leave the tables, so that a worker joining later
+  // with its rank gets its own. Nothing of ours is in flight on them (the
+  // Worker drained them), but they stay open until the leaver ends them as
+  // it stops: a stream carries both ways, and the answer to its
+  // MEMBER_LEAVE goes back on one of them after this returns.
+  std::vector<std::shared_ptr<Link>> links;
+  std::shared_ptr<::grpc::Channel> channel;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(worker.id);
+    if (it != links_.end()) links.swap(it->second);
+    auto cached = channels_.find(worker.id);
+    if (cached != channels_.end()) {
+      channel = std::move(cached->second);
+      channels_.erase(cached);
+    }
+  }
+  // WARNING: the links and the channel may not be destroyed on a gRPC
+  // thread; this runs on the Worker's pool, and the streams still hold
+  // them while they end.
 }
 
 absl::Status State::start(RequestHandler handler) {
@@ -844,7 +895,8 @@ bool State::post(const Link& link, std::function<void(State&)> task) {
 
 // ------------------------------------------------------------- client side
 
-std::shared_ptr<::grpc::Channel> State::make_channel(int rank) const {
+std::shared_ptr<::grpc::Channel> State::make_channel(
+    const std::string& address) const {
   ::grpc::ChannelArguments args;
   const int frame_limit = static_cast<int>(2 * settings_.chunk_bytes +
                                            grpc_internal::kMaxHeadFrameBytes);
@@ -874,15 +926,15 @@ std::shared_ptr<::grpc::Channel> State::make_channel(int rank) const {
   if (settings_.tls.enabled() && !settings_.tls.server_name.empty()) {
     args.SetSslTargetNameOverride(settings_.tls.server_name);
   }
-  const std::string& address = peer_addresses_[rank];
   const std::string target =
       absl::StrCat(address[0] == '[' ? "ipv6:" : "ipv4:", address);
   return ::grpc::CreateCustomChannel(target, channel_credentials_, args);
 }
 
-std::shared_ptr<Link> State::add_link(int rank, bool is_client) {
+std::shared_ptr<Link> State::add_link(int rank, const std::string& name,
+                                      bool is_client) {
   auto link = std::make_shared<Link>(weak_from_this(), this, self_.name,
-                                     workers_[rank].name, rank,
+                                     name, rank,
                                      next_connection_++, is_client, settings_,
                                      limits_, auth_);
   links_[rank].push_back(link);
@@ -902,6 +954,15 @@ std::shared_ptr<Link> State::link_for(int rank, int64_t id) {
   std::shared_ptr<Link> link;
   std::shared_ptr<Link> created;
   std::shared_ptr<::grpc::Channel> channel;
+  std::optional<common::Peer> peer = peers_.by_rank(rank);
+  if (!peer.has_value()) {
+    // Left the group meanwhile (dynamic groups).
+    pending_.complete(id, absl::UnavailableError(absl::StrCat(
+                              "the worker of rank ", rank,
+                              " has left the group of worker '", self_.name,
+                              "'")));
+    return nullptr;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return nullptr;  // shutdown() has failed the request
@@ -912,9 +973,9 @@ std::shared_ptr<Link> State::link_for(int rank, int64_t id) {
       }
     }
     if (link == nullptr) {
-      link = created = add_link(rank, /*is_client=*/true);
+      link = created = add_link(rank, peer->info.name, /*is_client=*/true);
       std::shared_ptr<::grpc::Channel>& cached = channels_[rank];
-      if (cached == nullptr) cached = make_channel(rank);
+      if (cached == nullptr) cached = make_channel(peer->address);
       channel = cached;
     }
     // Under mu_: a link leaves links_ under it before its requests fail.
@@ -929,12 +990,12 @@ void State::open_stream(const std::shared_ptr<Link>& link,
                         std::shared_ptr<::grpc::Channel> channel) {
   // Deletes itself in OnDone.
   auto* stream = new ClientStream(link, std::move(channel));
-  stream->start(self_, workers_[link->rank()]);
+  stream->start(self_, WorkerInfo{link->peer(), link->rank()});
 }
 
 Future<Message> State::send(const WorkerInfo& to, Message request,
                             absl::Duration timeout) {
-  auto peer = rank_by_name_.find(to.name);
+  std::optional<common::Peer> peer = peers_.by_name(to.name);
   const std::string description = absl::StrCat(
       message_type_name(request.type), " request to worker '", to.name, "'");
   absl::StatusOr<PendingRequests::Request> pending;
@@ -945,7 +1006,7 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
           absl::StrCat("worker '", self_.name, "' has shut down; cannot send ",
                        description)));
     }
-    if (peer == rank_by_name_.end()) {
+    if (!peer.has_value()) {
       return Future<Message>::ready(absl::UnavailableError(
           absl::StrCat("worker '", to.name, "' is not in the group of worker '",
                        self_.name, "'")));
@@ -963,7 +1024,7 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
     pending_.complete(pending->id, fits);
     return std::move(pending->response);
   }
-  std::shared_ptr<Link> link = link_for(peer->second, pending->id);
+  std::shared_ptr<Link> link = link_for(peer->info.id, pending->id);
   // A link closed meanwhile fails its requests, this one included.
   if (link != nullptr) link->enqueue(std::move(message));
   return std::move(pending->response);
@@ -986,9 +1047,15 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
   };
   int rank = -1;
   const std::string name = value(kFromNameKey);
-  if (!absl::SimpleAtoi(value(kFromRankKey), &rank) || rank < 0 ||
-      rank >= static_cast<int>(workers_.size()) ||
-      workers_[rank].name != name || value(kToNameKey) != self_.name) {
+  // A dynamic group's joiner opens its stream before the members know it:
+  // any name whose rank no other peer has will do.
+  std::optional<common::Peer> known;
+  const bool parsed = absl::SimpleAtoi(value(kFromRankKey), &rank) &&
+                      rank >= 0 && rank < (1 << 16);
+  if (parsed) known = peers_.by_rank(rank);
+  const bool member = known.has_value() ? known->info.name == name
+                                        : dynamic_ && !name.empty();
+  if (!parsed || !member || value(kToNameKey) != self_.name) {
     return new RefusedStream(::grpc::Status(
         ::grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("worker '", self_.name, "' (rank ", self_.id,
@@ -1004,7 +1071,7 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
           ::grpc::StatusCode::UNAVAILABLE,
           absl::StrCat("worker '", self_.name, "' has shut down")));
     }
-    link = add_link(rank, /*is_client=*/false);
+    link = add_link(rank, name, /*is_client=*/false);
   }
   return new ServerStream(std::move(link));
 }
@@ -1095,8 +1162,8 @@ void State::on_link_done(const std::shared_ptr<Link>& link,
     std::shared_ptr<Link> next = link_for(link->rank(), id);
     if (next != nullptr) next->enqueue(std::move(message));
   }
-  const std::string peer = absl::StrCat("worker '", workers_[link->rank()].name,
-                                        "' (rank ", link->rank(), ")");
+  const std::string peer = absl::StrCat("worker '", link->peer(), "' (rank ",
+                                        link->rank(), ")");
   pending_.fail_connection(
       link->connection(),
       code == absl::StatusCode::kUnauthenticated

@@ -477,6 +477,13 @@ class State : public std::enable_shared_from_this<State> {
                        absl::Duration timeout);
   absl::Status join(absl::Duration timeout);
   void shutdown();
+  // Static groups only (create_agent refuses a dynamic one).
+  absl::Status add_peer(const WorkerInfo& worker) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "libfabric agent of worker '", self_.name,
+        "' is in a static group: worker '", worker.name, "' cannot join it"));
+  }
+  void remove_peer(const WorkerInfo& /*worker*/) {}
   absl::StatusOr<LibfabricStats> stats();
 
   const WorkerInfo& self() const { return self_; }
@@ -2541,6 +2548,16 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   absl::StatusOr<Settings> settings =
       libfabric::internal::parse_settings(setup.settings);
   if (!settings.ok()) return settings.status();
+  if (setup.dynamic) {
+    // TODO(#17): peers are a rank-indexed table sized at init (credits,
+    // pre-posted receive buffers and the address vector for the whole
+    // group), and a frame from a worker not in it cannot be answered.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the libfabric backend does not support dynamic groups yet (worker '",
+        setup.self.name,
+        "' was started without a world size): use tensorpipe or grpc, or "
+        "give every worker the world size"));
+  }
   auto state = std::make_shared<State>(std::move(setup), *std::move(settings));
   if (absl::Status initialized = state->init(); !initialized.ok()) {
     state->shutdown();

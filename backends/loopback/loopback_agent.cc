@@ -275,6 +275,7 @@ class LoopbackAgent final : public Agent {
  public:
   explicit LoopbackAgent(AgentSetup setup)
       : workers_(std::move(setup.workers)),
+        dynamic_(setup.dynamic),
         endpoint_(std::make_shared<Endpoint>(
             setup.self, setup.limits,
             Hub::get(setup.group_key, static_cast<int>(workers_.size())),
@@ -308,6 +309,16 @@ class LoopbackAgent final : public Agent {
     return endpoint_->hub().join(endpoint_->self().name, timeout);
   }
 
+  // The hub reaches every started agent of the group by name: a joiner is
+  // there before it tells anyone, and a leaver until it shuts down.
+  absl::Status add_peer(const WorkerInfo& worker) override {
+    if (dynamic_) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "loopback agent of worker '", endpoint_->self().name,
+        "' is in a static group: worker '", worker.name, "' cannot join it"));
+  }
+  void remove_peer(const WorkerInfo& /*worker*/) override {}
+
   // After close() no handler call starts; waiting for the loop (unless this
   // is the loop) lets a handler call in progress finish before we return.
   void shutdown() override {
@@ -321,6 +332,7 @@ class LoopbackAgent final : public Agent {
   c10::ThreadPool loop_{1};
   internal::TimerQueue timers_;
   const std::vector<WorkerInfo> workers_;
+  const bool dynamic_;
   const std::shared_ptr<Endpoint> endpoint_;
 };
 

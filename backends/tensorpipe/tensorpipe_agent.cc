@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "backends/common/agent_support.h"
+#include "backends/common/peer_table.h"
 #include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/auth/auth.h"
@@ -297,18 +298,15 @@ class State : public std::enable_shared_from_this<State> {
         settings_(std::move(settings)),
         limits_(setup.limits),
         auth_(setup.auth),
+        dynamic_(setup.dynamic),
+        peers_(workers_),
         peer_timeout_(setup.peer_timeout),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         incoming_(self_.name),
         io_(std::make_unique<SerialExecutor>()),
         timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
-        pending_(timers_.get()) {
-    for (const WorkerInfo& worker : workers_) {
-      rank_by_name_[worker.name] = worker.id;
-    }
-    peer_urls_.resize(workers_.size());
-  }
+        pending_(timers_.get()) {}
 
   ~State() {
     // WARNING: this may run on a tensorpipe thread (a callback held the last
@@ -322,6 +320,8 @@ class State : public std::enable_shared_from_this<State> {
                        absl::Duration timeout);
   absl::Status join(absl::Duration timeout);
   void shutdown();
+  absl::Status add_peer(const WorkerInfo& worker);
+  void remove_peer(const WorkerInfo& worker);
 
   const WorkerInfo& self() const { return self_; }
   const std::vector<WorkerInfo>& workers() const { return workers_; }
@@ -504,6 +504,9 @@ class State : public std::enable_shared_from_this<State> {
   std::shared_ptr<::tensorpipe::transport::Context> make_tcp_transport() const;
   absl::Status exchange_addresses(
       const std::map<std::string, std::string>& mine);
+  // The url to reach a peer that published `theirs` (encode_addresses),
+  // "" if it shares no transport with this worker.
+  std::string url_to(const std::string& theirs) const;
 
   const WorkerInfo self_;
   const std::vector<WorkerInfo> workers_;
@@ -511,10 +514,15 @@ class State : public std::enable_shared_from_this<State> {
   const Settings settings_;
   const MessageLimits limits_;
   const std::optional<auth::Authenticator> auth_;
-  absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
-  // Per rank, the url a pipe to it connects to (set by init(), then const);
-  // nullopt if we share no transport.
-  std::vector<std::optional<std::string>> peer_urls_;
+  // A dynamic group (AgentSetup::dynamic): peers come and go, and a worker
+  // not known yet may connect (to say it joined).
+  const bool dynamic_;
+  // The peers and the url a pipe to each connects to ("" if we share no
+  // transport).
+  common::PeerTable peers_;
+  // This worker's listener addresses, by transport (set by init(), then
+  // const).
+  std::map<std::string, std::string> my_addresses_;
   // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
   const absl::Duration peer_timeout_;
   join::StoreJoin joiner_;
@@ -639,8 +647,10 @@ std::shared_ptr<::tensorpipe::transport::Context> State::make_tcp_transport()
     const {
   internal::TcpTransportOptions options;
   options.self = self_.name;
+  // A dynamic group's members change: none listed lets any name through
+  // the handshake (authentication, if set, still applies).
   for (const WorkerInfo& worker : workers_) {
-    options.members.push_back(worker.name);
+    if (!dynamic_) options.members.push_back(worker.name);
   }
   options.auth = auth_;
   options.max_unsized_read_bytes =
@@ -653,28 +663,66 @@ std::shared_ptr<::tensorpipe::transport::Context> State::make_tcp_transport()
   return internal::create_tcp_transport(std::move(options));
 }
 
-absl::Status State::exchange_addresses(
-    const std::map<std::string, std::string>& mine) {
-  absl::StatusOr<std::vector<std::string>> addresses =
-      common::exchange_addresses(
-          *store_, kAddressKeyPrefix, self_.id,
-          static_cast<int>(workers_.size()), encode_addresses(mine),
-          settings_.init_timeout,
-          absl::StrCat("tensorpipe agent of worker '", self_.name, "'"));
-  if (!addresses.ok()) return addresses.status();
-  for (size_t rank = 0; rank < addresses->size(); ++rank) {
-    std::map<std::string, std::string> theirs =
-        decode_addresses((*addresses)[rank]);
-    // Any shared transport will do for the first connection: TensorPipe then
-    // moves the pipe to the best one both sides have.
-    for (const char* transport : {"tcp", "uv", "shm"}) {
-      if (mine.count(transport) > 0 && theirs.count(transport) > 0) {
-        peer_urls_[rank] = absl::StrCat(transport, "://", theirs[transport]);
-        break;
-      }
+std::string State::url_to(const std::string& published) const {
+  std::map<std::string, std::string> theirs = decode_addresses(published);
+  // Any shared transport will do for the first connection: TensorPipe then
+  // moves the pipe to the best one both sides have.
+  for (const char* transport : {"tcp", "uv", "shm"}) {
+    if (my_addresses_.count(transport) > 0 && theirs.count(transport) > 0) {
+      return absl::StrCat(transport, "://", theirs[transport]);
     }
   }
+  return "";
+}
+
+absl::Status State::exchange_addresses(
+    const std::map<std::string, std::string>& mine) {
+  my_addresses_ = mine;
+  const std::string who =
+      absl::StrCat("tensorpipe agent of worker '", self_.name, "'");
+  if (dynamic_) {
+    return common::publish_and_look_up(
+        *store_, kAddressKeyPrefix, self_, workers_, encode_addresses(mine),
+        peers_,
+        [this](const std::string& published) -> absl::StatusOr<std::string> {
+          return url_to(published);
+        },
+        who);
+  }
+  absl::StatusOr<std::vector<std::string>> addresses =
+      common::exchange_addresses(*store_, kAddressKeyPrefix, self_.id,
+                                 static_cast<int>(workers_.size()),
+                                 encode_addresses(mine),
+                                 settings_.init_timeout, who);
+  if (!addresses.ok()) return addresses.status();
+  for (size_t rank = 0; rank < addresses->size(); ++rank) {
+    peers_.set_address(static_cast<int>(rank), url_to((*addresses)[rank]));
+  }
   return absl::OkStatus();
+}
+
+absl::Status State::add_peer(const WorkerInfo& worker) {
+  return common::add_peer(
+      *store_, kAddressKeyPrefix, dynamic_, worker, peers_,
+      [this](const std::string& published) -> absl::StatusOr<std::string> {
+        return url_to(published);
+      },
+      absl::StrCat("tensorpipe agent of worker '", self_.name, "'"));
+}
+
+void State::remove_peer(const WorkerInfo& worker) {
+  if (!peers_.remove(worker)) return;
+  // Its pipe goes, so that a worker joining later with its rank gets one of
+  // its own. Nothing is in flight on it (the Worker drained it first).
+  std::shared_ptr<ClientPipe> client;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = client_pipes_.find(worker.id);
+    if (it == client_pipes_.end()) return;
+    client = std::move(it->second);
+    client_pipes_.erase(it);
+  }
+  client->pipe->close();
 }
 
 absl::Status State::init() {
@@ -749,7 +797,7 @@ bool State::post_io(std::function<void(State&)> task) {
 
 Future<Message> State::send(const WorkerInfo& to, Message request,
                             absl::Duration timeout) {
-  auto peer = rank_by_name_.find(to.name);
+  std::optional<common::Peer> peer = peers_.by_name(to.name);
   absl::StatusOr<PendingRequests::Request> pending;
   {
     absl::MutexLock lock(&mu_);
@@ -757,12 +805,12 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
       return Future<Message>::ready(
           common::sent_after_shutdown(self_.name, request.type, to.name));
     }
-    if (peer == rank_by_name_.end()) {
+    if (!peer.has_value()) {
       return Future<Message>::ready(absl::UnavailableError(
           absl::StrCat("worker '", to.name, "' is not in the group of worker '",
                        self_.name, "'")));
     }
-    if (!peer_urls_[peer->second].has_value()) {
+    if (peer->address.empty()) {
       return Future<Message>::ready(absl::UnavailableError(absl::StrCat(
           "worker '", to.name, "' shares no tensorpipe transport with '",
           self_.name, "'")));
@@ -777,7 +825,7 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
   request.id = id;
   std::shared_ptr<OutgoingFrame> frame =
       internal::make_request_frame(std::move(request));
-  const int rank = peer->second;
+  const int rank = peer->info.id;
   if (in_tp_callback()) {
     write_request(rank, id, std::move(frame));
   } else if (!write_request_directly(rank, id, frame)) {
@@ -865,16 +913,24 @@ void State::write_request(int rank, int64_t id,
       });
       return;
     }
+    std::optional<common::Peer> peer = peers_.by_rank(rank);
+    if (!peer.has_value()) {
+      pending_.complete(id, absl::UnavailableError(absl::StrCat(
+                                "worker of rank ", rank,
+                                " has left the group of worker '", self_.name,
+                                "'")));
+      return;
+    }
     std::shared_ptr<::tensorpipe::Pipe> pipe;
     try {
       pipe = context->connect(
-          *peer_urls_[rank],
-          ::tensorpipe::PipeOptions().remoteName(workers_[rank].name));
+          peer->address,
+          ::tensorpipe::PipeOptions().remoteName(peer->info.name));
     } catch (const std::exception& e) {
       pending_.complete(
           id, absl::UnavailableError(absl::StrCat(
-                  "cannot connect to worker '", workers_[rank].name, "' at ",
-                  *peer_urls_[rank], ": ", e.what())));
+                  "cannot connect to worker '", peer->info.name, "' at ",
+                  peer->address, ": ", e.what())));
       return;
     }
     bool inserted = false;
@@ -936,7 +992,7 @@ void State::write_on_client(const std::shared_ptr<ClientPipe>& client,
 
 void State::on_client_auth(const std::shared_ptr<ClientPipe>& client,
                            const internal::AuthFrame& auth) {
-  const std::string& peer = workers_[client->rank].name;
+  const std::string peer = peers_.name_of(client->rank);
   auto fail = [&](const std::string& why) {
     on_client_pipe_error(client, why, absl::StatusCode::kUnauthenticated);
   };
@@ -1085,7 +1141,7 @@ void State::on_response(const std::shared_ptr<ClientPipe>& client,
     result = absl::Status(
         frame->refused.code(),
         absl::StrCat("worker '", self_.name, "' refuses the response of '",
-                     workers_[client->rank].name, "': ",
+                     peers_.name_of(client->rank), "': ",
                      frame->refused.message()));
   }
   // A response for an id no longer pending (timed out) is dropped.
@@ -1113,7 +1169,7 @@ void State::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
                                       code == absl::StatusCode::kUnauthenticated
                                           ? "' may not connect to worker '"
                                           : "' to worker '",
-                                      workers_[client->rank].name, "' (rank ",
+                                      peers_.name_of(client->rank), "' (rank ",
                                       client->rank, "): ", what)));
 }
 
@@ -1346,7 +1402,8 @@ bool State::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
   }
   if (state.stage == ServerAuth::Stage::kAwaitHello &&
       auth->step == internal::AuthStep::kHello) {
-    if (!rank_by_name_.contains(auth->name)) {
+    // A dynamic group's joiner connects before the members know it.
+    if (!dynamic_ && !peers_.by_name(auth->name).has_value()) {
       refuse(pipe, auth->name, "not a worker of this group");
       return false;
     }
