@@ -34,6 +34,7 @@
 #include "core/backend_registry.h"
 #include "core/callables.h"
 #include "core/future.h"
+#include "core/native_function.h"
 #include "core/wire/codec.h"
 
 namespace c10 {
@@ -216,6 +217,26 @@ class Worker {
   // TorchScript functions that peers may call on this worker.
   [[nodiscard]] absl::Status register_script(const std::string& source);
 
+  // A C++ function or lambda that peers may call on this worker by `name`
+  // (core/native_function.h: arguments converted from IValues and checked,
+  // INVALID_ARGUMENT naming the one that does not fit). It may return a
+  // tether::Future: the caller is answered when that completes, and no pool
+  // thread waits for it meanwhile. Callable at any time; a name registered
+  // after peers started calling it is NOT_FOUND for the calls before.
+  // Errors as Callables::add_function.
+  //
+  //   absl::Status added = worker.register_function(
+  //       "my_add", [](at::Tensor a, at::Tensor b) { return a + b; });
+  template <typename F>
+  [[nodiscard]] absl::Status register_function(std::string name, F f) {
+    if constexpr (std::is_same_v<std::decay_t<F>, NativeFunction>) {
+      return callables_.add_function(std::move(name), std::move(f));
+    } else {
+      return callables_.add_function(std::move(name),
+                                     native_function(std::move(f)));
+    }
+  }
+
   [[nodiscard]] absl::StatusOr<WorkerInfo> get_worker_info(
       const To& to) const;
   const WorkerInfo& get_current_worker_info() const;
@@ -332,11 +353,23 @@ class Worker {
     std::vector<c10::IValue> args;
     Kwargs kwargs;
   };
-  Message process_request(const Message& request);
+  Future<Message> process_request(const Message& request);
   // Decodes a CALL into `out`; the EXCEPTION response if it is malformed.
   std::optional<Message> decode_call(const Message& request, DecodedCall& out);
-  // Runs a decoded call (after the call gate) and encodes its response.
-  Message run_call(DecodedCall& call);
+  // Runs a decoded call (after the call gate) and encodes its response;
+  // a function that returns a future is answered when that completes.
+  Future<Message> run_call(DecodedCall& call);
+  // The response to `fn`'s `result`, or the EXCEPTION naming this worker.
+  Message response_to(const std::string& fn,
+                      const absl::StatusOr<c10::IValue>& result,
+                      const wire::AutogradMeta& autograd);
+
+  // Lets a function's future, which may complete after this Worker is
+  // gone, find out whether it still is (set to null by the destructor).
+  struct Lifeline {
+    absl::Mutex mu;
+    Worker* worker ABSL_GUARDED_BY(mu);
+  };
 
   const RpcOptions options_;
   // rpc_timeout() in nanoseconds; -1: none.
@@ -349,6 +382,7 @@ class Worker {
   AutogradHook* autograd_hook_ = nullptr;
   std::function<absl::Status(const c10::IValue&)> call_gate_;
   bool building_ = true;
+  std::shared_ptr<Lifeline> lifeline_;
   std::unique_ptr<c10::ThreadPool> pool_;
   std::unique_ptr<Agent> agent_;
   absl::Mutex mu_;
