@@ -13,6 +13,7 @@
 //   tether::init_rpc("w0", 0, 2, options, registry, {tether::rref_extension()});
 //   absl::StatusOr<tether::RRef> r =
 //       tether::remote("w1", "aten::add.Tensor", {a, b});
+//   if (!r.ok()) return r.status();  // never `->` on a failed StatusOr
 //   absl::StatusOr<c10::IValue> sum = r->to_here();
 //
 // Thread safety: an RRef may be copied and used from any thread.
@@ -118,6 +119,18 @@ class RRef {
   // still be false just after to_here() succeeded: the value can overtake
   // the owner's acknowledgement.
   bool confirmed_by_owner() const;
+
+  // Completes with true once the value exists on its owner, or with the
+  // error its creation met ("RRef creation failed: ..."): how a caller of
+  // remote() learns whether the call succeeded without fetching the value
+  // (the peer's rref._get_future()). On a user that received the RRef from
+  // another worker, true once the owner has registered this user.
+  //
+  //   absl::StatusOr<RRef> r = tether::remote("w1", "my_init", {});
+  //   if (!r.ok()) return r.status();
+  //   absl::StatusOr<bool> made = r->get_future().get(absl::Now() + bound);
+  //   if (!made.ok()) return made.status();  // the creation's error
+  Future<bool> get_future() const;
 
   // Runs distributed autograd's backward of context `context_id` (see
   // autograd/autograd.h) from the value, a scalar tensor that requires
