@@ -332,13 +332,10 @@ std::shared_ptr<const NativeFunction> Callables::function(
   return nullptr;
 }
 
-namespace {
-
-// Runs a native function: its schema (if any) checks the arguments first.
-absl::StatusOr<c10::IValue> call_native(const NativeFunction& fn,
-                                        absl::string_view name,
-                                        std::vector<c10::IValue> args,
-                                        const Kwargs& kwargs) {
+absl::StatusOr<c10::IValue> call_function(const NativeFunction& fn,
+                                          absl::string_view name,
+                                          std::vector<c10::IValue> args,
+                                          const Kwargs& kwargs) {
   Kwargs none;
   const Kwargs* given = &kwargs;
   if (fn.schema.has_value()) {
@@ -364,8 +361,6 @@ absl::StatusOr<c10::IValue> call_native(const NativeFunction& fn,
     return absl::UnknownError(error_text(e));
   }
 }
-
-}  // namespace
 
 // Runs `fn` on `stack` after checking it against the schema.
 absl::StatusOr<c10::IValue> run_function(torch::jit::Function& fn,
@@ -493,7 +488,7 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
     return provider->call(name, std::move(args), kwargs);
   }
   if (std::shared_ptr<const NativeFunction> native = function(name)) {
-    return call_native(*native, name, std::move(args), kwargs);
+    return call_function(*native, name, std::move(args), kwargs);
   }
   if (std::optional<std::string> op = alias_of(name)) {
     return call(*op, std::move(args), kwargs);

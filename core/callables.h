@@ -93,6 +93,13 @@ struct NativeFunction {
       run;
 };
 
+// Runs `fn` (named `name` in errors) as a Callables serves it: arguments
+// checked against its schema first (INVALID_ARGUMENT naming the one that
+// does not fit), an exception it throws is UNKNOWN with its text.
+[[nodiscard]] absl::StatusOr<c10::IValue> call_function(
+    const NativeFunction& fn, absl::string_view name,
+    std::vector<c10::IValue> args, const Kwargs& kwargs);
+
 // Python builtin name -> the LibTorch operator it stands for ("min" ->
 // "prim::min"), as TorchScript maps them.
 const std::vector<std::pair<std::string, std::string>>& builtin_aliases();

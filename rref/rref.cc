@@ -897,6 +897,18 @@ std::string RRef::owner_name() const { return impl()->owner_info().name; }
 bool RRef::is_owner() const { return impl_->isOwner(); }
 bool RRef::confirmed_by_owner() const { return impl_->confirmedByOwner(); }
 
+Future<c10::IValue> rref::rpc_async_to_owner(const RRef& rref,
+                                             absl::string_view fn,
+                                             std::vector<c10::IValue> args,
+                                             absl::Duration timeout) {
+  Future<c10::IValue> result = Future<c10::IValue>::ready(
+      absl::FailedPreconditionError("the RRef's worker is shut down"));
+  rref.impl()->context()->with_worker([&](Worker& worker) {
+    result = worker.rpc_async(rref.owner(), fn, std::move(args), {}, timeout);
+  });
+  return result;
+}
+
 Future<bool> RRef::get_future() const {
   auto failed = [](const absl::Status& status) -> absl::StatusOr<bool> {
     return rref::creation_failure(status);

@@ -11,9 +11,15 @@
 //     if (!up.ok()) { ... }
 //     absl::StatusOr<at::Tensor> sum = tether::rpc_sync<at::Tensor>(
 //         "worker1", "aten::add", {torch::ones({2}), 3});
+//     if (!sum.ok()) { ... }  // never `->` or `*` on a failed StatusOr
 //     ...
 //     absl::Status down = tether::shutdown();
+//     if (!down.ok()) { ... }
 //   }
+//
+// A function that returns a Status says it shorter with core/status_macros.h
+// (TETHER_ASSIGN_OR_RETURN, TETHER_RETURN_IF_ERROR); examples/seeds/ are
+// whole programs written so.
 //
 // The registry and the extensions of core/rpc.h's init_rpc remain for
 // programs that want their own (another backend, no RRef layer, ...).
