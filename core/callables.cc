@@ -266,7 +266,26 @@ const std::vector<std::pair<std::string, std::string>>& builtin_aliases() {
   return *aliases;
 }
 
+const std::vector<std::string>& script_operators() {
+  static const auto* allowed = new std::vector<std::string>{
+      "prim::min",     "prim::max",     "prim::abs",      "aten::len",
+      "aten::sum",     "aten::pow",     "aten::round",    "aten::divmod",
+      "aten::Float",   "aten::Int",     "aten::Bool",     "aten::str",
+      "aten::add",     "aten::sub",     "aten::mul",      "aten::div",
+      "aten::floordiv", "aten::remainder", "aten::neg",   "aten::floor",
+      "aten::ceil",    "aten::sqrt",    "aten::log",      "aten::exp",
+  };
+  return *allowed;
+}
+
 namespace {
+
+bool script_operator_allowed(absl::string_view name) {
+  for (const std::string& allowed : script_operators()) {
+    if (allowed == name) return true;
+  }
+  return false;
+}
 
 std::optional<std::string> alias_of(absl::string_view name) {
   for (const auto& [builtin, op] : builtin_aliases()) {
@@ -452,9 +471,11 @@ std::shared_ptr<const std::vector<Callables::Overload>> Callables::overloads(
       found->push_back(Overload{handle->schema(), *handle, nullptr});
     }
   }
-  // TorchScript's own operators (prim::min, aten::len, ...): those with a
-  // fixed argument list; the dispatcher's are listed there too.
-  if (absl::StartsWith(name, "prim::") || absl::StartsWith(name, "aten::")) {
+  // TorchScript's own operators (prim::min, aten::len, ...) of the short
+  // list of pure ones: the interpreter also has operators that write files
+  // (aten::save) or need its own state. Only those with a fixed argument
+  // list; the dispatcher's are listed there too.
+  if (script_operator_allowed(name)) {
     for (const std::shared_ptr<torch::jit::Operator>& op :
          torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(name))) {
       if (op->isC10Op() || op->schema().is_vararg() ||

@@ -12,8 +12,8 @@
 // runs; nothing arrives as code. Operators that read or write the callee's
 // files (aten::from_file) are refused with PERMISSION_DENIED.
 //
-// Also callable: LibTorch's TorchScript-only operators ("prim::min",
-// "aten::len"), and under their bare names the Python builtins the peer's
+// Also callable: LibTorch's TorchScript-only operators of a short list of
+// pure ones (script_operators(): "prim::min", "aten::len"), and under their bare names the Python builtins the peer's
 // examples call ("min", "max", "abs", "sum", "len", ...: kBuiltinAliases),
 // which name those operators; and the C++ functions and lambdas registered
 // with add_function (Worker::register_function, tether::register_function;
@@ -99,6 +99,12 @@ struct NativeFunction {
 [[nodiscard]] absl::StatusOr<c10::IValue> call_function(
     const NativeFunction& fn, absl::string_view name,
     std::vector<c10::IValue> args, const Kwargs& kwargs);
+
+// The TorchScript-only operators peers may call: pure ones on numbers,
+// strings and lists ("prim::min", "aten::len", the int and float overloads
+// of "aten::add" ...). The interpreter's others are not callable: some
+// write files (aten::save) or need the interpreter's own state.
+const std::vector<std::string>& script_operators();
 
 // Python builtin name -> the LibTorch operator it stands for ("min" ->
 // "prim::min"), as TorchScript maps them.

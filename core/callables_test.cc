@@ -210,6 +210,16 @@ TEST(Callables, PrimOperatorsAndPythonBuiltins) {
                              HasSubstr("prim::min.int(int a, int b)"))));
 }
 
+TEST(Callables, TorchScriptOperatorsThatTouchFilesAreNotCallable) {
+  Callables callables;
+  const std::string path = ::testing::TempDir() + "/tether_saved";
+  EXPECT_THAT(callables.call("aten::save", {at::ones({2}), path}, {}),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(callables.call("aten::save.default", {at::ones({2}), path}, {}),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(std::ifstream(path).good());
+}
+
 TEST(Callables, NativeFunctionsConvertAndCheckTheirArguments) {
   Callables callables;
   ASSERT_THAT(
