@@ -39,7 +39,27 @@
 #include "core/ivalue_future.h"
 
 namespace tether {
+
+// How a layer above core passes its own type T to and from native
+// functions (rref/rref.h makes RRef one): specialize with
+//   static T from(c10::IValue& v);   // throws StatusError if v is no T
+//   static c10::IValue to(T value);
+// Such a parameter appears as Any in the function's schema.
+template <typename T>
+struct NativeConverter;
+
 namespace internal {
+
+template <typename T, typename = void>
+struct HasConverter : std::false_type {};
+template <typename T>
+struct HasConverter<T, std::void_t<decltype(NativeConverter<T>::from(
+                           std::declval<c10::IValue&>()))>> : std::true_type {};
+
+// The type a parameter has in the inferred schema.
+template <typename A>
+using SchemaType = std::conditional_t<HasConverter<std::decay_t<A>>::value,
+                                      c10::IValue, std::decay_t<A>>;
 
 template <typename T>
 struct IsFuture : std::false_type {};
@@ -64,6 +84,8 @@ c10::IValue to_ivalue(T&& value) {
           if (!result.ok()) return result.status();
           return to_ivalue(U(*result));
         })));
+  } else if constexpr (HasConverter<V>::value) {
+    return NativeConverter<V>::to(std::forward<T>(value));
   } else if constexpr (std::is_same_v<V, absl::Status>) {
     if (!value.ok()) throw StatusError(value);
     return c10::IValue();
@@ -77,9 +99,13 @@ c10::IValue to_ivalue(T&& value) {
 
 template <typename A>
 decltype(auto) from_ivalue(c10::IValue& value) {
-  return c10::impl::ivalue_to_arg<
-      typename c10::impl::decay_if_not_tensor<A>::type,
-      /*AllowDeprecatedTypes=*/true>::call(value);
+  if constexpr (HasConverter<std::decay_t<A>>::value) {
+    return NativeConverter<std::decay_t<A>>::from(value);
+  } else {
+    return c10::impl::ivalue_to_arg<
+        typename c10::impl::decay_if_not_tensor<A>::type,
+        /*AllowDeprecatedTypes=*/true>::call(value);
+  }
 }
 
 template <typename F, typename... Args, size_t... I>
@@ -98,7 +124,7 @@ c10::IValue invoke(F& f, std::vector<c10::IValue>& stack,
 template <typename... Args>
 c10::FunctionSchema schema_of(c10::guts::typelist::typelist<Args...>* /*tag*/) {
   return c10::inferFunctionSchemaSingleReturn<c10::IValue(
-      std::decay_t<Args>...)>("", "");
+      SchemaType<Args>...)>("", "");
 }
 
 }  // namespace internal

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "core/native_function.h"
+#include "core/typed_result.h"
 #include "core/worker.h"
 
 namespace tether {
@@ -108,9 +110,24 @@ class RRef {
   // DEADLINE_EXCEEDED past `timeout`, UNAVAILABLE for a lost owner.
   [[nodiscard]] absl::StatusOr<c10::IValue> to_here(
       absl::Duration timeout = kDefaultTimeout) const;
+  // The same as a T (core/typed_result.h): INVALID_ARGUMENT naming both
+  // types when the value is another type.
+  template <typename T>
+  [[nodiscard]] absl::StatusOr<T> to_here(
+      absl::Duration timeout = kDefaultTimeout) const {
+    absl::StatusOr<c10::IValue> value = to_here(timeout);
+    if (!value.ok()) return value.status();
+    return value_as<T>(*std::move(value), "the RRef's value");
+  }
 
   // The owner's value, on the owner only (FAILED_PRECONDITION elsewhere).
   [[nodiscard]] absl::StatusOr<c10::IValue> local_value() const;
+  template <typename T>
+  [[nodiscard]] absl::StatusOr<T> local_value() const {
+    absl::StatusOr<c10::IValue> value = local_value();
+    if (!value.ok()) return value.status();
+    return value_as<T>(*std::move(value), "the RRef's value");
+  }
 
   WorkerInfo owner() const;
   std::string owner_name() const;
@@ -157,6 +174,19 @@ class RRef {
 
  private:
   c10::intrusive_ptr<c10::RRefInterface> impl_;
+};
+
+// RRefs as parameters and results of registered functions
+// (core/native_function.h):
+//   worker.register_function("f", [](const tether::RRef& r) { ... });
+template <>
+struct NativeConverter<RRef> {
+  static RRef from(c10::IValue& value) {
+    absl::StatusOr<RRef> rref = RRef::from_ivalue(value);
+    if (!rref.ok()) throw StatusError(rref.status());
+    return *std::move(rref);
+  }
+  static c10::IValue to(const RRef& rref) { return rref.to_ivalue(); }
 };
 
 // Runs `fn` on `to` and keeps its result there. Returns at once; a failure

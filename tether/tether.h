@@ -28,6 +28,7 @@
 
 #include <absl/status/status.h>
 
+#include <functional>
 #include <string>
 
 #include "autograd/autograd.h"
@@ -35,6 +36,7 @@
 #include "core/rpc.h"
 #include "core/status_macros.h"
 #include "optim/optimizer.h"
+#include "rref/remote_module.h"
 #include "rref/rref.h"
 
 namespace tether {
@@ -43,7 +45,23 @@ namespace tether {
 // (core/rendezvous.h, launcher_env), over the built-in backends, with the
 // RRef and distributed autograd layers. Errors as core/rpc.h's init_rpc.
 [[nodiscard]] absl::Status init_rpc(const std::string& name,
-                                    const RpcOptions& options = RpcOptions());
+                                    const RpcOptions& options);
+
+// The same with the options' defaults, but the backend named by the
+// environment variable TETHER_BACKEND when it is set (as the Python front
+// end reads it): the launcher's environment chooses it, as it chooses the
+// rank.
+[[nodiscard]] absl::Status init_rpc(const std::string& name);
+
+// RpcOptions' defaults, with the backend of TETHER_BACKEND if set.
+RpcOptions options_from_environment();
+
+// The main() of a program a launcher starts once per rank: runs
+// `worker(rank)` with the launcher's rank (launcher_env), prints a failure
+// to stderr, and returns the process's exit code (0 only if OK).
+//
+//   int main() { return tether::run_main(run_worker); }
+int run_main(const std::function<absl::Status(int rank)>& worker);
 
 // The same with an explicit rank and world size.
 [[nodiscard]] absl::Status init_rpc(const std::string& name, int rank,
