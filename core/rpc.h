@@ -80,6 +80,15 @@ template <typename T>
 //   for (const WorkerInfo& w : workers) ...
 [[nodiscard]] absl::StatusOr<std::vector<WorkerInfo>> get_all_worker_infos();
 
+// Worker::all_gather and Worker::barrier of the default (or serving)
+// Worker: over `names` (empty: the whole group), bounded by liveness.
+[[nodiscard]] absl::StatusOr<std::map<std::string, c10::IValue>> all_gather(
+    c10::IValue value, std::vector<std::string> names = {},
+    absl::Duration timeout = absl::InfiniteDuration());
+[[nodiscard]] absl::Status barrier(
+    std::vector<std::string> names = {},
+    absl::Duration timeout = absl::InfiniteDuration());
+
 // The Worker the functions above act on, or null.
 Worker* current_worker();
 

@@ -153,6 +153,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     if (!extension.ok()) return extension.status();
     worker->extensions_.push_back(*std::move(extension));
   }
+  if (absl::Status started = worker->start_collectives(); !started.ok()) {
+    return started;
+  }
   worker->building_ = false;
   Worker* raw = worker.get();
   absl::Status started = worker->agent_->start(

@@ -24,6 +24,7 @@
 #include <absl/time/time.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,10 @@ class ThreadPool;
 
 
 namespace tether {
+
+namespace internal {
+class CollectiveState;
+}  // namespace internal
 
 // Passed as a timeout: use RpcOptions::default_timeout.
 inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(-1);
@@ -214,6 +219,24 @@ class Worker {
   absl::Duration rpc_timeout() const;
   void set_rpc_timeout(absl::Duration timeout);
 
+  // Subset collectives (the peer's _all_gather and _barrier): every worker
+  // of `names` (empty: the whole group; it must include this one) calls
+  // the same sequence of them over the same set. all_gather returns each
+  // one's `value` by name once all have given theirs; barrier returns once
+  // all have arrived. The wait is bounded by liveness, as the shutdown
+  // barrier is: a worker of the set that is lost (no answer to a probe
+  // within RpcOptions::peer_timeout) ends it with UNAVAILABLE naming it,
+  // however long the others take; `timeout` (zero or infinite: none, the
+  // default) bounds it in time too (DEADLINE_EXCEEDED). Errors:
+  // INVALID_ARGUMENT if `names` leaves this worker out, NOT_FOUND for an
+  // unknown name, CANCELLED after shutdown. `value` must be a wire value.
+  [[nodiscard]] absl::StatusOr<std::map<std::string, c10::IValue>> all_gather(
+      c10::IValue value, std::vector<std::string> names = {},
+      absl::Duration timeout = absl::InfiniteDuration());
+  [[nodiscard]] absl::Status barrier(
+      std::vector<std::string> names = {},
+      absl::Duration timeout = absl::InfiniteDuration());
+
   // TorchScript functions that peers may call on this worker.
   [[nodiscard]] absl::Status register_script(const std::string& source);
 
@@ -337,6 +360,11 @@ class Worker {
 
  private:
   Worker(RpcOptions options, std::unique_ptr<Agent> agent);
+  // Serves all_gather's calls (core/collective.cc); at create().
+  [[nodiscard]] absl::Status start_collectives();
+  // OK if `who` answers a probe within options_.peer_timeout, else
+  // UNAVAILABLE naming it (core/collective.cc).
+  absl::Status probe(const WorkerInfo& who);
 
   Future<Message> handle_request(Message request);
   // Sends through the agent; a user-level call counts against
@@ -383,6 +411,8 @@ class Worker {
   std::function<absl::Status(const c10::IValue&)> call_gate_;
   bool building_ = true;
   std::shared_ptr<Lifeline> lifeline_;
+  // all_gather's calls this worker leads (core/collective.cc).
+  std::shared_ptr<internal::CollectiveState> collectives_;
   std::unique_ptr<c10::ThreadPool> pool_;
   std::unique_ptr<Agent> agent_;
   absl::Mutex mu_;

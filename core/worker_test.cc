@@ -499,6 +499,61 @@ TEST_F(ThreeWorkers, AsyncFunctionsChainAcrossWorkers) {
   }
 }
 
+TEST_F(ThreeWorkers, AllGatherAndBarrierOverASubset) {
+  // alice and carol gather twice over their pair (bob takes no part), then
+  // all three meet at a barrier.
+  std::vector<absl::StatusOr<std::map<std::string, c10::IValue>>> first(3),
+      second(3);
+  std::vector<absl::Status> met(3);
+  std::vector<std::thread> threads;
+  for (int i : {0, 2}) {
+    threads.emplace_back([&, i] {
+      Worker& w = *workers_[i];
+      first[i] = w.all_gather(c10::IValue(int64_t{i}), {"carol", "alice"});
+      second[i] = w.all_gather(c10::IValue(int64_t{10 + i}), {"alice", "carol"});
+      met[i] = w.barrier();
+    });
+  }
+  threads.emplace_back([&] { met[1] = bob().barrier({}); });
+  for (std::thread& t : threads) t.join();
+  for (int i : {0, 2}) {
+    ASSERT_THAT(first[i], IsOk());
+    ASSERT_THAT(second[i], IsOk());
+    ASSERT_EQ(first[i]->size(), 2u);
+    EXPECT_EQ(first[i]->at("alice").toInt(), 0);
+    EXPECT_EQ(first[i]->at("carol").toInt(), 2);
+    EXPECT_EQ(second[i]->at("alice").toInt(), 10);
+    EXPECT_EQ(second[i]->at("carol").toInt(), 12);
+  }
+  for (const absl::Status& s : met) EXPECT_THAT(s, IsOk());
+  EXPECT_THAT(alice().all_gather(c10::IValue(1), {"bob", "carol"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("without it")));
+  EXPECT_THAT(alice().barrier({"alice", "dave"}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("dave")));
+  // A member that never comes: the timeout names it.
+  EXPECT_THAT(alice().barrier({"alice", "bob"}, absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("bob")));
+}
+
+TEST(Collectives, ALostMemberEndsTheWaitNamingIt) {
+  RpcOptions options = loopback_options(unique_init_method());
+  options.peer_timeout = absl::Seconds(2);
+  auto made = make_workers({"alice", "bob", "carol"}, options, 3);
+  for (auto& w : made) ASSERT_THAT(w, IsOk());
+  // bob is gone before alice (the leader of alice and bob) waits for him.
+  ASSERT_THAT((*made[1])->shutdown(/*graceful=*/false), IsOk());
+  const absl::Time start = absl::Now();
+  EXPECT_THAT((*made[0])->barrier({"alice", "bob"}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("bob")));
+  // carol waits for alice, who leads carol and alice and is gone too.
+  ASSERT_THAT((*made[0])->shutdown(/*graceful=*/false), IsOk());
+  EXPECT_THAT((*made[2])->barrier({"alice", "carol"}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("alice")));
+  EXPECT_LT(absl::Now() - start, kBound);
+  ASSERT_THAT((*made[2])->shutdown(/*graceful=*/false), IsOk());
+}
+
 TEST(FreeFunctions, ActOnTheDefaultWorker) {
   BackendRegistry registry;
   ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());

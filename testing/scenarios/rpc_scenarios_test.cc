@@ -214,6 +214,34 @@ TEST(Scenarios, UnevenWorkloadIsDrainedBeforeShutdown) {
   });
 }
 
+// all_gather and barrier over subsets of the group (core/collective.cc),
+// and a member killed while another waits for it: the loss ends the wait.
+TEST(Scenarios, SubsetCollectivesEndWhenAMemberIsLost) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    // Two pairs gather at once: {w0, w2} and {w1, w3}.
+    absl::StatusOr<std::map<std::string, c10::IValue>> got =
+        all_gather(at::full({2}, static_cast<double>(rank)),
+                   {name_of(rank % 2), name_of(rank % 2 + 2)});
+    ASSERT_THAT(got, IsOk());
+    ASSERT_EQ(got->size(), 2u);
+    const int partner = (rank + 2) % world;
+    EXPECT_TRUE(at::equal(got->at(name_of(partner)).toTensor(),
+                          at::full({2}, static_cast<double>(partner))));
+    ASSERT_THAT(barrier(), IsOk());  // the whole group
+    if (rank == 3) ::kill(::getpid(), SIGKILL);
+    if (rank == 1) {
+      const absl::Time start = absl::Now();
+      EXPECT_THAT(barrier({name_of(1), name_of(3)}),
+                  StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w3")));
+      EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+    }
+    ASSERT_THAT(barrier({name_of(0), name_of(1), name_of(2)}), IsOk());
+    // The group lost a member: the survivors stop without the barrier.
+    EXPECT_THAT(shutdown(/*graceful=*/false), IsOk());
+  }, absl::Seconds(120), /*may_die=*/{3});
+}
+
 TEST(Scenarios, KilledWorkerFailsCallsInBoundedTime) {
   ::tether::testing::run_in_processes(3, [](int rank, int world) {
     init(rank, world);
