@@ -10,13 +10,20 @@
 // autograd message id. A request served in a context runs in it, so nested
 // calls (A -> B -> C) join the same context.
 //
-//   tether::BackendRegistry registry;  // ... init_rpc(..., {rref_extension(),
-//                                      //     autograd::autograd_extension()})
-//   absl::StatusOr<autograd::Context> context = autograd::Context::enter();
-//   at::Tensor y = tether::rpc_sync("w1", "aten::mul.Tensor", {x, x})
-//                      ->toTensor();
-//   absl::Status done = autograd::backward(context->id(), {y.sum()});
-//   auto grads = autograd::get_gradients(context->id());  // {x: 2x}
+//   // tether::init_rpc(name) (tether/tether.h) turns this layer on.
+//   absl::Status step(const at::Tensor& x) {  // x requires grad
+//     TETHER_ASSIGN_OR_RETURN(autograd::Context context,
+//                             autograd::Context::enter());
+//     TETHER_ASSIGN_OR_RETURN(
+//         at::Tensor y,
+//         tether::rpc_sync<at::Tensor>("w1", "aten::mul", {x, x}));
+//     TETHER_RETURN_IF_ERROR(autograd::backward(context.id(), {y.sum()}));
+//     auto grads = autograd::get_gradients(context.id());  // {x: 2x}
+//     ...
+//   }
+//
+// (TETHER_ASSIGN_OR_RETURN is core/status_macros.h's; never use `->` or `*`
+// on a StatusOr that may hold an error: that aborts the process.)
 //
 // Backward (FAST mode, see docs/autograd.md): the root runs the engine from
 // its roots; each gradient reaching a recv node travels back to the worker

@@ -4,9 +4,11 @@
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
+#include <torch/csrc/jit/runtime/operator.h>
 #include <torch/custom_class.h>
 #include <torch/jit.h>
 
+#include <cctype>
 #include <exception>
 #include <optional>
 #include <sstream>
@@ -198,17 +200,186 @@ std::string schema_text(const c10::FunctionSchema& schema) {
   return out.str();
 }
 
-absl::StatusOr<c10::IValue> call_operator(const c10::OperatorHandle& op,
-                                          std::vector<c10::IValue> stack) {
-  try {
-    op.callBoxed(&stack);
-  } catch (const std::exception& e) {
-    return absl::UnknownError(error_text(e));
+// The processwide functions of register_function.
+struct GlobalFunctions {
+  absl::Mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<const NativeFunction>>
+      functions ABSL_GUARDED_BY(mu);
+};
+
+GlobalFunctions& global_functions() {
+  static auto* functions = new GlobalFunctions();  // never destroyed
+  return *functions;
+}
+
+bool valid_function_name(absl::string_view name) {
+  if (name.empty() || absl::StartsWith(name, ":") ||
+      absl::EndsWith(name, ":")) {
+    return false;
   }
-  return result_of(stack);
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.') {
+      continue;
+    }
+    if (c == ':' && i + 1 < name.size() && name[i + 1] == ':') {
+      ++i;
+      continue;
+    }
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
+
+struct Callables::Overload {
+  c10::FunctionSchema schema;
+  std::optional<c10::OperatorHandle> op;      // a dispatcher operator
+  std::shared_ptr<torch::jit::Operator> jit;  // else a TorchScript-only one
+
+  absl::StatusOr<c10::IValue> call(std::vector<c10::IValue> stack) const {
+    try {
+      if (op.has_value()) {
+        op->callBoxed(&stack);
+      } else {
+        torch::jit::Operation operation = jit->getOperation();
+        operation(stack);
+      }
+    } catch (const std::exception& e) {
+      return absl::UnknownError(error_text(e));
+    }
+    return result_of(stack);
+  }
+};
+
+const std::vector<std::pair<std::string, std::string>>& builtin_aliases() {
+  static const auto* aliases =
+      new std::vector<std::pair<std::string, std::string>>{
+          {"min", "prim::min"},   {"max", "prim::max"},
+          {"abs", "prim::abs"},   {"sum", "aten::sum"},
+          {"len", "aten::len"},   {"pow", "aten::pow"},
+          {"round", "aten::round"}, {"divmod", "aten::divmod"},
+          {"float", "aten::Float"}, {"int", "aten::Int"},
+          {"bool", "aten::Bool"}, {"str", "aten::str"},
+      };
+  return *aliases;
+}
+
+const std::vector<std::string>& script_operators() {
+  static const auto* allowed = new std::vector<std::string>{
+      "prim::min",     "prim::max",     "prim::abs",      "aten::len",
+      "aten::sum",     "aten::pow",     "aten::round",    "aten::divmod",
+      "aten::Float",   "aten::Int",     "aten::Bool",     "aten::str",
+      "aten::add",     "aten::sub",     "aten::mul",      "aten::div",
+      "aten::floordiv", "aten::remainder", "aten::neg",   "aten::floor",
+      "aten::ceil",    "aten::sqrt",    "aten::log",      "aten::exp",
+  };
+  return *allowed;
+}
+
+namespace {
+
+bool script_operator_allowed(absl::string_view name) {
+  for (const std::string& allowed : script_operators()) {
+    if (allowed == name) return true;
+  }
+  return false;
+}
+
+std::optional<std::string> alias_of(absl::string_view name) {
+  for (const auto& [builtin, op] : builtin_aliases()) {
+    if (builtin == name) return op;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::Status register_function(std::string name, NativeFunction fn) {
+  Callables probe;  // the same checks as a Worker's own functions
+  if (absl::Status s = probe.add_function(name, fn); !s.ok()) return s;
+  GlobalFunctions& global = global_functions();
+  absl::MutexLock lock(&global.mu);
+  if (!global.functions
+           .emplace(name, std::make_shared<NativeFunction>(std::move(fn)))
+           .second) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "a function named '", name, "' is already registered in this process"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Callables::add_function(std::string name, NativeFunction fn) {
+  if (!valid_function_name(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot register a function named '", name,
+        "': use letters, digits, '_', '.' and '::' between names"));
+  }
+  if (!fn.run) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot register '", name, "': no function given"));
+  }
+  if (alias_of(name).has_value() ||
+      !overloads(split_operator_name(name).name)->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot register a function named '", name,
+        "': that name is a LibTorch operator or builtin"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!functions_
+           .emplace(name, std::make_shared<NativeFunction>(std::move(fn)))
+           .second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a function named '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const NativeFunction> Callables::function(
+    absl::string_view name) const {
+  const std::string key(name);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = functions_.find(key);
+    if (it != functions_.end()) return it->second;
+  }
+  GlobalFunctions& global = global_functions();
+  absl::MutexLock lock(&global.mu);
+  auto it = global.functions.find(key);
+  if (it != global.functions.end()) return it->second;
+  return nullptr;
+}
+
+absl::StatusOr<c10::IValue> call_function(const NativeFunction& fn,
+                                          absl::string_view name,
+                                          std::vector<c10::IValue> args,
+                                          const Kwargs& kwargs) {
+  Kwargs none;
+  const Kwargs* given = &kwargs;
+  if (fn.schema.has_value()) {
+    int cost = 0;
+    absl::StatusOr<std::vector<c10::IValue>> stack =
+        fit(*fn.schema, std::move(args), kwargs, cost);
+    if (!stack.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad arguments for ", name, ": ", stack.status().message(),
+          "; it takes (",
+          absl::StrJoin(fn.schema->arguments(), ", ",
+                        [](std::string* out, const c10::Argument& a) {
+                          absl::StrAppend(out, a.type()->annotation_str());
+                        }),
+          ")"));
+    }
+    args = *std::move(stack);
+    given = &none;
+  }
+  try {
+    return fn.run(std::move(args), *given);
+  } catch (const std::exception& e) {
+    return absl::UnknownError(error_text(e));
+  }
+}
 
 // Runs `fn` on `stack` after checking it against the schema.
 absl::StatusOr<c10::IValue> run_function(torch::jit::Function& fn,
@@ -284,19 +455,35 @@ absl::Status Callables::add_provider(
   return absl::OkStatus();
 }
 
-std::shared_ptr<const std::vector<c10::OperatorHandle>> Callables::overloads(
+std::shared_ptr<const std::vector<Callables::Overload>> Callables::overloads(
     const std::string& name) const {
   {
     absl::MutexLock lock(&mu_);
     auto cached = overloads_.find(name);
     if (cached != overloads_.end()) return cached->second;
   }
-  auto found = std::make_shared<std::vector<c10::OperatorHandle>>();
+  auto found = std::make_shared<std::vector<Overload>>();
   c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& op : dispatcher.getAllOpNames()) {
     if (op.name != name) continue;
     c10::optional<c10::OperatorHandle> handle = dispatcher.findOp(op);
-    if (handle.has_value() && handle->hasSchema()) found->push_back(*handle);
+    if (handle.has_value() && handle->hasSchema()) {
+      found->push_back(Overload{handle->schema(), *handle, nullptr});
+    }
+  }
+  // TorchScript's own operators (prim::min, aten::len, ...) of the short
+  // list of pure ones: the interpreter also has operators that write files
+  // (aten::save) or need its own state. Only those with a fixed argument
+  // list; the dispatcher's are listed there too.
+  if (script_operator_allowed(name)) {
+    for (const std::shared_ptr<torch::jit::Operator>& op :
+         torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(name))) {
+      if (op->isC10Op() || op->schema().is_vararg() ||
+          op->schema().is_varret()) {
+        continue;
+      }
+      found->push_back(Overload{op->schema(), std::nullopt, op});
+    }
   }
   // Only a name that has overloads is cached: a library loaded later may
   // still register an unknown one.
@@ -321,50 +508,70 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
   if (provider != nullptr) {
     return provider->call(name, std::move(args), kwargs);
   }
+  if (std::shared_ptr<const NativeFunction> native = function(name)) {
+    return call_function(*native, name, std::move(args), kwargs);
+  }
+  if (std::optional<std::string> op = alias_of(name)) {
+    return call(*op, std::move(args), kwargs);
+  }
   size_t ns_end = name.find("::");
   if (ns_end != absl::string_view::npos) {
     c10::OperatorName op_name = split_operator_name(name);
     if (refused_operator(op_name)) return refusal(op_name);
-    if (name.find('.', ns_end) != absl::string_view::npos) {
-      // A full name: that overload only.
+    const bool full = name.find('.', ns_end) != absl::string_view::npos;
+    if (full) {
+      // A full name: that overload only (the dispatcher's first: fast).
       c10::optional<c10::OperatorHandle> op =
           c10::Dispatcher::singleton().findOp(op_name);
-      if (op.has_value() && op->hasSchema()) {
+      const Overload* jit_only = nullptr;
+      std::shared_ptr<const std::vector<Overload>> candidates;
+      if (!op.has_value() || !op->hasSchema()) {
+        candidates = overloads(op_name.name);
+        for (const Overload& candidate : *candidates) {
+          if (candidate.schema.overload_name() == op_name.overload_name) {
+            jit_only = &candidate;
+          }
+        }
+      }
+      if ((op.has_value() && op->hasSchema()) || jit_only != nullptr) {
+        const c10::FunctionSchema& schema =
+            jit_only != nullptr ? jit_only->schema : op->schema();
         int cost = 0;
         absl::StatusOr<std::vector<c10::IValue>> stack =
-            fit(op->schema(), std::move(args), kwargs, cost);
+            fit(schema, std::move(args), kwargs, cost);
         if (!stack.ok()) {
           return absl::InvalidArgumentError(
               absl::StrCat("bad arguments for ", name, ": ",
                            stack.status().message(), "; its schema is ",
-                           schema_text(op->schema())));
+                           schema_text(schema)));
         }
-        return call_operator(*op, *std::move(stack));
+        if (jit_only != nullptr) return jit_only->call(*std::move(stack));
+        return Overload{op->schema(), *op, nullptr}.call(*std::move(stack));
       }
     } else if (auto candidates = overloads(std::string(name));
                !candidates->empty()) {
       // A bare name: the overload that fits the arguments best.
-      const c10::OperatorHandle* best = nullptr;
+      const Overload* best = nullptr;
       std::vector<c10::IValue> best_stack;
       int best_cost = 0;
-      std::vector<const c10::OperatorHandle*> tied;
+      std::vector<const Overload*> tied;
       std::vector<std::string> misfits;
-      for (const c10::OperatorHandle& op : *candidates) {
+      for (const Overload& candidate : *candidates) {
         int cost = 0;
         absl::StatusOr<std::vector<c10::IValue>> stack =
-            fit(op.schema(), args, kwargs, cost);
+            fit(candidate.schema, args, kwargs, cost);
         if (!stack.ok()) {
-          misfits.push_back(absl::StrCat(schema_text(op.schema()), " (",
+          misfits.push_back(absl::StrCat(schema_text(candidate.schema), " (",
                                          stack.status().message(), ")"));
           continue;
         }
         if (best == nullptr || cost < best_cost) {
-          best = &op;
+          best = &candidate;
           best_cost = cost;
           best_stack = *std::move(stack);
           tied.clear();
         } else if (cost == best_cost) {
-          tied.push_back(&op);
+          tied.push_back(&candidate);
         }
       }
       std::vector<std::string> arg_types;
@@ -381,15 +588,15 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
       if (!tied.empty()) {
         tied.insert(tied.begin(), best);
         std::vector<std::string> schemas;
-        for (const c10::OperatorHandle* op : tied) {
-          schemas.push_back(schema_text(op->schema()));
+        for (const Overload* candidate : tied) {
+          schemas.push_back(schema_text(candidate->schema));
         }
         return absl::InvalidArgumentError(absl::StrCat(
             "the arguments (", absl::StrJoin(arg_types, ", "), ") of ", name,
             " fit several overloads equally; name one: ",
             absl::StrJoin(schemas, "; ")));
       }
-      return call_operator(*best, std::move(best_stack));
+      return best->call(std::move(best_stack));
     }
   }
   // A custom class, by its qualified name: construct an instance.
@@ -419,8 +626,11 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
   if (fn == nullptr) {
     return absl::NotFoundError(absl::StrCat(
         "no operator or TorchScript function named '", name,
-        "' (a TORCH_LIBRARY operator in a cc_library needs alwayslink = True "
-        "to be registered)"));
+        "' on this worker. A TORCH_LIBRARY operator in a Bazel cc_library is "
+        "silently left out of the program unless that library has "
+        "alwayslink = True (or the operator is registered with "
+        "tether::register_function / Worker::register_function instead, "
+        "which cannot be dropped)"));
   }
   return run_function(*fn, std::move(args), kwargs);
 }

@@ -12,6 +12,18 @@
 // runs; nothing arrives as code. Operators that read or write the callee's
 // files (aten::from_file) are refused with PERMISSION_DENIED.
 //
+// Also callable: LibTorch's TorchScript-only operators of a short list of
+// pure ones (script_operators(): "prim::min", "aten::len"), and under their bare names the Python builtins the peer's
+// examples call ("min", "max", "abs", "sum", "len", ...: kBuiltinAliases),
+// which name those operators; and the C++ functions and lambdas registered
+// with add_function (Worker::register_function, tether::register_function;
+// core/native_function.h makes one from a plain C++ callable).
+//
+// A function may answer later: one whose result is a c10::ivalue::Future
+// (core/ivalue_future.h makes one from a tether Future) is served when that
+// future completes, without holding a pool thread meanwhile (the peer's
+// @rpc.functions.async_execution); see Worker.
+//
 // An operator named without its overload ("aten::add") is the overload whose
 // schema fits the arguments, as the peer's builtin matching picks one: every
 // positional argument, keyword and default must fit, and among the overloads
@@ -23,13 +35,16 @@
 #ifndef TETHER_CORE_CALLABLES_H_
 #define TETHER_CORE_CALLABLES_H_
 
+#include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 #include <absl/base/thread_annotations.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
 #include <absl/synchronization/mutex.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -65,8 +80,51 @@ class CallableProvider {
       const Kwargs& kwargs) = 0;
 };
 
+// A C++ function peers may call by name. With a schema, the arguments are
+// checked against it (and defaults filled in) before `run` gets them in
+// schema order with no kwargs; without one, `run` gets them as they came.
+// `run` may return a c10::ivalue::Future (see above); an error it returns
+// reaches the caller with its code; an exception it throws is UNKNOWN
+// carrying its text.
+struct NativeFunction {
+  std::optional<c10::FunctionSchema> schema;
+  std::function<absl::StatusOr<c10::IValue>(std::vector<c10::IValue> args,
+                                            const Kwargs& kwargs)>
+      run;
+};
+
+// Runs `fn` (named `name` in errors) as a Callables serves it: arguments
+// checked against its schema first (INVALID_ARGUMENT naming the one that
+// does not fit), an exception it throws is UNKNOWN with its text.
+[[nodiscard]] absl::StatusOr<c10::IValue> call_function(
+    const NativeFunction& fn, absl::string_view name,
+    std::vector<c10::IValue> args, const Kwargs& kwargs);
+
+// The TorchScript-only operators peers may call: pure ones on numbers,
+// strings and lists ("prim::min", "aten::len", the int and float overloads
+// of "aten::add" ...). The interpreter's others are not callable: some
+// write files (aten::save) or need the interpreter's own state.
+const std::vector<std::string>& script_operators();
+
+// Python builtin name -> the LibTorch operator it stands for ("min" ->
+// "prim::min"), as TorchScript maps them.
+const std::vector<std::pair<std::string, std::string>>& builtin_aliases();
+
+// Registers `fn` under `name` for every Worker of this process (each
+// Worker's own functions, Worker::register_function, come first). Errors as
+// Callables::add_function. Register before init_rpc so that no peer calls
+// the name before it exists.
+[[nodiscard]] absl::Status register_function(std::string name,
+                                             NativeFunction fn);
+
 class Callables {
  public:
+  // Serves `fn` under `name`: a plain name ("my_add") or one with a
+  // namespace ("myns::my_add"). INVALID_ARGUMENT for an empty name, one
+  // with characters other than letters, digits, '_', '.' and "::", or one
+  // that names a LibTorch operator or builtin; ALREADY_EXISTS if taken.
+  [[nodiscard]] absl::Status add_function(std::string name, NativeFunction fn);
+
   // Serves the names that start with `prefix` (e.g. "py::") by `provider`.
   // INVALID_ARGUMENT for an empty prefix or one that does not end in "::",
   // ALREADY_EXISTS if the prefix is taken.
@@ -96,17 +154,24 @@ class Callables {
       std::vector<c10::IValue> args, const Kwargs& kwargs);
 
  private:
+  // An operator overload: a dispatcher operator, or a TorchScript-only
+  // one (prim::, and aten:: operators only TorchScript has).
+  struct Overload;
   // The overloads of a bare operator name ("aten::add"), cached.
-  std::shared_ptr<const std::vector<c10::OperatorHandle>> overloads(
+  std::shared_ptr<const std::vector<Overload>> overloads(
       const std::string& name) const;
+  // `name`'s native function (this object's, else the process's), or null.
+  std::shared_ptr<const NativeFunction> function(absl::string_view name) const;
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<torch::jit::CompilationUnit>> units_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::shared_ptr<CallableProvider>>>
       providers_ ABSL_GUARDED_BY(mu_);
-  mutable std::unordered_map<
-      std::string, std::shared_ptr<const std::vector<c10::OperatorHandle>>>
+  std::unordered_map<std::string, std::shared_ptr<const NativeFunction>>
+      functions_ ABSL_GUARDED_BY(mu_);
+  mutable std::unordered_map<std::string,
+                             std::shared_ptr<const std::vector<Overload>>>
       overloads_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "core/native_function.h"
 #include "testing/status_matchers.h"
 
 namespace tether {
@@ -168,6 +169,164 @@ TEST(Callables, ProviderServesItsPrefix) {
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(r->toTupleRef().elements()[0].toStringRef(), "echo::mod:fn");
   EXPECT_EQ(r->toTupleRef().elements()[1].toInt(), 2);
+}
+
+TEST(Callables, PrimOperatorsAndPythonBuiltins) {
+  Callables callables;
+  absl::StatusOr<c10::IValue> min = callables.call("prim::min", {1, 2}, {});
+  ASSERT_THAT(min, IsOk());
+  EXPECT_EQ(min->toInt(), 1);
+  // The peer's examples call the Python builtin: the same operator.
+  absl::StatusOr<c10::IValue> builtin = callables.call("min", {1, 2}, {});
+  ASSERT_THAT(builtin, IsOk());
+  EXPECT_EQ(builtin->toInt(), 1);
+  absl::StatusOr<c10::IValue> max = callables.call("max", {1, 2.5}, {});
+  ASSERT_THAT(max, IsOk());
+  EXPECT_EQ(max->toDouble(), 2.5);
+  absl::StatusOr<c10::IValue> full =
+      callables.call("prim::max.int", {int64_t{7}, int64_t{3}}, {});
+  ASSERT_THAT(full, IsOk());
+  EXPECT_EQ(full->toInt(), 7);
+  absl::StatusOr<c10::IValue> sum =
+      callables.call("sum", {std::vector<int64_t>{1, 2, 3}}, {});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_EQ(sum->toInt(), 6);
+  absl::StatusOr<c10::IValue> len =
+      callables.call("len", {std::vector<int64_t>{4, 5}}, {});
+  ASSERT_THAT(len, IsOk());
+  EXPECT_EQ(len->toInt(), 2);
+  absl::StatusOr<c10::IValue> abs = callables.call("abs", {-3}, {});
+  ASSERT_THAT(abs, IsOk());
+  EXPECT_EQ(abs->toInt(), 3);
+  // Tensors still reach the dispatcher's overloads of the same name.
+  absl::StatusOr<c10::IValue> tensor_sum =
+      callables.call("sum", {at::ones({3})}, {});
+  ASSERT_THAT(tensor_sum, IsOk());
+  EXPECT_EQ(tensor_sum->toTensor().item<double>(), 3.0);
+  // Nothing fits: the candidates are listed.
+  EXPECT_THAT(callables.call("min", {std::string("a")}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("no overload of prim::min"),
+                             HasSubstr("prim::min.int(int a, int b)"))));
+}
+
+TEST(Callables, TorchScriptOperatorsThatTouchFilesAreNotCallable) {
+  Callables callables;
+  const std::string path = ::testing::TempDir() + "/tether_saved";
+  EXPECT_THAT(callables.call("aten::save", {at::ones({2}), path}, {}),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(callables.call("aten::save.default", {at::ones({2}), path}, {}),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(std::ifstream(path).good());
+}
+
+TEST(Callables, NativeFunctionsConvertAndCheckTheirArguments) {
+  Callables callables;
+  ASSERT_THAT(
+      callables.add_function(
+          "my_add", native_function([](at::Tensor a, const at::Tensor& b) {
+            return a + b;
+          })),
+      IsOk());
+  ASSERT_THAT(callables.add_function(
+                  "myns::repeat",
+                  native_function([](std::string s, int64_t n,
+                                     std::vector<double> xs) {
+                    std::string out;
+                    for (int64_t i = 0; i < n; ++i) out += s;
+                    return std::make_tuple(out, static_cast<int64_t>(xs.size()));
+                  })),
+              IsOk());
+  absl::StatusOr<c10::IValue> sum =
+      callables.call("my_add", {at::ones({2}), at::ones({2})}, {});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(sum->toTensor().equal(at::full({2}, 2.0)));
+  absl::StatusOr<c10::IValue> repeated = callables.call(
+      "myns::repeat", {std::string("ab"), 3, std::vector<double>{1.0, 2.0}},
+      {});
+  ASSERT_THAT(repeated, IsOk());
+  EXPECT_EQ(repeated->toTupleRef().elements()[0].toStringRef(), "ababab");
+  EXPECT_EQ(repeated->toTupleRef().elements()[1].toInt(), 2);
+
+  EXPECT_THAT(callables.call("my_add", {at::ones({2}), 3}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("my_add"), HasSubstr("position 1"),
+                             HasSubstr("must be Tensor, got int"),
+                             HasSubstr("it takes (Tensor, Tensor)"))));
+  EXPECT_THAT(callables.call("my_add", {at::ones({2})}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("missing argument")));
+  EXPECT_THAT(
+      callables.call("my_add", {at::ones({2}), at::ones({2}), at::ones({2})},
+                     {}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("takes 2 positional arguments, got 3")));
+}
+
+TEST(Callables, NativeFunctionErrorsKeepTheirCode) {
+  Callables callables;
+  ASSERT_THAT(callables.add_function(
+                  "checked", native_function([](int64_t x)
+                                                 -> absl::StatusOr<int64_t> {
+                    if (x < 0) return absl::OutOfRangeError("x is negative");
+                    return x * 2;
+                  })),
+              IsOk());
+  ASSERT_THAT(callables.add_function("throws", native_function([](int64_t) {
+                                       throw std::runtime_error("boom");
+                                     })),
+              IsOk());
+  absl::StatusOr<c10::IValue> doubled = callables.call("checked", {21}, {});
+  ASSERT_THAT(doubled, IsOk());
+  EXPECT_EQ(doubled->toInt(), 42);
+  EXPECT_THAT(callables.call("checked", {-1}, {}),
+              StatusIs(absl::StatusCode::kOutOfRange, "x is negative"));
+  EXPECT_THAT(callables.call("throws", {1}, {}),
+              StatusIs(absl::StatusCode::kUnknown, HasSubstr("boom")));
+}
+
+TEST(Callables, FunctionNamesAreCheckedWhenRegistered) {
+  Callables callables;
+  auto identity = native_function([](int64_t x) { return x; });
+  EXPECT_THAT(callables.add_function("aten::add", identity),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("LibTorch operator or builtin")));
+  EXPECT_THAT(callables.add_function("min", identity),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(callables.add_function("two words", identity),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("two words")));
+  EXPECT_THAT(callables.add_function("", identity),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(callables.add_function("mine", identity), IsOk());
+  EXPECT_THAT(callables.add_function("mine", identity),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("mine")));
+}
+
+TEST(Callables, ProcessWideFunctionsServeEveryCallables) {
+  ASSERT_THAT(register_function("callables_test::triple",
+                                [](int64_t x) { return 3 * x; }),
+              IsOk());
+  EXPECT_THAT(register_function("callables_test::triple",
+                                [](int64_t x) { return x; }),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  Callables one;
+  Callables two;
+  for (const Callables* callables : {&one, &two}) {
+    absl::StatusOr<c10::IValue> tripled =
+        callables->call("callables_test::triple", {5}, {});
+    ASSERT_THAT(tripled, IsOk());
+    EXPECT_EQ(tripled->toInt(), 15);
+  }
+}
+
+TEST(Callables, UnknownNameExplainsTheAlwayslinkTrap) {
+  Callables callables;
+  EXPECT_THAT(callables.call("myns::not_linked", {}, {}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("myns::not_linked"),
+                             HasSubstr("alwayslink = True"),
+                             HasSubstr("register_function"))));
 }
 
 }  // namespace

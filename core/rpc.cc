@@ -101,6 +101,20 @@ absl::StatusOr<WorkerInfo> get_current_worker_info() {
   return worker->get_current_worker_info();
 }
 
+absl::StatusOr<std::map<std::string, c10::IValue>> all_gather(
+    c10::IValue value, std::vector<std::string> names,
+    absl::Duration timeout) {
+  Worker* worker = current_worker();
+  if (worker == nullptr) return no_worker();
+  return worker->all_gather(std::move(value), std::move(names), timeout);
+}
+
+absl::Status barrier(std::vector<std::string> names, absl::Duration timeout) {
+  Worker* worker = current_worker();
+  if (worker == nullptr) return no_worker();
+  return worker->barrier(std::move(names), timeout);
+}
+
 absl::StatusOr<std::vector<WorkerInfo>> get_all_worker_infos() {
   Worker* worker = current_worker();
   if (worker == nullptr) return no_worker();

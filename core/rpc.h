@@ -6,12 +6,15 @@
 // one. Without a Worker they return FAILED_PRECONDITION.
 //
 //   tether::BackendRegistry registry;
-//   tether::backends::register_builtin_backends(registry);
-//   absl::Status up = tether::init_rpc("w0", 0, 2, options, registry);
+//   TETHER_RETURN_IF_ERROR(tether::backends::register_builtin_backends(registry));
+//   TETHER_RETURN_IF_ERROR(tether::init_rpc("w0", 0, 2, options, registry));
 //   absl::StatusOr<at::Tensor> sum =
 //       tether::rpc_sync<at::Tensor>("w1", "aten::add.Tensor", {a, b});
 //   if (!sum.ok()) return sum.status();  // never `->` on a failed StatusOr
-//   absl::Status down = tether::shutdown();
+//   TETHER_RETURN_IF_ERROR(tether::shutdown());
+//
+// (tether/tether.h's init_rpc(name) needs no registry; the macros are
+// core/status_macros.h's.)
 //
 // Thread safety: all functions may be called from any thread, but shutdown()
 // must not race with calls that use the Worker it releases.
@@ -71,7 +74,22 @@ template <typename T>
 
 [[nodiscard]] absl::StatusOr<WorkerInfo> get_worker_info(const To& to);
 [[nodiscard]] absl::StatusOr<WorkerInfo> get_current_worker_info();
+// WARNING: keep the StatusOr before iterating: `for (auto& w :
+// *get_all_worker_infos())` reads a temporary that is already destroyed
+// (and aborts if it holds an error). Write
+//   TETHER_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers,
+//                           tether::get_all_worker_infos());
+//   for (const WorkerInfo& w : workers) ...
 [[nodiscard]] absl::StatusOr<std::vector<WorkerInfo>> get_all_worker_infos();
+
+// Worker::all_gather and Worker::barrier of the default (or serving)
+// Worker: over `names` (empty: the whole group), bounded by liveness.
+[[nodiscard]] absl::StatusOr<std::map<std::string, c10::IValue>> all_gather(
+    c10::IValue value, std::vector<std::string> names = {},
+    absl::Duration timeout = absl::InfiniteDuration());
+[[nodiscard]] absl::Status barrier(
+    std::vector<std::string> names = {},
+    absl::Duration timeout = absl::InfiniteDuration());
 
 // The Worker the functions above act on, or null.
 Worker* current_worker();

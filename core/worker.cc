@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/join/membership.h"
+#include "core/ivalue_future.h"
 #include "core/rendezvous.h"
 #include "core/wire/codec.h"
 
@@ -200,6 +201,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     if (!extension.ok()) return unclaim(extension.status());
     worker->extensions_.push_back(*std::move(extension));
   }
+  if (absl::Status started = worker->start_collectives(); !started.ok()) {
+    return started;
+  }
   worker->building_ = false;
   Worker* raw = worker.get();
   absl::Status started = worker->agent_->start(
@@ -217,14 +221,22 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
 Worker::Worker(RpcOptions options, std::unique_ptr<Agent> agent)
     : options_(std::move(options)),
       default_timeout_ns_(-1),
+      lifeline_(std::make_shared<Lifeline>()),
       pool_(std::make_unique<c10::ThreadPool>(options_.num_worker_threads)),
       agent_(std::move(agent)) {
   set_rpc_timeout(options_.default_timeout);
+  absl::MutexLock lock(&lifeline_->mu);
+  lifeline_->worker = this;
 }
 
 Worker::~Worker() {
   absl::Status stopped = shutdown(/*graceful=*/false);
   (void)stopped;  // A non-graceful shutdown cannot fail.
+  {
+    // A function's future that completes from now on answers nobody.
+    absl::MutexLock lock(&lifeline_->mu);
+    lifeline_->worker = nullptr;
+  }
   // Extensions go first, while everything they may touch still exists.
   extensions_.clear();
 }
@@ -684,32 +696,38 @@ Future<Message> Worker::serve_request(Message request) {
     // confirmation, a step of distributed autograd): the pool runs it.
     if (!call->autograd.in_context() &&
         absl::StartsWith(call->fn, "aten::") && !contains_rref(call->value)) {
-      return Future<Message>::ready(run_call(*call));
+      return run_call(*call);
     }
     pool_->run([this, promise, call] {
       ServingScope scope(this);
-      promise.set(run_call(*call));
+      run_call(*call).on_complete(
+          [promise](const absl::StatusOr<Message>& response) {
+            promise.set(response);
+          });
     });
     return promise.future();
   }
   auto shared = std::make_shared<Message>(std::move(request));
   pool_->run([this, promise, shared] {
     ServingScope scope(this);
-    promise.set(process_request(*shared));
+    process_request(*shared).on_complete(
+        [promise](const absl::StatusOr<Message>& response) {
+          promise.set(response);
+        });
   });
   return promise.future();
 }
 
-Message Worker::process_request(const Message& request) {
+Future<Message> Worker::process_request(const Message& request) {
   const WorkerInfo& self = agent_->self();
   if (request.type != MessageType::kCall) {
-    return exception_message(absl::InvalidArgumentError(
+    return Future<Message>::ready(exception_message(absl::InvalidArgumentError(
         absl::StrCat("worker ", describe(self), " cannot handle a ",
-                     message_type_name(request.type), " request")));
+                     message_type_name(request.type), " request"))));
   }
   DecodedCall call;
   if (std::optional<Message> malformed = decode_call(request, call)) {
-    return *std::move(malformed);
+    return Future<Message>::ready(*std::move(malformed));
   }
   return run_call(call);
 }
@@ -748,20 +766,49 @@ std::optional<Message> Worker::decode_call(const Message& request,
   return std::nullopt;
 }
 
-Message Worker::run_call(DecodedCall& call) {
+Future<Message> Worker::run_call(DecodedCall& call) {
   const WorkerInfo& self = agent_->self();
   const std::string& fn = call.fn;
   const wire::AutogradMeta& autograd = call.autograd;
   ServingContext serving(*this, autograd);
   if (call_gate_) {
     if (absl::Status ready = call_gate_(call.value); !ready.ok()) {
-      return exception_message(absl::Status(
+      return Future<Message>::ready(exception_message(absl::Status(
           ready.code(), absl::StrCat("Error on worker ", describe(self),
-                                     " calling '", fn, "': ", ready.message())));
+                                     " calling '", fn, "': ", ready.message()))));
     }
   }
   absl::StatusOr<c10::IValue> result =
       callables_.call(fn, std::move(call.args), call.kwargs);
+  if (!result.ok() || !result->isFuture()) {
+    return Future<Message>::ready(response_to(fn, result, autograd));
+  }
+  // The function answers later: the response is made on the thread that
+  // completes its future, and until then no thread of this worker waits.
+  Promise<Message> response;
+  std::shared_ptr<Lifeline> lifeline = lifeline_;
+  settle(*std::move(result))
+      .on_complete([lifeline, response, fn, autograd](
+                       const absl::StatusOr<c10::IValue>& value) {
+        Message message;
+        {
+          absl::ReaderMutexLock lock(&lifeline->mu);
+          if (lifeline->worker == nullptr) {
+            message = exception_message(absl::CancelledError(absl::StrCat(
+                "the worker that ran '", fn, "' shut down before it answered")));
+          } else {
+            message = lifeline->worker->response_to(fn, value, autograd);
+          }
+        }
+        response.set(std::move(message));
+      });
+  return response.future();
+}
+
+Message Worker::response_to(const std::string& fn,
+                            const absl::StatusOr<c10::IValue>& result,
+                            const wire::AutogradMeta& autograd) {
+  const WorkerInfo& self = agent_->self();
   if (!result.ok()) {
     return exception_message(absl::Status(
         result.status().code(),

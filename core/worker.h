@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,7 @@
 #include "core/backend_registry.h"
 #include "core/callables.h"
 #include "core/future.h"
+#include "core/native_function.h"
 #include "core/rendezvous.h"  // kDynamicGroup, for callers of create()
 #include "core/wire/codec.h"
 
@@ -53,6 +55,10 @@ class MembershipToken;
 
 
 namespace tether {
+
+namespace internal {
+class CollectiveState;
+}  // namespace internal
 
 // Passed as a timeout: use RpcOptions::default_timeout.
 inline constexpr absl::Duration kDefaultTimeout = absl::Seconds(-1);
@@ -235,8 +241,46 @@ class Worker {
   absl::Duration rpc_timeout() const;
   void set_rpc_timeout(absl::Duration timeout);
 
+  // Subset collectives (the peer's _all_gather and _barrier): every worker
+  // of `names` (empty: the whole group; it must include this one) calls
+  // the same sequence of them over the same set. all_gather returns each
+  // one's `value` by name once all have given theirs; barrier returns once
+  // all have arrived. The wait is bounded by liveness, as the shutdown
+  // barrier is: a worker of the set that is lost (no answer to a probe
+  // within RpcOptions::peer_timeout) ends it with UNAVAILABLE naming it,
+  // however long the others take; `timeout` (zero or infinite: none, the
+  // default) bounds it in time too (DEADLINE_EXCEEDED). Errors:
+  // INVALID_ARGUMENT if `names` leaves this worker out, NOT_FOUND for an
+  // unknown name, CANCELLED after shutdown. `value` must be a wire value.
+  [[nodiscard]] absl::StatusOr<std::map<std::string, c10::IValue>> all_gather(
+      c10::IValue value, std::vector<std::string> names = {},
+      absl::Duration timeout = absl::InfiniteDuration());
+  [[nodiscard]] absl::Status barrier(
+      std::vector<std::string> names = {},
+      absl::Duration timeout = absl::InfiniteDuration());
+
   // TorchScript functions that peers may call on this worker.
   [[nodiscard]] absl::Status register_script(const std::string& source);
+
+  // A C++ function or lambda that peers may call on this worker by `name`
+  // (core/native_function.h: arguments converted from IValues and checked,
+  // INVALID_ARGUMENT naming the one that does not fit). It may return a
+  // tether::Future: the caller is answered when that completes, and no pool
+  // thread waits for it meanwhile. Callable at any time; a name registered
+  // after peers started calling it is NOT_FOUND for the calls before.
+  // Errors as Callables::add_function.
+  //
+  //   absl::Status added = worker.register_function(
+  //       "my_add", [](at::Tensor a, at::Tensor b) { return a + b; });
+  template <typename F>
+  [[nodiscard]] absl::Status register_function(std::string name, F f) {
+    if constexpr (std::is_same_v<std::decay_t<F>, NativeFunction>) {
+      return callables_.add_function(std::move(name), std::move(f));
+    } else {
+      return callables_.add_function(std::move(name),
+                                     native_function(std::move(f)));
+    }
+  }
 
   // In a dynamic group (world size kDynamicGroup) these see the group as
   // it is now: a worker that joined is known from the moment its init
@@ -345,6 +389,11 @@ class Worker {
 
  private:
   Worker(RpcOptions options, std::unique_ptr<Agent> agent);
+  // Serves all_gather's calls (core/collective.cc); at create().
+  [[nodiscard]] absl::Status start_collectives();
+  // OK if `who` answers a probe within options_.peer_timeout, else
+  // UNAVAILABLE naming it (core/collective.cc).
+  absl::Status probe(const WorkerInfo& who);
 
   Future<Message> handle_request(Message request);
   Future<Message> serve_request(Message request);
@@ -365,11 +414,23 @@ class Worker {
     std::vector<c10::IValue> args;
     Kwargs kwargs;
   };
-  Message process_request(const Message& request);
+  Future<Message> process_request(const Message& request);
   // Decodes a CALL into `out`; the EXCEPTION response if it is malformed.
   std::optional<Message> decode_call(const Message& request, DecodedCall& out);
-  // Runs a decoded call (after the call gate) and encodes its response.
-  Message run_call(DecodedCall& call);
+  // Runs a decoded call (after the call gate) and encodes its response;
+  // a function that returns a future is answered when that completes.
+  Future<Message> run_call(DecodedCall& call);
+  // The response to `fn`'s `result`, or the EXCEPTION naming this worker.
+  Message response_to(const std::string& fn,
+                      const absl::StatusOr<c10::IValue>& result,
+                      const wire::AutogradMeta& autograd);
+
+  // Lets a function's future, which may complete after this Worker is
+  // gone, find out whether it still is (set to null by the destructor).
+  struct Lifeline {
+    absl::Mutex mu;
+    Worker* worker ABSL_GUARDED_BY(mu);
+  };
 
   // ---- Dynamic membership (core/worker_membership.cc). ----
   // Tells every member of `members` (this worker not among them) that this
@@ -420,6 +481,9 @@ class Worker {
   AutogradHook* autograd_hook_ = nullptr;
   std::function<absl::Status(const c10::IValue&)> call_gate_;
   bool building_ = true;
+  std::shared_ptr<Lifeline> lifeline_;
+  // all_gather's calls this worker leads (core/collective.cc).
+  std::shared_ptr<internal::CollectiveState> collectives_;
   std::unique_ptr<c10::ThreadPool> pool_;
   std::unique_ptr<Agent> agent_;
   absl::Mutex mu_;

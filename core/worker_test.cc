@@ -10,11 +10,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <torch/library.h>
+
 #include <atomic>
 #include <cerrno>
 #include <thread>
 
 #include "backends/builtin.h"
+#include "core/ivalue_future.h"
 #include "core/rpc.h"
 #include "core/status_macros.h"
 #include "testing/status_matchers.h"
@@ -348,6 +351,207 @@ TEST(WorkerInit, MissingPeerTimesOutNamingIt) {
   EXPECT_THAT(Worker::create("lonely", 0, 3, options, registry),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        HasSubstr("rank(s) 1, 2")));
+}
+
+// An operator that answers later, as TORCH_LIBRARY users write one: its
+// result is a Future(Tensor), here already complete (or failed, for x < 0).
+void doubled_later(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  at::Tensor x = stack->back().toTensor();
+  stack->pop_back();
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  if (x.lt(0).any().item<bool>()) {
+    future->setError(std::make_exception_ptr(std::runtime_error("negative")));
+  } else {
+    future->markCompleted(x * 2);
+  }
+  stack->emplace_back(future);
+}
+
+TORCH_LIBRARY(tether_worker_test, m) {
+  m.def("doubled_later(Tensor x) -> Future(Tensor)",
+        torch::CppFunction::makeFromBoxedFunction<&doubled_later>());
+}
+
+TEST_F(ThreeWorkers, RegisteredFunctionsAndLambdas) {
+  ASSERT_THAT(bob().register_function(
+                  "my_add", [](at::Tensor a, at::Tensor b) { return a + b; }),
+              IsOk());
+  absl::StatusOr<c10::IValue> sum =
+      alice().rpc_sync("bob", "my_add", {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(sum->toTensor(), at::full({2}, 2.0)));
+  EXPECT_THAT(alice().rpc_sync("bob", "my_add", {at::ones({2}), 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("bob"), HasSubstr("my_add"),
+                             HasSubstr("position 1"),
+                             HasSubstr("must be Tensor, got int"))));
+  // Only the worker that registered it serves it.
+  EXPECT_THAT(alice().rpc_sync("carol", "my_add", {at::ones({2}), at::ones({2})}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("my_add")));
+  // prim:: operators and the peer's builtins across workers.
+  absl::StatusOr<c10::IValue> min = alice().rpc_sync("carol", "min", {1, 2});
+  ASSERT_THAT(min, IsOk());
+  EXPECT_EQ(min->toInt(), 1);
+  absl::StatusOr<c10::IValue> max = alice().rpc_sync("carol", "prim::max", {1, 2});
+  ASSERT_THAT(max, IsOk());
+  EXPECT_EQ(max->toInt(), 2);
+}
+
+TEST_F(ThreeWorkers, OperatorReturningAFutureIsAnsweredWithItsValue) {
+  absl::StatusOr<c10::IValue> doubled = alice().rpc_sync(
+      "bob", "tether_worker_test::doubled_later", {at::ones({2})});
+  ASSERT_THAT(doubled, IsOk());
+  EXPECT_TRUE(at::equal(doubled->toTensor(), at::full({2}, 2.0)));
+  EXPECT_THAT(alice().rpc_sync("bob", "tether_worker_test::doubled_later",
+                               {-at::ones({2})}),
+              StatusIs(absl::StatusCode::kUnknown,
+                       AllOf(HasSubstr("bob"), HasSubstr("negative"))));
+}
+
+// Calls that park until released: each returns a future that "release"
+// completes, so none holds a pool thread while it waits.
+struct Parking {
+  absl::Mutex mu;
+  std::vector<std::pair<Promise<c10::IValue>, int64_t>> parked
+      ABSL_GUARDED_BY(mu);
+  Promise<bool> all_parked;
+  size_t expected = 0;
+};
+
+TEST_F(ThreeWorkers, AsyncFunctionsDoNotHoldAPoolThread) {
+  auto parking = std::make_shared<Parking>();
+  parking->expected = 12;  // three times bob's pool (4 threads)
+  ASSERT_THAT(bob().register_function(
+                  "park",
+                  [parking](int64_t x) -> Future<c10::IValue> {
+                    Promise<c10::IValue> promise;
+                    absl::MutexLock lock(&parking->mu);
+                    parking->parked.emplace_back(promise, x);
+                    if (parking->parked.size() == parking->expected) {
+                      parking->all_parked.set(true);
+                    }
+                    return promise.future();
+                  }),
+              IsOk());
+  ASSERT_THAT(bob().register_function("release",
+                                      [parking]() {
+                                        absl::MutexLock lock(&parking->mu);
+                                        for (auto& [promise, x] : parking->parked) {
+                                          promise.set(c10::IValue(x * 10));
+                                        }
+                                        return static_cast<int64_t>(
+                                            parking->parked.size());
+                                      }),
+              IsOk());
+  std::vector<Future<c10::IValue>> futures;
+  for (int64_t i = 0; i < 12; ++i) {
+    futures.push_back(alice().rpc_async("bob", "park", {i}));
+  }
+  // Had each parked call held one of bob's 4 pool threads, the fifth would
+  // never run.
+  ASSERT_THAT(parking->all_parked.future().get(absl::Now() + kBound), IsOk());
+  for (const Future<c10::IValue>& future : futures) {
+    EXPECT_FALSE(future.is_ready());
+  }
+  absl::StatusOr<c10::IValue> released = alice().rpc_sync("bob", "release", {});
+  ASSERT_THAT(released, IsOk());
+  EXPECT_EQ(released->toInt(), 12);
+  for (int64_t i = 0; i < 12; ++i) {
+    absl::StatusOr<c10::IValue> value = futures[i].get(absl::Now() + kBound);
+    ASSERT_THAT(value, IsOk());
+    EXPECT_EQ(value->toInt(), i * 10);
+  }
+}
+
+TEST_F(ThreeWorkers, AsyncFunctionsChainAcrossWorkers) {
+  // alice -> bob's relay, which calls carol and hands back that call's future.
+  ASSERT_THAT(bob().register_function(
+                  "relay",
+                  [](std::string to, std::string fn, at::Tensor x) {
+                    return rpc_async(to, fn, {x, 1});
+                  }),
+              IsOk());
+  absl::StatusOr<c10::IValue> sum = alice().rpc_sync(
+      "bob", "relay", {std::string("carol"), std::string("aten::add"),
+                       at::ones({2})});
+  ASSERT_THAT(sum, IsOk());
+  EXPECT_TRUE(at::equal(sum->toTensor(), at::full({2}, 2.0)));
+  // carol's error reaches alice with its code, naming both workers.
+  EXPECT_THAT(alice().rpc_sync("bob", "relay",
+                               {std::string("carol"), std::string("no_such_fn"),
+                                at::ones({2})}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("bob"), HasSubstr("carol"),
+                             HasSubstr("no_such_fn"))));
+  // Many at once, more than any pool has threads.
+  std::vector<Future<c10::IValue>> futures;
+  for (int i = 0; i < 64; ++i) {
+    futures.push_back(alice().rpc_async(
+        "bob", "relay",
+        {std::string("carol"), std::string("aten::add"),
+         at::full({1}, static_cast<double>(i))}));
+  }
+  absl::StatusOr<std::vector<c10::IValue>> all =
+      wait_all(futures, absl::Now() + kBound);
+  ASSERT_THAT(all, IsOk());
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ((*all)[i].toTensor().item<double>(), i + 1.0);
+  }
+}
+
+TEST_F(ThreeWorkers, AllGatherAndBarrierOverASubset) {
+  // alice and carol gather twice over their pair (bob takes no part), then
+  // all three meet at a barrier.
+  std::vector<absl::StatusOr<std::map<std::string, c10::IValue>>> first(3),
+      second(3);
+  std::vector<absl::Status> met(3);
+  std::vector<std::thread> threads;
+  for (int i : {0, 2}) {
+    threads.emplace_back([&, i] {
+      Worker& w = *workers_[i];
+      first[i] = w.all_gather(c10::IValue(int64_t{i}), {"carol", "alice"});
+      second[i] = w.all_gather(c10::IValue(int64_t{10 + i}), {"alice", "carol"});
+      met[i] = w.barrier();
+    });
+  }
+  threads.emplace_back([&] { met[1] = bob().barrier({}); });
+  for (std::thread& t : threads) t.join();
+  for (int i : {0, 2}) {
+    ASSERT_THAT(first[i], IsOk());
+    ASSERT_THAT(second[i], IsOk());
+    ASSERT_EQ(first[i]->size(), 2u);
+    EXPECT_EQ(first[i]->at("alice").toInt(), 0);
+    EXPECT_EQ(first[i]->at("carol").toInt(), 2);
+    EXPECT_EQ(second[i]->at("alice").toInt(), 10);
+    EXPECT_EQ(second[i]->at("carol").toInt(), 12);
+  }
+  for (const absl::Status& s : met) EXPECT_THAT(s, IsOk());
+  EXPECT_THAT(alice().all_gather(c10::IValue(1), {"bob", "carol"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("without it")));
+  EXPECT_THAT(alice().barrier({"alice", "dave"}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("dave")));
+  // A member that never comes: the timeout names it.
+  EXPECT_THAT(alice().barrier({"alice", "bob"}, absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("bob")));
+}
+
+TEST(Collectives, ALostMemberEndsTheWaitNamingIt) {
+  RpcOptions options = loopback_options(unique_init_method());
+  options.peer_timeout = absl::Seconds(2);
+  auto made = make_workers({"alice", "bob", "carol"}, options, 3);
+  for (auto& w : made) ASSERT_THAT(w, IsOk());
+  // bob is gone before alice (the leader of alice and bob) waits for him.
+  ASSERT_THAT((*made[1])->shutdown(/*graceful=*/false), IsOk());
+  const absl::Time start = absl::Now();
+  EXPECT_THAT((*made[0])->barrier({"alice", "bob"}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("bob")));
+  // carol waits for alice, who leads carol and alice and is gone too.
+  ASSERT_THAT((*made[0])->shutdown(/*graceful=*/false), IsOk());
+  EXPECT_THAT((*made[2])->barrier({"alice", "carol"}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("alice")));
+  EXPECT_LT(absl::Now() - start, kBound);
+  ASSERT_THAT((*made[2])->shutdown(/*graceful=*/false), IsOk());
 }
 
 TEST(FreeFunctions, ActOnTheDefaultWorker) {

@@ -15,11 +15,12 @@
 //   optim::Options options;
 //   options.lr = 0.05;
 //   options.momentum = 0.9;
-//   absl::StatusOr<optim::DistributedOptimizer> opt =
+//   TETHER_ASSIGN_OR_RETURN(
+//       optim::DistributedOptimizer opt,
 //       optim::DistributedOptimizer::create(optim::Kind::kSGD, params,
-//                                           options);
-//   ... within a context: forward, autograd::backward(context->id(), {loss})
-//   absl::Status stepped = opt->step(context->id());
+//                                           options));
+//   ... within a context: forward, autograd::backward(context.id(), {loss})
+//   TETHER_RETURN_IF_ERROR(opt.step(context.id()));
 //
 // Ownership: a DistributedOptimizer holds an RRef to each owner's optimizer;
 // destroy it before shutdown (graceful shutdown also releases it).

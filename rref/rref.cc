@@ -14,6 +14,7 @@
 
 #include "autograd/autograd.h"
 #include "core/internal/timer.h"
+#include "core/ivalue_future.h"
 #include "core/rpc.h"
 #include "core/wire/codec.h"
 #include "rref/rref_impl.h"
@@ -500,15 +501,45 @@ class ContextState : public wire::RRefHook,
     c10::intrusive_ptr<OwnerRRef> owner =
         get_or_create_owner(id, c10::AnyType::get());
     if (fork.worker >= 0) add_fork(id, fork);
-    absl::StatusOr<c10::IValue> result = run_call_serving(*call, autograd);
-    // Every later use of the RRef (fetch, method call) reports a failure.
-    if (!result.ok()) result = creation_failure(result.status());
-    owner->set_value(result);
-    // A remote() to this worker itself: its caller holds the OwnerRRef, so
-    // the table only keeps it while it has forks.
-    if (fork.worker < 0) release_if_unforked(id);
-    if (!result.ok()) return Future<Message>::ready(result.status());
-    return Future<Message>::ready(ack());
+    // A function that answers later (core/ivalue_future.h) gives the RRef
+    // its value when it does; no pool thread waits meanwhile.
+    std::weak_ptr<ContextState> weak = weak_from_this();
+    return settle_call(*call, run_call_serving(*call, autograd))
+        .then([weak, owner, id, fork](const absl::StatusOr<c10::IValue>& value)
+                  -> absl::StatusOr<Message> {
+          // Every later use of the RRef (fetch, method call) reports a
+          // failure.
+          absl::StatusOr<c10::IValue> result = value;
+          if (!result.ok()) result = creation_failure(result.status());
+          owner->set_value(result);
+          // A remote() to this worker itself: its caller holds the
+          // OwnerRRef, so the table only keeps it while it has forks.
+          if (fork.worker < 0) {
+            if (auto self = weak.lock()) self->release_if_unforked(id);
+          }
+          if (!result.ok()) return result.status();
+          return ack();
+        });
+  }
+
+  // A call's result as a Future (a function that answers later completes
+  // it then); a later error names this worker and the target as
+  // run_call's do.
+  Future<c10::IValue> settle_call(const c10::IValue& call,
+                                  absl::StatusOr<c10::IValue> result) {
+    if (!result.ok() || !result->isFuture()) {
+      return Future<c10::IValue>::ready(std::move(result));
+    }
+    std::string prefix = absl::StrCat(
+        "Error on worker ", self_.id, " (", self_.name, ") calling ",
+        describe_target(call.toTupleRef().elements()[0]), ": ");
+    return settle(*std::move(result))
+        .then([prefix](const absl::StatusOr<c10::IValue>& value)
+                  -> absl::StatusOr<c10::IValue> {
+          if (value.ok()) return value;
+          return absl::Status(value.status().code(),
+                              absl::StrCat(prefix, value.status().message()));
+        });
   }
 
   Future<Message> on_method_call(Message request) {
@@ -518,13 +549,22 @@ class ContextState : public wire::RRefHook,
     if (absl::Status ok = check_call(*call, 3, "RREF_METHOD_CALL"); !ok.ok()) {
       return Future<Message>::ready(ok);
     }
-    absl::StatusOr<c10::IValue> result = run_call_serving(*call, autograd);
-    if (!result.ok()) return Future<Message>::ready(result.status());
-    Message response;
-    response.type = MessageType::kCallRet;
-    absl::Status encoded = encode_response(*result, autograd, response);
-    if (!encoded.ok()) return Future<Message>::ready(encoded);
-    return Future<Message>::ready(std::move(response));
+    std::weak_ptr<ContextState> weak = weak_from_this();
+    return settle_call(*call, run_call_serving(*call, autograd))
+        .then([weak, autograd](const absl::StatusOr<c10::IValue>& result)
+                  -> absl::StatusOr<Message> {
+          if (!result.ok()) return result.status();
+          auto self = weak.lock();
+          if (self == nullptr) {
+            return absl::CancelledError("the worker is shut down");
+          }
+          Message response;
+          response.type = MessageType::kCallRet;
+          absl::Status encoded =
+              self->encode_response(*result, autograd, response);
+          if (!encoded.ok()) return encoded;
+          return response;
+        });
   }
 
   // (rref_worker, rref_local, wait_ms): the value, once there. The owner
@@ -860,6 +900,39 @@ WorkerInfo RRef::owner() const { return impl()->owner_info(); }
 std::string RRef::owner_name() const { return impl()->owner_info().name; }
 bool RRef::is_owner() const { return impl_->isOwner(); }
 bool RRef::confirmed_by_owner() const { return impl_->confirmedByOwner(); }
+
+Future<c10::IValue> rref::rpc_async_to_owner(const RRef& rref,
+                                             absl::string_view fn,
+                                             std::vector<c10::IValue> args,
+                                             absl::Duration timeout) {
+  Future<c10::IValue> result = Future<c10::IValue>::ready(
+      absl::FailedPreconditionError("the RRef's worker is shut down"));
+  rref.impl()->context()->with_worker([&](Worker& worker) {
+    result = worker.rpc_async(rref.owner(), fn, std::move(args), {}, timeout);
+  });
+  return result;
+}
+
+Future<bool> RRef::get_future() const {
+  auto failed = [](const absl::Status& status) -> absl::StatusOr<bool> {
+    return rref::creation_failure(status);
+  };
+  if (auto* owner = dynamic_cast<OwnerRRef*>(impl_.get())) {
+    return owner->value().then(
+        [failed](const absl::StatusOr<c10::IValue>& value)
+            -> absl::StatusOr<bool> {
+          if (!value.ok()) return failed(value.status());
+          return true;
+        });
+  }
+  return static_cast<UserRRef*>(impl_.get())
+      ->confirmation()
+      .then([failed](const absl::StatusOr<bool>& confirmed)
+                -> absl::StatusOr<bool> {
+        if (!confirmed.ok()) return failed(confirmed.status());
+        return true;
+      });
+}
 
 absl::StatusOr<c10::IValue> RRef::local_value() const {
   auto* owner = dynamic_cast<OwnerRRef*>(impl_.get());

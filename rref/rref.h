@@ -13,6 +13,7 @@
 //   tether::init_rpc("w0", 0, 2, options, registry, {tether::rref_extension()});
 //   absl::StatusOr<tether::RRef> r =
 //       tether::remote("w1", "aten::add.Tensor", {a, b});
+//   if (!r.ok()) return r.status();  // never `->` on a failed StatusOr
 //   absl::StatusOr<c10::IValue> sum = r->to_here();
 //
 // Thread safety: an RRef may be copied and used from any thread.
@@ -27,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "core/native_function.h"
+#include "core/typed_result.h"
 #include "core/worker.h"
 
 namespace tether {
@@ -107,9 +110,24 @@ class RRef {
   // DEADLINE_EXCEEDED past `timeout`, UNAVAILABLE for a lost owner.
   [[nodiscard]] absl::StatusOr<c10::IValue> to_here(
       absl::Duration timeout = kDefaultTimeout) const;
+  // The same as a T (core/typed_result.h): INVALID_ARGUMENT naming both
+  // types when the value is another type.
+  template <typename T>
+  [[nodiscard]] absl::StatusOr<T> to_here(
+      absl::Duration timeout = kDefaultTimeout) const {
+    absl::StatusOr<c10::IValue> value = to_here(timeout);
+    if (!value.ok()) return value.status();
+    return value_as<T>(*std::move(value), "the RRef's value");
+  }
 
   // The owner's value, on the owner only (FAILED_PRECONDITION elsewhere).
   [[nodiscard]] absl::StatusOr<c10::IValue> local_value() const;
+  template <typename T>
+  [[nodiscard]] absl::StatusOr<T> local_value() const {
+    absl::StatusOr<c10::IValue> value = local_value();
+    if (!value.ok()) return value.status();
+    return value_as<T>(*std::move(value), "the RRef's value");
+  }
 
   WorkerInfo owner() const;
   std::string owner_name() const;
@@ -118,6 +136,18 @@ class RRef {
   // still be false just after to_here() succeeded: the value can overtake
   // the owner's acknowledgement.
   bool confirmed_by_owner() const;
+
+  // Completes with true once the value exists on its owner, or with the
+  // error its creation met ("RRef creation failed: ..."): how a caller of
+  // remote() learns whether the call succeeded without fetching the value
+  // (the peer's rref._get_future()). On a user that received the RRef from
+  // another worker, true once the owner has registered this user.
+  //
+  //   absl::StatusOr<RRef> r = tether::remote("w1", "my_init", {});
+  //   if (!r.ok()) return r.status();
+  //   absl::StatusOr<bool> made = r->get_future().get(absl::Now() + bound);
+  //   if (!made.ok()) return made.status();  // the creation's error
+  Future<bool> get_future() const;
 
   // Runs distributed autograd's backward of context `context_id` (see
   // autograd/autograd.h) from the value, a scalar tensor that requires
@@ -144,6 +174,19 @@ class RRef {
 
  private:
   c10::intrusive_ptr<c10::RRefInterface> impl_;
+};
+
+// RRefs as parameters and results of registered functions
+// (core/native_function.h):
+//   worker.register_function("f", [](const tether::RRef& r) { ... });
+template <>
+struct NativeConverter<RRef> {
+  static RRef from(c10::IValue& value) {
+    absl::StatusOr<RRef> rref = RRef::from_ivalue(value);
+    if (!rref.ok()) throw StatusError(rref.status());
+    return *std::move(rref);
+  }
+  static c10::IValue to(const RRef& rref) { return rref.to_ivalue(); }
 };
 
 // Runs `fn` on `to` and keeps its result there. Returns at once; a failure

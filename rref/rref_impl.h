@@ -35,6 +35,7 @@
 
 #include "core/future.h"
 #include "core/worker.h"
+#include "rref/rref.h"
 
 namespace tether::rref {
 
@@ -116,6 +117,12 @@ class UserRRef final : public RRefImpl {
   const ForkId fork_id_;
   Promise<bool> confirmed_;
 };
+
+// Calls `fn` on `rref`'s owner from the worker `rref` belongs to
+// (FAILED_PRECONDITION once that worker is shut down).
+Future<c10::IValue> rpc_async_to_owner(const RRef& rref, absl::string_view fn,
+                                       std::vector<c10::IValue> args,
+                                       absl::Duration timeout);
 
 // The RRef context of the worker serving the calling thread (or the
 // default worker), or FAILED_PRECONDITION.

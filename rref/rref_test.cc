@@ -300,6 +300,74 @@ TEST_F(RRefs, CreationFailureIsReportedOnFirstUse) {
   EXPECT_THAT(forked.status().message(), HasSubstr("RRef creation failed"));
 }
 
+TEST_F(RRefs, CreationFutureReportsSuccessOrTheCreationsError) {
+  const absl::Time deadline = absl::Now() + kBound;
+  absl::StatusOr<RRef> made = remote(*workers_[0], "bob", "aten::add",
+                                     {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(made, IsOk());
+  EXPECT_THAT(made->get_future().get(deadline), IsOk());
+  absl::StatusOr<RRef> failed =
+      remote(*workers_[0], "bob", "aten::no_such_op", {at::ones({2})});
+  ASSERT_THAT(failed, IsOk());
+  EXPECT_THAT(failed->get_future().get(deadline),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("RRef creation failed")));
+  // An owner's: its value exists.
+  absl::StatusOr<RRef> own = remote(*workers_[0], "alice", "aten::add",
+                                    {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(own, IsOk());
+  EXPECT_THAT(own->get_future().get(deadline), IsOk());
+  absl::StatusOr<RRef> own_failed =
+      remote(*workers_[0], "alice", "aten::no_such_op", {at::ones({2})});
+  ASSERT_THAT(own_failed, IsOk());
+  EXPECT_THAT(own_failed->get_future().get(deadline),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("RRef creation failed")));
+  absl::StatusOr<RRef> local = RRef::local(*workers_[0], at::ones({1}));
+  ASSERT_THAT(local, IsOk());
+  EXPECT_TRUE(local->get_future().is_ready());
+}
+
+TEST_F(RRefs, RemoteOfAFunctionThatAnswersLater) {
+  // bob's "later" returns a future that "release" completes: the RRef is
+  // created when it does, and no pool thread of bob waits meanwhile.
+  auto parked = std::make_shared<Promise<c10::IValue>>();
+  ASSERT_THAT(workers_[1]->register_function(
+                  "later", [parked](int64_t) { return parked->future(); }),
+              IsOk());
+  ASSERT_THAT(workers_[1]->register_function(
+                  "release",
+                  [parked](at::Tensor value) {
+                    parked->set(c10::IValue(value));
+                  }),
+              IsOk());
+  absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "later", {1});
+  ASSERT_THAT(r, IsOk());
+  Future<bool> created = r->get_future();
+  ASSERT_THAT(workers_[2]->rpc_sync("bob", "release", {at::full({2}, 7.0)}),
+              IsOk());
+  EXPECT_THAT(created.get(absl::Now() + kBound), IsOk());
+  absl::StatusOr<c10::IValue> value = r->to_here();
+  ASSERT_THAT(value, IsOk());
+  EXPECT_TRUE(at::equal(value->toTensor(), at::full({2}, 7.0)));
+  // An async function that fails: the RRef's creation fails with its code.
+  ASSERT_THAT(workers_[1]->register_function(
+                  "relay", [](std::string to, std::string fn) {
+                    return rpc_async(to, fn, {});
+                  }),
+              IsOk());
+  absl::StatusOr<RRef> relayed = remote(
+      *workers_[0], "bob", "relay", {std::string("carol"), std::string("nope")});
+  ASSERT_THAT(relayed, IsOk());
+  EXPECT_THAT(relayed->get_future().get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kNotFound,
+                       ::testing::AllOf(HasSubstr("RRef creation failed"),
+                                        HasSubstr("carol"), HasSubstr("nope"))));
+  *r = RRef();
+  *relayed = RRef();
+  expect_all_released();
+}
+
 constexpr char kCounter[] = "__torch__.torch.classes.tether_rref_test.Counter";
 
 // A remote() to the caller itself, used at once through a proxy: the

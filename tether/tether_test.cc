@@ -51,5 +51,28 @@ TEST(Tether, InitRpcWithANameAlone) {
   ::unsetenv("SLURM_LOCALID");
 }
 
+TEST(Tether, BackendFromTheEnvironment) {
+  ::unsetenv("TETHER_BACKEND");
+  EXPECT_EQ(options_from_environment().backend, "tensorpipe");
+  ::setenv("TETHER_BACKEND", "grpc", 1);
+  EXPECT_EQ(options_from_environment().backend, "grpc");
+  ::unsetenv("TETHER_BACKEND");
+}
+
+TEST(Tether, RunMainReturnsTheExitCodeOfTheWorker) {
+  ::setenv("RANK", "3", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  int seen = -1;
+  EXPECT_EQ(run_main([&seen](int rank) {
+              seen = rank;
+              return absl::OkStatus();
+            }),
+            0);
+  EXPECT_EQ(seen, 3);
+  EXPECT_EQ(run_main([](int) { return absl::InternalError("failed"); }), 1);
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+}
+
 }  // namespace
 }  // namespace tether

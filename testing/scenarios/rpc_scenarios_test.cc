@@ -214,6 +214,73 @@ TEST(Scenarios, UnevenWorkloadIsDrainedBeforeShutdown) {
   });
 }
 
+// Functions that answer later (core/ivalue_future.h) chain across
+// processes: w0 calls w1's relay, which calls w2's relay, which calls w3's
+// add and hands back that future; each hop holds no thread while it waits.
+TEST(Scenarios, AsyncFunctionsChainAcrossProcesses) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    Worker* self = current_worker();
+    ASSERT_NE(self, nullptr);
+    ASSERT_THAT(self->register_function(
+                    "relay",
+                    [world](int64_t hop, at::Tensor x) -> Future<c10::IValue> {
+                      if (hop + 1 == world - 1) {
+                        return rpc_async(name_of(hop + 1), "aten::add", {x, 1});
+                      }
+                      return rpc_async(name_of(hop + 1), "relay", {hop + 1, x});
+                    }),
+                IsOk());
+    ASSERT_THAT(barrier(), IsOk());  // every relay is registered
+    if (rank == 0) {
+      std::vector<Future<c10::IValue>> calls;
+      for (int i = 0; i < 32; ++i) {
+        calls.push_back(rpc_async(name_of(1), "relay",
+                                  {int64_t{1}, at::full({2}, double(i))}));
+      }
+      absl::StatusOr<std::vector<c10::IValue>> all =
+          wait_all(calls, absl::Now() + absl::Seconds(60));
+      ASSERT_THAT(all, IsOk());
+      for (int i = 0; i < 32; ++i) {
+        EXPECT_TRUE(at::equal((*all)[i].toTensor(), at::full({2}, i + 1.0)));
+      }
+      EXPECT_THAT(rpc_sync(name_of(1), "relay",
+                           {int64_t{1}, std::string("not a tensor")}),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           AllOf(HasSubstr("w1"), HasSubstr("relay"))));
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+// all_gather and barrier over subsets of the group (core/collective.cc),
+// and a member killed while another waits for it: the loss ends the wait.
+TEST(Scenarios, SubsetCollectivesEndWhenAMemberIsLost) {
+  ::tether::testing::run_in_processes(kWorld, [](int rank, int world) {
+    init(rank, world);
+    // Two pairs gather at once: {w0, w2} and {w1, w3}.
+    absl::StatusOr<std::map<std::string, c10::IValue>> got =
+        all_gather(at::full({2}, static_cast<double>(rank)),
+                   {name_of(rank % 2), name_of(rank % 2 + 2)});
+    ASSERT_THAT(got, IsOk());
+    ASSERT_EQ(got->size(), 2u);
+    const int partner = (rank + 2) % world;
+    EXPECT_TRUE(at::equal(got->at(name_of(partner)).toTensor(),
+                          at::full({2}, static_cast<double>(partner))));
+    ASSERT_THAT(barrier(), IsOk());  // the whole group
+    if (rank == 3) ::kill(::getpid(), SIGKILL);
+    if (rank == 1) {
+      const absl::Time start = absl::Now();
+      EXPECT_THAT(barrier({name_of(1), name_of(3)}),
+                  StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w3")));
+      EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+    }
+    ASSERT_THAT(barrier({name_of(0), name_of(1), name_of(2)}), IsOk());
+    // The group lost a member: the survivors stop without the barrier.
+    EXPECT_THAT(shutdown(/*graceful=*/false), IsOk());
+  }, absl::Seconds(120), /*may_die=*/{3});
+}
+
 TEST(Scenarios, KilledWorkerFailsCallsInBoundedTime) {
   ::tether::testing::run_in_processes(3, [](int rank, int world) {
     init(rank, world);
