@@ -12,8 +12,8 @@
 #include <optional>
 #include <utility>
 
-#include "core/join/membership.h"
 #include "core/ivalue_future.h"
+#include "core/join/membership.h"
 #include "core/rendezvous.h"
 #include "core/wire/codec.h"
 
