@@ -18,6 +18,7 @@ import atexit
 import enum
 import os
 import threading
+import types
 
 import torch
 from torch.jit._builtins import _find_builtin
@@ -39,6 +40,8 @@ DEFAULT_RPC_TIMEOUT_SEC = 60.0
 
 WorkerInfo = _C.WorkerInfo
 RRef = _C.RRef
+# RRef[T] in annotations, as the peer's `def f(rref: RRef[nn.Module])`.
+RRef.__class_getitem__ = classmethod(types.GenericAlias)
 
 
 class BackendType(enum.Enum):
