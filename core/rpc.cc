@@ -45,14 +45,14 @@ absl::Status init_rpc(const std::string& name, int rank, int world_size,
   return absl::OkStatus();
 }
 
-absl::Status shutdown(bool graceful) {
+absl::Status shutdown(bool graceful, absl::Duration timeout) {
   Worker* worker;
   {
     absl::MutexLock lock(&default_mu);
     worker = default_worker;
   }
   if (worker == nullptr) return no_worker();
-  absl::Status stopped = worker->shutdown(graceful);
+  absl::Status stopped = worker->shutdown(graceful, timeout);
   absl::MutexLock lock(&default_mu);
   if (default_worker == worker) {
     delete default_worker;

@@ -349,7 +349,8 @@ Future<Message> Worker::send_counted(const WorkerInfo& to, Message message,
   return response;
 }
 
-absl::Status Worker::shutdown(bool graceful) {
+absl::Status Worker::shutdown(bool graceful, absl::Duration timeout) {
+  if (timeout < absl::ZeroDuration()) timeout = options_.shutdown_timeout;
   {
     absl::MutexLock lock(&mu_);
     if (state_ != State::kRunning) return absl::OkStatus();
@@ -361,10 +362,9 @@ absl::Status Worker::shutdown(bool graceful) {
       absl::Status s = extension->before_graceful_join();
       if (joined.ok()) joined = s;
     }
-    absl::Status drained = agent_->join(
-        options_.shutdown_timeout <= absl::ZeroDuration()
-            ? absl::InfiniteDuration()
-            : options_.shutdown_timeout);
+    absl::Status drained = agent_->join(timeout <= absl::ZeroDuration()
+                                            ? absl::InfiniteDuration()
+                                            : timeout);
     if (joined.ok()) joined = drained;
     for (const auto& extension : extensions_) {
       absl::Status s = extension->after_graceful_join();

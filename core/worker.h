@@ -203,8 +203,12 @@ class Worker {
 
   // Graceful: waits until every worker of the group has called shutdown and
   // no call is in flight anywhere, then stops. Otherwise stops at once.
-  // Calls afterwards fail with CANCELLED. Idempotent.
-  [[nodiscard]] absl::Status shutdown(bool graceful = true);
+  // Calls afterwards fail with CANCELLED. Idempotent. `timeout` bounds the
+  // graceful wait (kDefaultTimeout: RpcOptions::shutdown_timeout; zero or
+  // infinite: none); past it the worker stops anyway and the result is
+  // DEADLINE_EXCEEDED (torch.distributed.rpc's shutdown(timeout=)).
+  [[nodiscard]] absl::Status shutdown(
+      bool graceful = true, absl::Duration timeout = kDefaultTimeout);
 
   // The bound of calls that do not give their own (kDefaultTimeout), as
   // RpcOptions::default_timeout set it at first; zero means none. Setting

@@ -71,35 +71,12 @@ def run_tests(keys, backend, timeout, log):
                 [sys.executable, "-m", "peer_suite.driver", out_path]
                 + remaining, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=tmp)
-            current, last_change, seen = None, time.monotonic(), 0
-            while True:
-                try:
-                    driver.wait(timeout=1)
-                    exited = True
-                except subprocess.TimeoutExpired:
-                    exited = False
-                with open(out_path) as f:
-                    lines = f.read().splitlines()
-                for line in lines[seen:]:
-                    if not line.endswith("}"):
-                        break  # a line still being written
-                    seen += 1
-                    record = json.loads(line)
-                    if "start" in record:
-                        current = record["start"]
-                    else:
-                        results[record["test"]] = record
-                        current = None
-                        print("%-5s %6.1fs %s" % (
-                            record["outcome"], record["seconds"],
-                            record["test"]), flush=True)
-                    last_change = time.monotonic()
-                if exited:
-                    break
-                if time.monotonic() - last_change > timeout + GRACE_SECONDS:
+            try:
+                current = _follow(driver, out_path, results, timeout)
+            finally:
+                if driver.poll() is None:  # interrupted: no orphans
                     os.killpg(driver.pid, signal.SIGKILL)
                     driver.wait()
-                    break
             if current is not None:
                 results[current] = {
                     "test": current, "outcome": "fail", "seconds": None,
@@ -109,6 +86,42 @@ def run_tests(keys, backend, timeout, log):
                 print("fail   hung   %s" % current, flush=True)
             remaining = [k for k in remaining if k not in results]
     return results
+
+
+def _follow(driver, out_path, results, timeout):
+    """Reads the driver's results as they come; kills it when it is silent
+    past the timeout. Returns the test it was running when it ended, if
+    any."""
+    current, last_change, seen = None, time.monotonic(), 0
+    while True:
+        try:
+            driver.wait(timeout=1)
+            exited = True
+        except subprocess.TimeoutExpired:
+            exited = False
+        with open(out_path) as f:
+            lines = f.read().splitlines()
+        for line in lines[seen:]:
+            if not line.endswith("}"):
+                break  # a line still being written
+            seen += 1
+            record = json.loads(line)
+            if "start" in record:
+                current = record["start"]
+            else:
+                results[record["test"]] = record
+                current = None
+                print("%-5s %6.1fs %s" % (
+                    record["outcome"], record["seconds"],
+                    record["test"]), flush=True)
+            last_change = time.monotonic()
+        if exited:
+            break
+        if time.monotonic() - last_change > timeout + GRACE_SECONDS:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+            break
+    return current
 
 
 _EXCEPTION_LINE = re.compile(
@@ -201,6 +214,8 @@ def main(argv=None):
                         help="seconds each test may take")
     parser.add_argument("--markdown", help="write the report here")
     parser.add_argument("--json", help="write every result here")
+    parser.add_argument("--log", help="write the workers' output here "
+                        "(default: dropped)")
     parser.add_argument("--list", action="store_true",
                         help="print what would run and what is excluded")
     args = parser.parse_args(argv)
@@ -220,7 +235,8 @@ def main(argv=None):
         return 0
     keys = ["Tether%s.%s" % (s, t) for s, t, e in chosen if e is None]
     started = time.monotonic()
-    with tempfile.TemporaryFile("w+") as log:
+    with (open(args.log, "w") if args.log else
+          tempfile.TemporaryFile("w+")) as log:
         results = run_tests(keys, args.backend, args.timeout, log)
     text = report(chosen, results, args, time.monotonic() - started)
     print(text)

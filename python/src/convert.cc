@@ -2,6 +2,7 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
+#include <torch/csrc/Device.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/python/python_ivalue.h>
@@ -95,6 +96,9 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
                                             PyComplex_ImagAsDouble(p)));
   }
   if (py::isinstance<RRef>(obj)) return obj.cast<const RRef&>().to_ivalue();
+  if (THPDevice_Check(p)) {
+    return c10::IValue(reinterpret_cast<THPDevice*>(p)->device);
+  }
   if (PyTuple_Check(p)) {
     py::tuple tuple = py::reinterpret_borrow<py::tuple>(obj);
     std::vector<c10::IValue> elements;

@@ -408,15 +408,31 @@ PYBIND11_MODULE(_C, m) {
         py::arg("auth_secret"), py::arg("serve"), py::arg("failure"));
   m.def(
       "shutdown",
-      [](bool graceful) {
+      [](bool graceful, double timeout) {
         absl::Status down;
         {
           py::gil_scoped_release nogil;
-          down = tether::shutdown(graceful);
+          // 0: no bound (the peer's DEFAULT_SHUTDOWN_TIMEOUT).
+          down = tether::shutdown(graceful, timeout > 0
+                                                ? absl::Seconds(timeout)
+                                                : absl::InfiniteDuration());
         }
         check(down);
       },
-      py::arg("graceful") = true);
+      py::arg("graceful") = true, py::arg("timeout") = 0.0);
+  m.def("get_rpc_timeout", [] {
+    return absl::ToDoubleSeconds(value_or_throw(tether::get_rpc_timeout()));
+  });
+  m.def(
+      "set_rpc_timeout",
+      [](double seconds) {
+        if (!(seconds >= 0)) {
+          throw py::value_error("rpc_timeout must be >= 0 seconds (0: none), "
+                                "got " + std::to_string(seconds));
+        }
+        check(tether::set_rpc_timeout(absl::Seconds(seconds)));
+      },
+      py::arg("rpc_timeout"));
   m.def("is_initialized", [] { return current_worker() != nullptr; });
   m.def("rpc_sync", &tether::python::rpc_sync);
   m.def("rpc_async", &tether::python::rpc_async);

@@ -53,3 +53,9 @@ class Accumulator:
 
 def total_of(rref):
     return rref.local_value().total
+
+
+@torch.jit.script
+def script_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A TorchScript function; callers name it, the callee runs its own."""
+    return a + b

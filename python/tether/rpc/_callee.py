@@ -9,6 +9,10 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
 - registered with the ``@tether.rpc.expose`` decorator, or
 - one of the harmless builtins in ``HARMLESS_BUILTINS``.
 
+A TorchScript function (``@torch.jit.script``) is named the same way, by
+the module that defines it: the callee runs its own scripted function of
+that name, under the same policy; no code travels.
+
 The reference must name the object where it is defined: an attribute walk
 (``__main__:os.system`` when the script imported os) finds an object whose
 ``__module__`` or ``__qualname__`` differs, and is refused; so are dunder and
@@ -24,6 +28,8 @@ import sys
 import threading
 import traceback
 import types
+
+import torch
 
 from tether.rpc import _errors
 
@@ -49,6 +55,17 @@ def reference(module, qualname):
     if module == "__mp_main__":  # the main script under multiprocessing
         module = "__main__"
     return "%s%s:%s" % (PREFIX, module, qualname)
+
+
+def script_location(fn):
+    """(module, name) of the Python function a ScriptFunction was compiled
+    from, read from its TorchScript qualified name
+    ("__torch__.pkg.mod.fn"; "__torch__.fn" for __main__)."""
+    qualified = fn.qualified_name
+    if qualified.startswith("__torch__."):
+        qualified = qualified[len("__torch__."):]
+    module, _, name = qualified.rpartition(".")
+    return module or "__main__", name
 
 
 def allow_module(name):
@@ -126,12 +143,16 @@ def _resolve(name):
         if target is None:
             raise Failure(_errors.NOT_FOUND, "no function or class %r in "
                           "module %r of this worker" % (qualname, module))
-    defined_in = getattr(target, "__module__", None)
+    if isinstance(target, torch.jit.ScriptFunction):
+        defined_in, defined_as = script_location(target)
+    else:
+        defined_in = getattr(target, "__module__", None)
+        defined_as = getattr(target, "__qualname__", None)
     if defined_in == "__mp_main__":
         defined_in = "__main__"
-    if (not isinstance(target, (type, types.FunctionType))
-            or defined_in != module
-            or getattr(target, "__qualname__", None) != qualname):
+    if (not isinstance(target, (type, types.FunctionType,
+                                torch.jit.ScriptFunction))
+            or defined_in != module or defined_as != qualname):
         _refuse("%s.%s" % (module, qualname),
                 "it is not a function or class defined there (it is %r)"
                 % (target,))
