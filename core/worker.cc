@@ -388,7 +388,10 @@ absl::StatusOr<WorkerInfo> Worker::get_worker_info(const To& to) const {
     for (const WorkerInfo& info : workers) {
       if (info.name == *name) return info;
     }
-    return absl::NotFoundError(absl::StrCat("unknown worker '", *name, "'"));
+    // "could not find destination": the peer's words, which its users
+    // match.
+    return absl::NotFoundError(absl::StrCat("unknown worker '", *name,
+                                            "': could not find destination"));
   }
   if (const int* rank = std::get_if<int>(&to.target())) {
     if (*rank < 0 || *rank >= static_cast<int>(workers.size())) {

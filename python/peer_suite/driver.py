@@ -7,6 +7,7 @@ Each test is the peer's MultiProcessTestCase: it forks `world_size`
 workers and bounds them by DISTRIBUTED_TESTS_DEFAULT_TIMEOUT seconds.
 """
 import json
+import os
 import sys
 import time
 import traceback
@@ -57,3 +58,7 @@ def main(out_path, names):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2:])
+    # Not a normal exit: multiprocessing's exit handler would wait for a
+    # test's worker that outlived its test (the supervisor kills those).
+    sys.stdout.flush()
+    os._exit(0)

@@ -45,6 +45,10 @@ GROUPS = [
      "internal context API of the peer's distributed autograd",
      ["_retrieve_context", "_current_context", "_new_context",
       "_release_context", "_get_max_id"]),
+    ("fails on the peer too",
+     "fails the same way on the peer itself with Debian's torch 1.13 on "
+     "Python 3.11 (torch's own modules, not RPC)",
+     []),
     ("CUDA",
      "needs GPUs and CUDA device maps: this machine has no GPU and tether "
      "for Python moves CPU tensors",
@@ -53,7 +57,18 @@ GROUPS = [
 
 # Tests excluded by name, with their group (a reading of the test shows
 # why).
-BY_NAME = {}
+BY_NAME = {
+    # A user-class object by value: the peer pickles it.
+    "test_py_class_constructor": "peer pickler",  # returns a MyClass
+    "test_py_class_instance_method": "peer pickler",  # MyClass(2).method
+    "test_py_tensors_in_container": "peer pickler",  # a namedtuple argument
+    # Asserts the peer pickler's own error text ("RPC pickler does not
+    # serialize"); tether names the missing function instead.
+    "test_function_not_on_callee": "peer pickler",
+    # DistributedDataParallel's import raises "mutable default ... for field
+    # tensor_properties" under Python 3.11, on the peer as here.
+    "test_pg_init_no_rpc_init": "fails on the peer too",
+}
 
 REASONS = {group: reason for group, reason, _ in GROUPS}
 
@@ -65,12 +80,20 @@ _PEER_PREFIX = ("torch.testing._internal.distributed.rpc",
                 "torch.testing._internal.dist_utils")
 
 
+_sources = {}  # id -> (object, source); inspect.getsource is slow
+
+
 def _source(obj):
     obj = inspect.unwrap(obj)
+    cached = _sources.get(id(obj))
+    if cached is not None and cached[0] is obj:
+        return cached[1]
     try:
-        return inspect.getsource(obj)
+        source = inspect.getsource(obj)
     except (OSError, TypeError):
-        return ""
+        source = ""
+    _sources[id(obj)] = (obj, source)
+    return source
 
 
 def _names_reached(test_class, test_name):

@@ -25,6 +25,7 @@ PeerOnlyError is not a RuntimeError: a test expecting the peer's
 RuntimeError cannot pass by touching a placeholder.
 """
 import contextlib
+import enum
 import importlib
 import sys
 import types
@@ -70,6 +71,9 @@ class PeerOnly:
 
     __enter__ = _refuse
     __iter__ = _refuse
+    # `mode == RPCExecMode.SYNC` on a placeholder would be quietly False.
+    __eq__ = _refuse
+    __hash__ = object.__hash__
 
     def __getattr__(self, attr):
         if attr.startswith("__"):
@@ -81,6 +85,15 @@ class PeerOnly:
 
     def __repr__(self):
         return "<peer-only %s>" % self._name
+
+
+class RPCExecMode(enum.Enum):
+    """The peer's internal enum of call kinds, which its tests use as plain
+    values to pick rpc_sync / rpc_async / remote (same members)."""
+    SYNC = "sync"
+    ASYNC = "async"
+    ASYNC_JIT = "async_jit"
+    REMOTE = "remote"
 
 
 def _module(name, names, source=None):
@@ -180,7 +193,8 @@ def install():
                             "none"))))
     options = _module(PEER_RPC + ".options", {
         "TensorPipeRpcBackendOptions": rpc.TensorPipeRpcBackendOptions})
-    internal = _module(PEER_RPC + ".internal", {})
+    internal = _module(PEER_RPC + ".internal", {
+        "RPCExecMode": RPCExecMode})
     stand_in = _module(PEER_RPC, dict(
         names, api=api, constants=constants, backend_registry=registry,
         functions=functions, options=options, internal=internal,

@@ -74,9 +74,13 @@ def run_tests(keys, backend, timeout, log):
             try:
                 current = _follow(driver, out_path, results, timeout)
             finally:
-                if driver.poll() is None:  # interrupted: no orphans
+                # Interrupted, or workers that outlived their test: no
+                # orphans.
+                try:
                     os.killpg(driver.pid, signal.SIGKILL)
-                    driver.wait()
+                except ProcessLookupError:
+                    pass
+                driver.wait()
             if current is not None:
                 results[current] = {
                     "test": current, "outcome": "fail", "seconds": None,

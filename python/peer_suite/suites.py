@@ -62,7 +62,8 @@ class TetherFixture(RpcAgentTestFixture):
 
     @property
     def rpc_backend(self):
-        return os.environ.get("TETHER_BACKEND", "tensorpipe")
+        return tether.rpc.BackendType(
+            os.environ.get("TETHER_BACKEND", "tensorpipe"))
 
     @property
     def rpc_backend_options(self):

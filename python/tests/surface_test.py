@@ -115,3 +115,43 @@ def test_paddle_program(backend):
 def test_paddle_master_endpoint_must_be_ip_port():
     with pytest.raises(ValueError, match="master_endpoint must be 'ip:port'"):
         rpc.init_rpc("w", rank=0, world_size=1, master_endpoint="nowhere")
+
+
+def test_a_callback_may_wait_for_another_call(callee):
+    # The peer's test_callback_with_ret: the inner call completes while the
+    # outer callback waits for it.
+    def callback(outer):
+        inner = rpc.rpc_async(callee, torch.add, args=(outer.wait(), 1))
+        return inner.then(lambda f: f.wait() + 1).wait()
+
+    fut = rpc.rpc_async(callee, torch.add,
+                        args=(torch.ones(2), 1)).then(callback)
+    assert torch.equal(fut.wait(), torch.full((2,), 4.0))
+
+
+def test_async_execution_returns_the_futures_value(callee):
+    t = torch.ones(2)
+    assert torch.equal(rpc.rpc_sync(callee, rpc_functions.async_add,
+                                    args=("caller", t, 2)), t + 2)
+    assert torch.equal(rpc.rpc_async(callee, rpc_functions.async_add,
+                                     args=("caller", t, 3)).wait(), t + 3)
+    assert torch.equal(rpc.remote(callee, rpc_functions.async_add,
+                                  args=("caller", t, 4)).to_here(), t + 4)
+    with pytest.raises(RuntimeError, match="must return a torch.futures"):
+        rpc.rpc_sync(callee, rpc_functions.async_not_a_future)
+
+
+def test_class_methods_run_and_bound_methods_are_refused(callee):
+    assert rpc.rpc_sync(callee, rpc_functions.Accumulator.start_at,
+                        args=(5,)) == 5
+    with pytest.raises(TypeError, match="bound to a Accumulator object"):
+        rpc.rpc_sync(callee, rpc_functions.Accumulator(1).add, args=(2,))
+
+
+def test_namedtuples_are_refused_not_turned_into_tuples(callee):
+    import collections
+    Pair = collections.namedtuple("Pair", "a b")
+    with pytest.raises(TypeError, match="argument 1 of .* is a .*Pair"):
+        rpc.rpc_sync(callee, rpc_functions.echo, args=(Pair(1, 2),))
+    with pytest.raises(ValueError, match="got the float 1.5"):
+        rpc.rpc_sync(1.5, rpc_functions.echo, args=(1,))

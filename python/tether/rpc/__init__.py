@@ -17,6 +17,7 @@ dicts and RRefs; anything else is refused at the caller, naming its type.
 import atexit
 import copy
 import enum
+import inspect
 import os
 import threading
 import types
@@ -25,14 +26,14 @@ import torch
 from torch.jit._builtins import _find_builtin
 
 from tether import _C
-from tether.rpc import _callee, _errors
+from tether.rpc import _callee, _errors, functions
 from tether.rpc._callee import allow_module, expose
 
 __all__ = [
     "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
     "RRef", "RpcTimeoutError", "WorkerInfo", "allow_module", "expose",
     "get_all_worker_infos", "get_current_worker_info", "get_rpc_timeout",
-    "get_worker_info", "init_rpc", "remote", "rpc_async", "rpc_sync",
+    "functions", "get_worker_info", "init_rpc", "remote", "rpc_async", "rpc_sync",
     "shutdown",
 ]
 
@@ -155,6 +156,11 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
             world_size = int(os.environ["PADDLE_TRAINERS_NUM"])
         rpc_backend_options = _with_master_endpoint(rpc_backend_options,
                                                     master_endpoint)
+    if rpc_backend_options is not None and not isinstance(
+            rpc_backend_options, RpcBackendOptions):
+        raise TypeError("Argument rpc_backend_options must be an instance of "
+                        "RpcBackendOptions, got %s"
+                        % type(rpc_backend_options).__name__)
     options = rpc_backend_options or RpcBackendOptions()
     for module in options.allowed_modules:
         allow_module(module)
@@ -258,6 +264,14 @@ def _function_name(func):
     if name is None:
         name = _functional_operator(func)
         inplace = name is not None
+    if name is None and inspect.ismethod(func) and not inspect.isclass(
+            func.__self__):
+        raise TypeError(
+            "cannot call %s remotely: it is a method bound to a %s object, "
+            "which would have to travel pickled; call a module-level "
+            "function, or keep the object on its owner with remote() and "
+            "pass the RRef" % (func.__qualname__,
+                               type(func.__self__).__qualname__))
     if name is None:
         module = getattr(func, "__module__", None)
         qualname = getattr(func, "__qualname__", None)

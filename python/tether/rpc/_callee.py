@@ -24,6 +24,7 @@ tether._C calls ``serve`` on the worker pool, holding the GIL.
 """
 import builtins
 import importlib
+import inspect
 import sys
 import threading
 import traceback
@@ -31,7 +32,8 @@ import types
 
 import torch
 
-from tether.rpc import _errors
+from tether import _C
+from tether.rpc import _errors, functions
 
 PREFIX = "py::"
 
@@ -143,6 +145,10 @@ def _resolve(name):
         if target is None:
             raise Failure(_errors.NOT_FOUND, "no function or class %r in "
                           "module %r of this worker" % (qualname, module))
+    callable_ = target
+    if inspect.ismethod(target) and inspect.isclass(target.__self__):
+        # A classmethod: checked as the function it binds to its class.
+        target = target.__func__
     if isinstance(target, torch.jit.ScriptFunction):
         defined_in, defined_as = script_location(target)
     else:
@@ -156,7 +162,7 @@ def _resolve(name):
         _refuse("%s.%s" % (module, qualname),
                 "it is not a function or class defined there (it is %r)"
                 % (target,))
-    return target
+    return callable_
 
 
 def serve(name, args, kwargs):
@@ -165,10 +171,27 @@ def serve(name, args, kwargs):
         fn = _resolve(name)
         _resolved[name] = fn
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        if functions.is_async(fn):
+            # torch.futures.Future derives from torch._C.Future, which is
+            # what rpc_async returns.
+            if not isinstance(result, torch._C.Future):
+                raise RuntimeError(
+                    "Functions decorated with @rpc.async_function must "
+                    "return a torch.futures.Future object, but got %s"
+                    % type(result).__name__)
+            result = result.wait()  # releases the GIL while it waits
+        return result
     except Exception as e:  # the caller gets its type, text and traceback
         text = "".join(traceback.format_exception_only(type(e), e)).strip()
         tb = "".join(traceback.format_tb(e.__traceback__.tb_next))
+        # As the peer, the worker that ran it logs it too.
+        try:
+            me = _C.get_worker_info(None)
+        except RuntimeError:  # shutting down
+            me = "this worker"
+        print("On %s, calling %s:\n%s\nTraceback (most recent call last):"
+              "\n%s" % (me, name, text, tb), file=sys.stderr, flush=True)
         raise Failure(_errors.UNKNOWN,
                       "%s\nTraceback (most recent call last):\n%s"
                       % (text, tb)) from None
