@@ -62,6 +62,9 @@ BY_NAME = {
     "test_py_class_constructor": "peer pickler",  # returns a MyClass
     "test_py_class_instance_method": "peer pickler",  # MyClass(2).method
     "test_py_tensors_in_container": "peer pickler",  # a namedtuple argument
+    # Sends self._trainer_func: a method bound to the test case object.
+    "test_my_parameter_server": "peer pickler",
+    "test_my_parameter_server_sparse": "peer pickler",
     # Asserts the peer pickler's own error text ("RPC pickler does not
     # serialize"); tether names the missing function instead.
     "test_function_not_on_callee": "peer pickler",

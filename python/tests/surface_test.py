@@ -155,3 +155,20 @@ def test_namedtuples_are_refused_not_turned_into_tuples(callee):
         rpc.rpc_sync(callee, rpc_functions.echo, args=(Pair(1, 2),))
     with pytest.raises(ValueError, match="got the float 1.5"):
         rpc.rpc_sync(1.5, rpc_functions.echo, args=(1,))
+
+
+def test_options_and_names_are_checked_with_the_peers_words():
+    import datetime
+    with pytest.raises(TypeError, match="incompatible constructor arguments: "
+                       "rpc_timeout must be a number of seconds"):
+        rpc.RpcBackendOptions(rpc_timeout=datetime.timedelta(seconds=1))
+    with pytest.raises(TypeError, match="rpc_backend_options must be an "
+                       "instance of RpcBackendOptions"):
+        rpc.init_rpc("w", rank=0, world_size=1,
+                     rpc_backend_options={"init_method": "env://"})
+    with pytest.raises(RuntimeError, match="Worker name must match"):
+        rpc.WorkerInfo("abc*", 0)
+    with pytest.raises(RuntimeError, match="must be non-empty"):
+        rpc.WorkerInfo("", 0)
+    with pytest.raises(RuntimeError, match="shorter than 128"):
+        rpc.WorkerInfo("a" * 500, 0)

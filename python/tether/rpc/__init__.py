@@ -58,6 +58,14 @@ class BackendType(enum.Enum):
     LIBFABRIC = "libfabric"
 
 
+def _typed(name, value, types_, what):
+    if isinstance(value, bool) or not isinstance(value, types_):
+        # The peer's options are a pybind11 class, whose words these are.
+        raise TypeError("incompatible constructor arguments: %s must be %s, "
+                        "got %s" % (name, what, type(value).__name__))
+    return value
+
+
 class RpcBackendOptions:
     """Options of init_rpc, with the peer's names and defaults.
 
@@ -83,8 +91,14 @@ class RpcBackendOptions:
         if device_maps or devices:
             raise ValueError("device_maps and devices name CUDA devices; "
                              "tether for Python moves CPU tensors only")
-        self.num_worker_threads = int(num_worker_threads)
-        self.rpc_timeout = float(rpc_timeout)
+        self.num_worker_threads = _typed(
+            "num_worker_threads", num_worker_threads, int, "an int")
+        self.rpc_timeout = float(_typed(
+            "rpc_timeout", rpc_timeout, (int, float),
+            "a number of seconds (int or float)"))
+        init_timeout = _typed("init_timeout", init_timeout, (int, float),
+                              "a number of seconds (int or float)")
+        _typed("init_method", init_method, str, "a str")
         self.init_method = init_method
         self.backend_settings = dict(backend_settings or {})
         if _transports:
