@@ -1,5 +1,5 @@
 // Distributed autograd: backward passes that cross workers, on LibTorch's
-// own autograd engine (ARCHITECTURE.md section 6).
+// own autograd engine (docs/architecture.md section 6).
 //
 // A Context scopes one forward and backward pass. While it is current on a
 // thread, every request that thread sends (rpc_sync/rpc_async, remote,

@@ -1,7 +1,8 @@
 // The backends that ship with tether, for a BackendRegistry.
 //
-// The one place that knows every backend (ARCHITECTURE.md section 1): `main`
-// or a test builds its registry with register_builtin_backends(registry).
+// The one place that knows every backend (docs/architecture.md section 1):
+// `main` or a test builds its registry with
+// register_builtin_backends(registry).
 #ifndef TETHER_BACKENDS_BUILTIN_H_
 #define TETHER_BACKENDS_BUILTIN_H_
 

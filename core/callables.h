@@ -1,6 +1,6 @@
 // Callables: what a worker lets its peers run, looked up by name.
 //
-// The allow-list of tether (ARCHITECTURE.md section 3, docs/security.md):
+// The allow-list of tether (docs/architecture.md section 3, docs/security.md):
 // LibTorch operators found through the c10 dispatcher, builtins
 // ("aten::add.Tensor") and the user's own TORCH_LIBRARY operators
 // ("myns::my_fn"), TorchScript functions compiled on this worker with
@@ -49,7 +49,7 @@ using Kwargs = std::unordered_map<std::string, c10::IValue>;
 
 // Callables a layer above core serves under a name prefix, by its own policy:
 // the Python front end serves "py::module:qualname" this way, so core knows
-// no language runtime (ARCHITECTURE.md section 11).
+// no language runtime (docs/architecture.md section 11).
 //
 // Thread safety: call() runs concurrently on the worker pool's threads.
 class CallableProvider {

@@ -10,9 +10,9 @@
 // Callbacks: `on_complete` and `then` callbacks run exactly once. If the
 // future is pending they run on the thread that completes it, after the
 // internal lock is released; a completer never holds a lock of its own while
-// completing (see ARCHITECTURE.md section 8), so a callback never runs under
-// a caller's lock. If the future is already complete, the callback runs at
-// once on the calling thread. Callbacks must not block.
+// completing (docs/architecture.md section 8), so a callback never runs
+// under a caller's lock. If the future is already complete, the callback
+// runs at once on the calling thread. Callbacks must not block.
 #ifndef TETHER_CORE_FUTURE_H_
 #define TETHER_CORE_FUTURE_H_
 

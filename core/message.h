@@ -37,10 +37,11 @@ enum class MessageType : int32_t {
   // A response that carries an error instead of a result; payload is the
   // tuple (absl::StatusCode as int, message).
   kException = 3,
-  // Agent-level test and health traffic (the conformance suite): any payload.
+  // Liveness probes (a peer's graceful join; the Worker answers a PING on
+  // the agent's thread) and agent-level test traffic: any payload.
   kPing = 4,
   kPong = 5,
-  // The RRef protocol (rref/). Payloads are tuples; see rref/rref_context.h.
+  // The RRef protocol (rref/). Payloads are tuples; see rref/rref_impl.h.
   kRemoteCall = 6,       // run a function, keep its result as an OwnerRRef
   kRRefFetch = 7,        // a user asks the owner for the value
   kRRefUserDelete = 8,   // a user tells the owner it is gone

@@ -184,9 +184,13 @@ int main(int argc, char** argv) {
   const int rank = launched.ok() ? launched->rank : -1;
   const int world = launched.ok() ? launched->world_size : -1;
   if (rank < 0 || world < 2) {
+    const std::string why = launched.ok()
+                                ? absl::StrCat("world size ", world)
+                                : std::string(launched.status().message());
     std::fprintf(stderr,
-                 "train: run me with the launcher and at least 2 processes, "
-                 "e.g. bazel run //examples:run_training -- --nproc 3\n");
+                 "train: %s; run me with a launcher and at least 2 processes, "
+                 "e.g. bazel run //examples:run_training -- --nproc 3\n",
+                 why.c_str());
     return 2;
   }
   if (flags.world_size > 0 && flags.world_size != world) {
@@ -213,6 +217,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), up.ToString().c_str());
     return 1;
   }
+  // What the launcher said, so that a run under mpirun, srun or torchrun
+  // shows which process is which.
+  std::printf("%s: rank %d of %d, local rank %d\n", name.c_str(), rank, world,
+              launched->local_rank);
   bool good = true;
   if (rank == 0) {
     std::printf("ps: serving the embedding table and decoder to %d trainer(s)\n",

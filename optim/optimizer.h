@@ -1,6 +1,6 @@
 // DistributedOptimizer: steps LibTorch optimizers over parameters that live
 // on several workers, with the gradients of a distributed autograd context
-// (ARCHITECTURE.md section 7).
+// (docs/architecture.md section 7).
 //
 // The parameters are RRefs to leaf tensors on any workers (RRef::local on
 // their owner). create() groups them by owner and builds, on each owner, one

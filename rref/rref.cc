@@ -830,8 +830,12 @@ absl::StatusOr<RRef> RRef::local(Worker& worker, c10::IValue value) {
   absl::StatusOr<std::shared_ptr<ContextState>> context =
       rref::context_of(&worker);
   if (!context.ok()) return context.status();
+  // A Python object kept here (tether.rpc.RRef(obj)) has a type the wire
+  // cannot name; its users see Any, as with remote()'s results.
+  c10::TypePtr type =
+      value.isPyObject() ? c10::AnyType::get() : value.type();
   auto owner = c10::make_intrusive<OwnerRRef>(
-      *context, (*context)->self(), (*context)->new_id(), value.type());
+      *context, (*context)->self(), (*context)->new_id(), std::move(type));
   owner->set_value(std::move(value));
   return RRef(c10::intrusive_ptr<c10::RRefInterface>(owner));
 }

@@ -6,7 +6,7 @@
 // rpc_sync / rpc_async / remote, nested in lists, tuples and dicts, between
 // any workers; the owner learns of every user reference and of its deletion,
 // and frees the value when the last one is gone (the protocol is in
-// rref/rref_context.h and docs/rref.md).
+// rref/rref_impl.h and docs/rref.md).
 //
 // A Worker serves RRefs when it is built with rref_extension():
 //

@@ -21,6 +21,12 @@ packages=(
   libbenchmark-dev
   libssl-dev
   iproute2
+  # Launchers users already have, which the tests run the main job under
+  # (torchrun comes with python3-torch below).
+  openmpi-bin
+  # tether from a CMake project (//cmake:install, testing/outside).
+  cmake
+  pkg-config
   # The Python front end (python/, scripts/python_setup.sh).
   python3-dev
   pybind11-dev

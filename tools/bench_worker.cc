@@ -389,8 +389,6 @@ absl::Status run_raw(const Flags& flags, int rank, int port, JsonObject& out) {
 
 // ---- the command line ----
 
-int env_int(const char* name) { return launcher_env("bench_worker", name); }
-
 [[noreturn]] void usage(const std::string& bad) {
   std::fprintf(stderr,
                "bench_worker: bad argument %s\n"
@@ -469,8 +467,9 @@ int list_backends() {
 int main_impl(int argc, char** argv) {
   const Flags flags = parse(argc, argv);
   if (flags.list) return list_backends();
-  const int rank = env_int("RANK");
-  if (env_int("WORLD_SIZE") != 2) {
+  const tether::LauncherEnv env = launched("bench_worker");
+  const int rank = env.rank;
+  if (env.world_size != 2) {
     std::fprintf(stderr, "bench_worker: run with tether_run --nproc 2\n");
     return 2;
   }
@@ -480,7 +479,7 @@ int main_impl(int argc, char** argv) {
   out.raw("quick", flags.quick ? "true" : "false");
   // No tether worker in this mode. The launcher serves its store on
   // MASTER_PORT: the raw pair takes the port after it.
-  absl::Status s = run_raw(flags, rank, env_int("MASTER_PORT") + 1, out);
+  absl::Status s = run_raw(flags, rank, master_port("bench_worker") + 1, out);
   out.string("status", s.ok() ? "ok" : absl::StrCat("failed: ", s.ToString()));
   if (rank == 0) print_json(out);
   return s.ok() ? 0 : 1;

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "backends/libfabric/internal/fabric.h"
+#include "tools/internal/launcher_env.h"
 
 namespace {
 
@@ -65,15 +66,6 @@ void check(ssize_t rc, const char* call) {
   if (rc != 0) {
     die(absl::StrCat(call, ": ", fi_strerror(static_cast<int>(-rc))));
   }
-}
-
-int env_int(const char* name) {
-  const char* value = std::getenv(name);
-  int parsed = 0;
-  if (value == nullptr || !absl::SimpleAtoi(value, &parsed)) {
-    die(absl::StrCat("set ", name, " (run under tools/tether_run)"));
-  }
-  return parsed;
 }
 
 // One endpoint, its peer and how to wait for completions.
@@ -305,12 +297,14 @@ int main(int argc, char** argv) {
     }
   }
   if (quick) iterations = std::min(iterations, 300);
-  const int rank = env_int("RANK");
-  if (env_int("WORLD_SIZE") != 2) die("run with --nproc 2");
+  const tether::LauncherEnv env = tether::bench::launched("fabric_pingpong");
+  const int rank = env.rank;
+  if (env.world_size != 2) die("run with --nproc 2");
   const char* host = std::getenv("MASTER_ADDR");
 
   c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(env_int("MASTER_PORT"));
+  store_options.port =
+      static_cast<uint16_t>(tether::bench::master_port("fabric_pingpong"));
   // tether_run (like torchrun's agent) serves the store itself.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   store_options.isServer =

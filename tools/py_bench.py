@@ -5,6 +5,11 @@ The same Python program on both: rank 0 calls rank 1 in another local
 process; only the module differs (tether.rpc or torch.distributed.rpc).
 
     /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
+        [--transports shm,tcp]
+
+--transports sets tether's "tensorpipe.transports" (default: the backend's,
+the guarded tcp); the peer always runs its default transports, which
+between two local processes are shm.
 
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:
@@ -14,6 +19,12 @@ workload is a median over N calls (p99 beside it), timed in rank 0:
                      pickled)
   rpc_async builtin  calls per second, 64 in flight
   remote + to_here   rpc.remote(torch.add, ...).to_here()
+  dist autograd step a distributed autograd context around a forward of a
+                     Linear(256, 256) that rank 1 holds (an RRef made by
+                     rpc.remote, called through rref.rpc_sync()) on a
+                     64x256 input that requires grad, dist_autograd.backward
+                     of its sum, get_gradients, and the context's exit (the
+                     workload of tools/peer_bench.py and the C++ bench)
 """
 import argparse
 import collections
@@ -29,6 +40,11 @@ rpc = None
 
 def py_add(a, b):
     return a + b
+
+
+def make_linear():
+    import torch
+    return torch.nn.Linear(256, 256)
 
 
 def percentile(samples, q):
@@ -48,13 +64,18 @@ def timed(n, call):
             "p99_us": percentile(samples, 0.99)}
 
 
-def run(impl, rank, n, backend):
+def run(impl, rank, n, backend, transports):
     global rpc
     import torch
     if impl == "tether":
+        import tether.autograd as dist_autograd
         import tether.rpc as rpc
         kwargs = {"backend": backend}
+        if transports:
+            kwargs["rpc_backend_options"] = rpc.RpcBackendOptions(
+                backend_settings={"tensorpipe.transports": transports})
     else:
+        import torch.distributed.autograd as dist_autograd
         import torch.distributed.rpc as rpc
         kwargs = {}
     rpc.init_rpc("w%d" % rank, rank=rank, world_size=2, **kwargs)
@@ -69,6 +90,18 @@ def run(impl, rank, n, backend):
                 n // 3, lambda: rpc.remote("w1", torch.add,
                                            args=(t, 1)).to_here()),
         }
+        linear = rpc.remote("w1", make_linear)
+        x = torch.randn(64, 256, requires_grad=True)
+
+        def autograd_step():
+            with dist_autograd.context() as context_id:
+                out = linear.rpc_sync().forward(x)
+                dist_autograd.backward(context_id, [out.sum()])
+                grads = dist_autograd.get_gradients(context_id)
+            assert grads[x].shape == x.shape
+
+        result["dist autograd step"] = timed(n // 3, autograd_step)
+        del linear
         calls = 10 * n
         pending = collections.deque()
         start = time.perf_counter()
@@ -90,11 +123,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def measure(impl, n, backend):
+def measure(impl, n, backend, transports):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--impl", impl,
-         "--rank", str(rank), "--n", str(n), "--backend", backend],
+         "--rank", str(rank), "--n", str(n), "--backend", backend,
+         "--transports", transports],
         env=env, stdout=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -108,20 +142,22 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backend", default="tensorpipe")
+    parser.add_argument("--transports", default="")
     parser.add_argument("--impl")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--n", type=int)
     args = parser.parse_args()
     if args.impl:
-        run(args.impl, args.rank, args.n, args.backend)
+        run(args.impl, args.rank, args.n, args.backend, args.transports)
         return
     n = 300 if args.quick else 3000
-    tether = measure("tether", n, args.backend)
-    peer = measure("peer", n, args.backend)
-    print("| workload | tether (%s) | peer (tensorpipe) | better by |"
-          % args.backend)
+    tether = measure("tether", n, args.backend, args.transports)
+    peer = measure("peer", n, args.backend, "")
+    print("| workload | tether (%s%s) | peer (tensorpipe) | better by |"
+          % (args.backend, " " + args.transports if args.transports else ""))
     print("| --- | --- | --- | --- |")
-    for name in ["rpc_sync builtin", "rpc_sync python", "remote + to_here"]:
+    for name in ["rpc_sync builtin", "rpc_sync python", "remote + to_here",
+                 "dist autograd step"]:
         a, b = tether[name], peer[name]
         print("| %s p50 (p99), us | %.1f (%.1f) | %.1f (%.1f) | %.2fx |"
               % (name, a["p50_us"], a["p99_us"], b["p50_us"], b["p99_us"],

@@ -52,10 +52,6 @@ Result summarize(const std::string& label, std::vector<double> samples_us) {
   return Result{label, s.p50_us, s.p99_us};
 }
 
-int env_int(const char* name) {
-  return tether::bench::launcher_env("rpc_latency", name);
-}
-
 void die(const std::string& what, const absl::Status& status) {
   std::fprintf(stderr, "rpc_latency: %s: %s\n", what.c_str(),
                status.ToString().c_str());
@@ -128,9 +124,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: rpc_latency [--calls=N] [--no_tensors]\n");
     return 2;
   }
-  const int rank = env_int("RANK");
-  const int base_port = env_int("MASTER_PORT");
-  if (env_int("WORLD_SIZE") != 2) {
+  const tether::LauncherEnv env = tether::bench::launched("rpc_latency");
+  const int rank = env.rank;
+  const int base_port = tether::bench::master_port("rpc_latency");
+  if (env.world_size != 2) {
     std::fprintf(stderr, "rpc_latency: run with --nproc 2\n");
     return 2;
   }

@@ -1,12 +1,13 @@
-// What the multi-process agents (tensorpipe, grpc) do the same way, whatever
+// What the multi-process agents (tensorpipe, grpc, libfabric) share, whatever
 // moves their bytes: the Agent over a shared state, the exchange of
 // addresses through the rendezvous store, the book of incoming requests
 // (handler, requests that arrive before start(), calls in progress,
 // requests not yet answered), join() over the store barrier and the
 // choreography of a shutdown() that the agent's own threads may call.
 //
-// Used by backends/tensorpipe and backends/grpc only; each keeps its
-// transport, framing and threads to itself.
+// Used by backends/tensorpipe, backends/grpc and backends/libfabric (which
+// keeps its own book of incoming requests); each keeps its transport,
+// framing and threads to itself.
 //
 // Thread safety: each class says; the functions may be called from any
 // thread.

@@ -1,6 +1,6 @@
 // The faulty backend: an Agent that wraps another backend's agent and makes
 // chosen message types fail, vanish or arrive late, for fault tests
-// (ARCHITECTURE.md section 2). Used by the tests of the layers above core
+// (docs/architecture.md section 2). Used by the tests of the layers above core
 // (rref/rref_fault_test.cc) to check that their protocols survive lost and
 // late messages; never by production code.
 //

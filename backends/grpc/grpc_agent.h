@@ -1,6 +1,6 @@
 // The gRPC backend: agents that talk over gRPC (Debian's gRPC C++ 1.51, the
 // callback API), for clusters where gRPC is the transport that is allowed,
-// proxied or secured (TLS, mutual TLS). ARCHITECTURE.md section 2.
+// proxied or secured (TLS, mutual TLS). docs/architecture.md section 2.
 //
 // At creation the agent starts a gRPC server with one generic method,
 // "/tether.Agent/Stream", publishes its "host:port" in the group's store

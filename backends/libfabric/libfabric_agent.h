@@ -1,5 +1,6 @@
 // The libfabric backend: agents that talk through libfabric (OFI) reliable
-// datagram endpoints, for RDMA-capable fabrics (ARCHITECTURE.md section 2).
+// datagram endpoints, for RDMA-capable fabrics (docs/architecture.md
+// section 2).
 //
 // Each agent opens one FI_EP_RDM endpoint with one completion queue for the
 // provider its settings name, publishes the endpoint's name (fi_getname) in

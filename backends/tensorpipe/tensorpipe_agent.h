@@ -1,5 +1,5 @@
 // The tensorpipe backend: agents that talk through libtensorpipe, the
-// default multi-process transport of tether (ARCHITECTURE.md section 2).
+// default multi-process transport of tether (docs/architecture.md section 2).
 //
 // Each agent owns one tensorpipe::Context with the transport tcp (tether's
 // own, internal/tcp_transport.h) and the channels basic, cma (cross-memory
@@ -69,9 +69,11 @@
 // transports carry plain bytes (docs/security.md).
 //
 // Threads: tensorpipe's own threads run the request handler and complete
-// send() futures; the agent adds one thread that makes the calls into
-// tensorpipe for its callers (so tensorpipe never borrows a user's thread)
-// and one timer thread. join() is the store barrier of core/join.
+// send() futures. A caller's thread writes into an open pipe itself; the
+// agent adds an io thread that opens pipes, writes what arrives while one
+// is being set up and runs the callbacks tensorpipe queued on a caller's
+// thread (docs/decisions.md, "Threads of a small call"), and one timer
+// thread. join() is the store barrier of core/join.
 #ifndef TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
 #define TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
 

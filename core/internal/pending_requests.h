@@ -1,7 +1,7 @@
 // PendingRequests: the book an agent keeps of the requests it has sent and
 // awaits responses to.
 //
-// Every backend (loopback, tensorpipe, and gRPC and libfabric to come) needs
+// Every backend (loopback, tensorpipe, grpc, libfabric) needs
 // the same bookkeeping behind Agent::send(): an id for the request, a Promise
 // of its response, a timer that fails it with DEADLINE_EXCEEDED, completion
 // when the response arrives (a late one is dropped), UNAVAILABLE for the

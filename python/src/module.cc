@@ -1,4 +1,4 @@
-// tether._C: the Python extension over tether's C++ API (ARCHITECTURE.md
+// tether._C: the Python extension over tether's C++ API (docs/architecture.md
 // section 11). tether/rpc/__init__.py is its user-facing side; this module
 // is internal.
 //
@@ -31,6 +31,8 @@
 #include "backends/builtin.h"
 #include "core/rpc.h"
 #include "python/src/convert.h"
+#include "python/src/status.h"
+#include "python/src/training.h"
 #include "rref/rref.h"
 
 namespace tether::python {
@@ -38,37 +40,12 @@ namespace {
 
 namespace py = pybind11;
 
-// A failed Status on its way to Python: the translator below raises what
-// tether.rpc._errors.exception_for makes of it (the remote exception's
-// builtin type, else RuntimeError).
-class RpcError : public std::exception {
- public:
-  explicit RpcError(absl::Status status)
-      : status_(std::move(status)), text_(status_.message()) {}
-  const char* what() const noexcept override { return text_.c_str(); }
-  const absl::Status& status() const { return status_; }
-
- private:
-  absl::Status status_;
-  std::string text_;
-};
-
 void raise_python(const absl::Status& status) {
   py::object make =
       py::module_::import("tether.rpc._errors").attr("exception_for");
   py::object exc = make(static_cast<int>(status.code()),
                         std::string(status.message()));
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-}
-
-void check(const absl::Status& status) {
-  if (!status.ok()) throw RpcError(status);
-}
-
-template <typename T>
-T value_or_throw(absl::StatusOr<T> result) {
-  if (!result.ok()) throw RpcError(result.status());
-  return *std::move(result);
 }
 
 // The peer's rule and texts for worker names (its WorkerInfo), which its
@@ -371,6 +348,49 @@ RRef remote(py::handle to, const std::string& fn, const py::tuple& args,
   return value_or_throw(std::move(rref));
 }
 
+// RRef.backward(dist_autograd_ctx_id=-1, retain_graph=False), as the
+// peer's: -1 is a local backward pass on the owner; otherwise the
+// distributed pass of that context, run on the owner.
+void rref_backward(const RRef& self, int64_t context_id, bool retain_graph) {
+  if (context_id != -1) {
+    absl::Status done;
+    {
+      py::gil_scoped_release nogil;
+      done = self.backward(context_id, retain_graph);
+    }
+    check(done);
+    return;
+  }
+  if (!self.is_owner()) {
+    throw RpcError(absl::FailedPreconditionError(
+        "RRef.backward() without a distributed autograd context id runs a "
+        "local backward pass, which only the RRef's owner '" +
+        self.owner_name() + "' can do; pass dist_autograd_ctx_id"));
+  }
+  absl::StatusOr<c10::IValue> value;
+  {
+    py::gil_scoped_release nogil;
+    value = self.local_value();
+  }
+  c10::IValue v = value_or_throw(std::move(value));
+  if (!v.isTensor()) {
+    throw RpcError(absl::InvalidArgumentError(
+        std::string("RRef.backward() needs an RRef of a tensor, this one "
+                    "holds a ") + v.tagKind()));
+  }
+  py::object tensor = to_python(v);
+  py::module_::import("torch.autograd")
+      .attr("backward")(tensor, py::arg("retain_graph") = retain_graph);
+}
+
+// A method of RRef returning the proxy of `kind` ("rpc_sync", ...).
+std::function<py::object(py::object, double)> proxy(const char* kind) {
+  return [kind](py::object self, double timeout) {
+    return py::module_::import("tether.rpc._proxy")
+        .attr("RRefProxy")(self, kind, timeout);
+  };
+}
+
 std::string worker_repr(const WorkerInfo& info) {
   return "WorkerInfo(id=" + std::to_string(info.id) + ", name=" + info.name +
          ")";
@@ -437,12 +457,33 @@ PYBIND11_MODULE(_C, m) {
           py::arg("timeout") = -1.0)
       .def("local_value",
            [](const RRef& self) {
-             return to_python(value_or_throw(self.local_value()));
+             absl::StatusOr<c10::IValue> value;
+             {
+               // The owner's value may still be on its way (a remote() to
+               // this worker whose Python function waits for the GIL).
+               py::gil_scoped_release nogil;
+               value = self.local_value();
+             }
+             return to_python(value_or_throw(std::move(value)));
            })
       .def("owner", &RRef::owner)
       .def("owner_name", &RRef::owner_name)
       .def("is_owner", &RRef::is_owner)
       .def("confirmed_by_owner", &RRef::confirmed_by_owner)
+      .def("backward", &rref_backward, py::arg("dist_autograd_ctx_id") = -1,
+           py::arg("retain_graph") = false)
+      // The peer's proxies: rref.rpc_sync().method(*args) runs
+      // getattr(value, "method")(*args) on the owner (tether.rpc._proxy).
+      .def("rpc_sync", proxy("rpc_sync"), py::arg("timeout") = -1.0)
+      .def("rpc_async", proxy("rpc_async"), py::arg("timeout") = -1.0)
+      .def("remote", proxy("remote"), py::arg("timeout") = -1.0)
+      .def(
+          "_get_future",
+          [](py::object self, double timeout) {
+            return py::module_::import("tether.rpc._proxy")
+                .attr("creation_future")(self, timeout);
+          },
+          py::arg("timeout") = -1.0)
       .def("__repr__", [](const RRef& self) {
         return std::string(self.is_owner() ? "OwnerRRef" : "UserRRef") +
                "(owner=" + worker_repr(self.owner()) + ")";
@@ -490,5 +531,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("get_all_worker_infos",
         [] { return value_or_throw(tether::get_all_worker_infos()); });
+  bind_training(m);
 }
 

@@ -74,3 +74,8 @@ def async_add(to, a, b):
 @rpc.functions.async_execution
 def async_not_a_future():
     return 1
+
+
+def add_through_proxy(rref, x):
+    """A callee's proxy call back to the RRef's owner."""
+    return rref.rpc_sync().add(x)

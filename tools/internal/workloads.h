@@ -3,7 +3,7 @@
 // Google Benchmark suites in bench/ (workers of one process) time too, so
 // both measure the same thing.
 //
-// Linking //tools:workloads registers the operators they call
+// Linking //tools/internal:workloads registers the operators they call
 // (TORCH_LIBRARY tether_bench): identity(Tensor x) -> Tensor and the module
 // class __torch__.torch.classes.tether_bench.Linear(int in, int out, int
 // seed) with forward(Tensor x) -> Tensor (x W^T + b, W and b requiring

@@ -7,7 +7,9 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
 - defined in a module allowed at init (``allowed_modules``, or
   ``tether.rpc.allow_module``; a package allows its submodules),
 - registered with the ``@tether.rpc.expose`` decorator, or
-- one of the harmless builtins in ``HARMLESS_BUILTINS``.
+- one of the harmless builtins in ``HARMLESS_BUILTINS``, or
+- one of tether's own functions in ``INTERNAL`` (an RRef proxy's call of a
+  method of the object the RRef holds, remote modules).
 
 A TorchScript function (``@torch.jit.script``) is named the same way, by
 the module that defines it: the callee runs its own scripted function of
@@ -40,6 +42,14 @@ PREFIX = "py::"
 HARMLESS_BUILTINS = frozenset({
     "abs", "all", "any", "divmod", "len", "max", "min", "round", "sorted",
     "sum",
+})
+
+# tether's own functions that peers call on a worker (RRef proxies, remote
+# modules), allowed whether or not this worker has imported them yet.
+INTERNAL = frozenset({
+    "py::tether.rpc._proxy:invoke",
+    "py::tether.rpc._proxy:created",
+    "py::tether.nn.api.remote_module:_parameter_rrefs",
 })
 
 _lock = threading.Lock()
@@ -117,6 +127,8 @@ def _resolve(name):
                       "malformed function reference %r: expected "
                       "'py::module:qualname'" % (name,))
     module, qualname = name[len(PREFIX):].split(":", 1)
+    if name in INTERNAL:
+        return getattr(importlib.import_module(module), qualname)
     with _lock:
         exposed = _exposed.get(name)
     if exposed is not None:
@@ -171,17 +183,7 @@ def serve(name, args, kwargs):
         fn = _resolve(name)
         _resolved[name] = fn
     try:
-        result = fn(*args, **kwargs)
-        if functions.is_async(fn):
-            # torch.futures.Future derives from torch._C.Future, which is
-            # what rpc_async returns.
-            if not isinstance(result, torch._C.Future):
-                raise RuntimeError(
-                    "Functions decorated with @rpc.async_function must "
-                    "return a torch.futures.Future object, but got %s"
-                    % type(result).__name__)
-            result = result.wait()  # releases the GIL while it waits
-        return result
+        return functions.result_of(fn, fn(*args, **kwargs))
     except Exception as e:  # the caller gets its type, text and traceback
         text = "".join(traceback.format_exception_only(type(e), e)).strip()
         tb = "".join(traceback.format_tb(e.__traceback__.tb_next))

@@ -11,6 +11,8 @@ deeper than the pool's threads (num_worker_threads) waits for a thread.
 """
 import functools
 
+import torch
+
 __all__ = ["async_execution"]
 
 # The peer's mark, which its programs may test for.
@@ -30,3 +32,17 @@ def async_execution(fn):
 
 def is_async(fn):
     return getattr(fn, MARK, None) is not None
+
+
+def result_of(fn, result):
+    """What a call of ``fn`` that returned ``result`` answers with: for an
+    async_execution function, the value of the future it returned."""
+    if not is_async(fn):
+        return result
+    # torch.futures.Future derives from torch._C.Future, which is what
+    # rpc_async returns.
+    if not isinstance(result, torch._C.Future):
+        raise RuntimeError(
+            "Functions decorated with @rpc.async_function must return a "
+            "torch.futures.Future object, but got %s" % type(result).__name__)
+    return result.wait()  # releases the GIL while it waits

@@ -1,0 +1,46 @@
+"""Functions and classes the training tests call remotely (a module
+callee.py allows)."""
+import torch
+import torch.nn as nn
+
+import tether.autograd as dist_autograd
+import tether.rpc as rpc
+
+
+def mul_add(a, b):
+    """A Python function between tensors: its graph runs on the callee."""
+    return a * b + a
+
+
+def scalar_sum(t):
+    return (t * 3).sum()
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        torch.manual_seed(7)
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return self.linear(x)
+
+    def parameter_rrefs(self):
+        return [rpc.RRef(p) for p in self.parameters()]
+
+    def parameter_values(self):
+        return [p.detach().clone() for p in self.parameters()]
+
+    def _private(self):
+        return "private"
+
+
+def gradients_here(module_rref, context_id):
+    """The gradients `context_id` holds for the module's parameters on its
+    owner (this worker), in parameters() order (None where it has none)."""
+    grads = dist_autograd.get_gradients(context_id)
+    return [grads.get(p) for p in module_rref.local_value().parameters()]
+
+
+def grads_are_not_in_dot_grad(module_rref):
+    return all(p.grad is None for p in module_rref.local_value().parameters())

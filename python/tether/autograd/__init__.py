@@ -1,0 +1,68 @@
+"""tether.autograd: torch.distributed.autograd's API on tether
+(docs/python.md, docs/autograd.md).
+
+    import tether.autograd as dist_autograd   # was: torch.distributed.autograd
+
+    with dist_autograd.context() as context_id:
+        loss = rpc.rpc_sync("worker1", torch.add, args=(t1, t2)).sum()
+        dist_autograd.backward(context_id, [loss])
+        grads = dist_autograd.get_gradients(context_id)   # {t1: ..., t2: ...}
+
+While a context is current on a thread, every call that thread makes
+(rpc_sync, rpc_async, remote, to_here, RRef proxies) belongs to it, and so
+do the calls the callee makes while serving it, Python functions included.
+Tensors that require grad record their crossing, so backward() runs across
+every worker they passed through, and each worker keeps the gradients of
+its own leaf tensors in the context (never in ``.grad``).
+"""
+from tether import _C
+
+__all__ = ["backward", "context", "get_gradients", "is_available"]
+
+
+def is_available():
+    return True
+
+
+class context(object):
+    """A distributed autograd context: ``with context() as context_id:``.
+
+    Entering makes it current on this thread (contexts do not nest: a
+    second one on the same thread is a RuntimeError); leaving releases it on
+    every worker that took part."""
+
+    def __enter__(self):
+        self.autograd_context = _C.autograd_enter()
+        return self.autograd_context.id
+
+    def __exit__(self, type, value, traceback):
+        self.autograd_context.release()
+
+
+def backward(context_id, roots, retain_graph=False):
+    """Runs the backward pass of ``context_id`` from ``roots`` (tensors that
+    require grad; scalars, as the peer wants) across every worker the
+    forward pass crossed, and returns when it is done everywhere. Without
+    ``retain_graph`` the graph's saved tensors are freed, so a second
+    backward through it raises, as in LibTorch."""
+    if not isinstance(context_id, int) or isinstance(context_id, bool):
+        raise TypeError("context_id must be an int, got %r" % (context_id,))
+    if not isinstance(roots, (list, tuple)):
+        raise TypeError("roots must be a list of tensors, got %s"
+                        % type(roots).__qualname__)
+    _C.autograd_backward(context_id, list(roots), bool(retain_graph))
+
+
+def get_gradients(context_id):
+    """The gradients ``context_id`` accumulated on this worker: a dict from
+    each of this worker's leaf tensors (the caller's own tensor objects) to
+    its gradient."""
+    if not isinstance(context_id, int) or isinstance(context_id, bool):
+        raise TypeError("context_id must be an int, got %r" % (context_id,))
+    return _C.autograd_get_gradients(context_id)
+
+
+def _current_context():
+    """The id of the context current on this thread (RuntimeError if
+    none)."""
+    return _C.autograd_current_context()

@@ -1,0 +1,1 @@
+"""tether.nn.api: as torch.distributed.nn.api."""
