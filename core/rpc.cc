@@ -11,7 +11,8 @@ Worker* default_worker ABSL_GUARDED_BY(default_mu) = nullptr;
 
 absl::Status no_worker() {
   return absl::FailedPreconditionError(
-      "no RPC worker: call tether::init_rpc() first");
+      "RPC has not been initialized: no RPC worker in this process; call "
+      "tether::init_rpc() first");
 }
 
 }  // namespace
@@ -30,7 +31,7 @@ absl::Status init_rpc(const std::string& name, int rank, int world_size,
     absl::MutexLock lock(&default_mu);
     if (default_worker != nullptr) {
       return absl::AlreadyExistsError(absl::StrCat(
-          "init_rpc called twice: this process is already worker '",
+          "init_rpc called twice: RPC is already initialized as worker '",
           default_worker->get_current_worker_info().name, "'"));
     }
   }
@@ -45,14 +46,14 @@ absl::Status init_rpc(const std::string& name, int rank, int world_size,
   return absl::OkStatus();
 }
 
-absl::Status shutdown(bool graceful) {
+absl::Status shutdown(bool graceful, absl::Duration timeout) {
   Worker* worker;
   {
     absl::MutexLock lock(&default_mu);
     worker = default_worker;
   }
   if (worker == nullptr) return no_worker();
-  absl::Status stopped = worker->shutdown(graceful);
+  absl::Status stopped = worker->shutdown(graceful, timeout);
   absl::MutexLock lock(&default_mu);
   if (default_worker == worker) {
     delete default_worker;

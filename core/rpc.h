@@ -37,7 +37,8 @@ namespace tether {
     const std::vector<ExtensionFactory>& extensions = {});
 
 // Shuts the default Worker down (see Worker::shutdown) and releases it.
-[[nodiscard]] absl::Status shutdown(bool graceful = true);
+[[nodiscard]] absl::Status shutdown(bool graceful = true,
+                                    absl::Duration timeout = kDefaultTimeout);
 
 Future<c10::IValue> rpc_async(const To& to, absl::string_view fn,
                               std::vector<c10::IValue> args,

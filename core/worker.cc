@@ -432,7 +432,8 @@ Future<Message> Worker::send_limited(const WorkerInfo& to,
   return response;
 }
 
-absl::Status Worker::shutdown(bool graceful) {
+absl::Status Worker::shutdown(bool graceful, absl::Duration timeout) {
+  if (timeout < absl::ZeroDuration()) timeout = options_.shutdown_timeout;
   {
     absl::MutexLock lock(&mu_);
     if (state_ != State::kRunning) return absl::OkStatus();
@@ -446,9 +447,9 @@ absl::Status Worker::shutdown(bool graceful) {
     }
     absl::Status drained =
         dynamic_ ? leave_group()
-                 : agent_->join(options_.shutdown_timeout <= absl::ZeroDuration()
+                 : agent_->join(timeout <= absl::ZeroDuration()
                                     ? absl::InfiniteDuration()
-                                    : options_.shutdown_timeout);
+                                    : timeout);
     if (joined.ok()) joined = drained;
     for (const auto& extension : extensions_) {
       absl::Status s = extension->after_graceful_join();
@@ -487,7 +488,10 @@ absl::StatusOr<WorkerInfo> Worker::get_worker_info(const To& to) const {
       if (info.name == *name) return info;
     }
     if (auto gone = left(*name, -1)) return *gone;
-    return absl::NotFoundError(absl::StrCat("unknown worker '", *name, "'"));
+    // "could not find destination": the peer's words, which its users
+    // match.
+    return absl::NotFoundError(absl::StrCat("unknown worker '", *name,
+                                            "': could not find destination"));
   }
   auto by_rank = [&workers](int rank) -> const WorkerInfo* {
     auto it = std::lower_bound(

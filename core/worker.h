@@ -223,7 +223,10 @@ class Worker {
 
   // Graceful: waits until every worker of the group has called shutdown and
   // no call is in flight anywhere, then stops. Otherwise stops at once.
-  // Calls afterwards fail with CANCELLED. Idempotent.
+  // Calls afterwards fail with CANCELLED. Idempotent. `timeout` bounds the
+  // graceful wait (kDefaultTimeout: RpcOptions::shutdown_timeout; zero or
+  // infinite: none); past it the worker stops anyway and the result is
+  // DEADLINE_EXCEEDED (torch.distributed.rpc's shutdown(timeout=)).
   // In a dynamic group a graceful shutdown leaves the group, the others
   // running on: under the membership token (core/join/membership.h) it
   // tells every member, each of which stops new calls to this worker and
@@ -231,8 +234,9 @@ class Worker {
   // worker waits for its own calls and those it serves, and stops. A
   // member lost meanwhile (its transport fails, or it leaves a probe
   // unanswered for the peer timeout) is dropped from the group, not waited
-  // for.
-  [[nodiscard]] absl::Status shutdown(bool graceful = true);
+  // for; `timeout` does not bound leaving.
+  [[nodiscard]] absl::Status shutdown(
+      bool graceful = true, absl::Duration timeout = kDefaultTimeout);
 
   // The bound of calls that do not give their own (kDefaultTimeout), as
   // RpcOptions::default_timeout set it at first; zero means none. Setting

@@ -2,6 +2,8 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/python/python_ivalue.h>
@@ -95,7 +97,12 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
                                             PyComplex_ImagAsDouble(p)));
   }
   if (py::isinstance<RRef>(obj)) return obj.cast<const RRef&>().to_ivalue();
-  if (PyTuple_Check(p)) {
+  if (THPDevice_Check(p)) {
+    return c10::IValue(reinterpret_cast<THPDevice*>(p)->device);
+  }
+  // A tuple subclass (a namedtuple) would arrive as a plain tuple: its
+  // class cannot travel. torch.Size is the one that may, as a tuple.
+  if (PyTuple_CheckExact(p) || THPSize_Check(p)) {
     py::tuple tuple = py::reinterpret_borrow<py::tuple>(obj);
     std::vector<c10::IValue> elements;
     elements.reserve(tuple.size());

@@ -3,7 +3,7 @@
 //
 // What travels is the codec's value set (core/wire/codec.h): tensors (as
 // torch.Tensor, no copy), None, bool, int, float, complex, str, lists,
-// tuples, dicts and RRefs. A caller's argument of any other type is refused
+// tuples, dicts, torch.device and RRefs (a torch.Size is a tuple). A caller's argument of any other type is refused
 // here, naming the argument and its type: nothing is pickled
 // (docs/security.md). A callee's result of another type (an nn.Module made
 // by remote()) is kept as an opaque Python object on its owner; the codec

@@ -6,12 +6,13 @@
 // the send of rpc_async and remote, to_here, shutdown) releases the GIL.
 // Python functions called by peers run on the worker pool, holding the GIL
 // only while Python runs (PythonCallables). The futures rpc_async returns
-// are torch.futures.Future objects; they complete on one thread of this
-// module (Completer), which takes the GIL to turn the value into Python
-// objects and runs the user's callbacks: an agent's threads never wait for
+// are torch.futures.Future objects; they complete on threads of this
+// module (Completer), which take the GIL to turn the value into Python
+// objects and run the user's callbacks: an agent's threads never wait for
 // the GIL.
 #include <ATen/core/ivalue.h>
 #include <absl/status/statusor.h>
+#include <absl/strings/ascii.h>
 #include <absl/synchronization/mutex.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -47,6 +48,27 @@ void raise_python(const absl::Status& status) {
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
 }
 
+// The peer's rule and texts for worker names (its WorkerInfo), which its
+// tests and users' programs match.
+constexpr size_t kMaxNameLength = 128;
+
+void check_worker_name(const std::string& name) {
+  if (name.empty()) throw std::runtime_error("Worker name must be non-empty");
+  if (name.size() >= kMaxNameLength) {
+    throw std::runtime_error("Worker name must be shorter than " +
+                             std::to_string(kMaxNameLength) +
+                             " characters, but got " +
+                             std::to_string(name.size()));
+  }
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' &&
+        c != '_') {
+      throw std::runtime_error(
+          "Worker name must match ^[A-Za-z0-9-_]*$, but got: " + name);
+    }
+  }
+}
+
 absl::Duration to_duration(double seconds) {
   if (seconds < 0) return kDefaultTimeout;
   if (seconds == 0) return absl::ZeroDuration();  // no bound
@@ -59,6 +81,12 @@ To to_target(py::handle to) {
     return To(to.cast<int>());
   }
   if (PyUnicode_Check(to.ptr())) return To(to.cast<std::string>());
+  if (PyFloat_Check(to.ptr())) {
+    // As the peer: a rank that is a number but not an int is a bad value.
+    throw py::value_error("'to' must be a worker name (str), a rank (int) "
+                          "or a WorkerInfo, got the float " +
+                          std::string(py::str(to)));
+  }
   throw py::type_error(
       "'to' must be a worker name (str), a rank (int) or a WorkerInfo, got " +
       std::string(py::str(py::type::handle_of(to).attr("__qualname__"))));
@@ -87,24 +115,36 @@ Kwargs to_kwargs(const py::dict& kwargs, const std::string& fn) {
   return out;
 }
 
-// Runs completions of Python futures, in order, on one thread.
+// Runs completions of Python futures (turning values into Python objects,
+// the user's `then` / `add_done_callback` callbacks) on threads of its own,
+// started in the order they come. A callback may wait for another tether future
+// (`fut.then(lambda f: rpc_async(...).wait())`, as the peer's programs
+// do): the completion it waits for must not queue behind it, so a job that
+// finds no idle thread starts one. Threads stay for later completions; their
+// number is the most callbacks ever blocked at once, plus one.
 class Completer {
  public:
   static Completer& get() {
-    // Leaked: the thread may still wait when the interpreter exits.
+    // Leaked: the threads may still wait when the interpreter exits.
     static Completer* completer = new Completer();
     return *completer;
   }
 
   void post(std::function<void()> job) {
-    absl::MutexLock lock(&mu_);
-    jobs_.push_back(std::move(job));
+    bool start_thread = false;
+    {
+      absl::MutexLock lock(&mu_);
+      jobs_.push_back(std::move(job));
+      if (idle_ < jobs_.size()) {
+        start_thread = true;
+        ++idle_;  // the new thread counts as idle until it takes a job
+      }
+    }
+    if (start_thread) std::thread([this] { run(); }).detach();
   }
 
  private:
-  Completer() {
-    std::thread([this] { run(); }).detach();
-  }
+  Completer() = default;
 
   void run() {
     for (;;) {
@@ -118,13 +158,18 @@ class Completer {
             &jobs_));
         job = std::move(jobs_.front());
         jobs_.pop_front();
+        --idle_;
       }
       job();
+      absl::MutexLock lock(&mu_);
+      ++idle_;
     }
   }
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Threads waiting for a job, or started and about to.
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A torch.futures.Future completed with `future`'s result, as a Python
@@ -228,6 +273,7 @@ void init_rpc(const std::string& name, int rank, int world_size,
               const std::map<std::string, std::string>& backend_settings,
               const std::string& auth_secret, py::handle serve,
               py::handle failure) {
+  check_worker_name(name);
   RpcOptions options;
   options.backend = backend;
   options.init_method = init_method;
@@ -370,6 +416,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<WorkerInfo>(m, "WorkerInfo")
       .def(py::init([](std::string name, int id) {
+             check_worker_name(name);
              return WorkerInfo{std::move(name), id};
            }),
            py::arg("name"), py::arg("id"))
@@ -449,15 +496,31 @@ PYBIND11_MODULE(_C, m) {
         py::arg("auth_secret"), py::arg("serve"), py::arg("failure"));
   m.def(
       "shutdown",
-      [](bool graceful) {
+      [](bool graceful, double timeout) {
         absl::Status down;
         {
           py::gil_scoped_release nogil;
-          down = tether::shutdown(graceful);
+          // 0: no bound (the peer's DEFAULT_SHUTDOWN_TIMEOUT).
+          down = tether::shutdown(graceful, timeout > 0
+                                                ? absl::Seconds(timeout)
+                                                : absl::InfiniteDuration());
         }
         check(down);
       },
-      py::arg("graceful") = true);
+      py::arg("graceful") = true, py::arg("timeout") = 0.0);
+  m.def("get_rpc_timeout", [] {
+    return absl::ToDoubleSeconds(value_or_throw(tether::get_rpc_timeout()));
+  });
+  m.def(
+      "set_rpc_timeout",
+      [](double seconds) {
+        if (!(seconds >= 0)) {
+          throw py::value_error("rpc_timeout must be >= 0 seconds (0: none), "
+                                "got " + std::to_string(seconds));
+        }
+        check(tether::set_rpc_timeout(absl::Seconds(seconds)));
+      },
+      py::arg("rpc_timeout"));
   m.def("is_initialized", [] { return current_worker() != nullptr; });
   m.def("rpc_sync", &tether::python::rpc_sync);
   m.def("rpc_async", &tether::python::rpc_async);

@@ -43,6 +43,10 @@ def fetch_twice(rref):
 class Accumulator:
     """A Python object kept on its owner by remote()."""
 
+    @classmethod
+    def start_at(cls, start):
+        return cls(start).total
+
     def __init__(self, start):
         self.total = start
 
@@ -53,6 +57,23 @@ class Accumulator:
 
 def total_of(rref):
     return rref.local_value().total
+
+
+@torch.jit.script
+def script_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A TorchScript function; callers name it, the callee runs its own."""
+    return a + b
+
+
+@rpc.functions.async_execution
+def async_add(to, a, b):
+    """Returns a future; its caller gets the future's value."""
+    return rpc.rpc_async(to, torch.add, args=(a, b))
+
+
+@rpc.functions.async_execution
+def async_not_a_future():
+    return 1
 
 
 def add_through_proxy(rref, x):

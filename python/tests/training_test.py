@@ -163,7 +163,7 @@ def test_rref_proxies_call_methods_on_the_owner(callee):
     x = torch.ones(1, 2)
     assert torch.equal(module.rpc_sync().forward(x),
                        module.rpc_sync().__call__(x))
-    with pytest.raises(AttributeError, match="has no method 'nothing'"):
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         acc.rpc_sync().nothing()
     # The owner calls no dunder method but __call__, whoever asks.
     with pytest.raises(RuntimeError, match="never other dunder methods"):

@@ -15,36 +15,55 @@ results are wire values: tensors, numbers, strings, None, lists, tuples,
 dicts and RRefs; anything else is refused at the caller, naming its type.
 """
 import atexit
+import copy
 import enum
+import inspect
 import os
 import threading
+import types
 
 import torch
 from torch.jit._builtins import _find_builtin
 
 from tether import _C
-from tether.rpc import _callee
+from tether.rpc import _callee, _errors, functions
 from tether.rpc._callee import allow_module, expose
 
 __all__ = [
     "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
-    "RRef", "WorkerInfo", "allow_module", "expose", "get_all_worker_infos",
-    "get_rpc_timeout",
-    "get_worker_info", "init_rpc", "remote", "rpc_async", "rpc_sync",
+    "RRef", "RpcTimeoutError", "WorkerInfo", "allow_module", "expose",
+    "get_all_worker_infos", "get_current_worker_info", "get_rpc_timeout",
+    "functions", "get_worker_info", "init_rpc", "remote", "rpc_async", "rpc_sync",
     "shutdown",
 ]
 
 UNSET_RPC_TIMEOUT = -1.0
 DEFAULT_RPC_TIMEOUT_SEC = 60.0
+# shutdown(timeout=): no bound, as the peer's default.
+DEFAULT_SHUTDOWN_TIMEOUT = 0.0
+
+RpcTimeoutError = _errors.RpcTimeoutError
 
 WorkerInfo = _C.WorkerInfo
+# Paddle's name for the id.
+WorkerInfo.rank = property(lambda self: self.id, doc="the worker's rank")
 RRef = _C.RRef
+# RRef[T] in annotations, as the peer's `def f(rref: RRef[nn.Module])`.
+RRef.__class_getitem__ = classmethod(types.GenericAlias)
 
 
 class BackendType(enum.Enum):
     TENSORPIPE = "tensorpipe"
     GRPC = "grpc"
     LIBFABRIC = "libfabric"
+
+
+def _typed(name, value, types_, what):
+    if isinstance(value, bool) or not isinstance(value, types_):
+        # The peer's options are a pybind11 class, whose words these are.
+        raise TypeError("incompatible constructor arguments: %s must be %s, "
+                        "got %s" % (name, what, type(value).__name__))
+    return value
 
 
 class RpcBackendOptions:
@@ -72,8 +91,14 @@ class RpcBackendOptions:
         if device_maps or devices:
             raise ValueError("device_maps and devices name CUDA devices; "
                              "tether for Python moves CPU tensors only")
-        self.num_worker_threads = int(num_worker_threads)
-        self.rpc_timeout = float(rpc_timeout)
+        self.num_worker_threads = _typed(
+            "num_worker_threads", num_worker_threads, int, "an int")
+        self.rpc_timeout = float(_typed(
+            "rpc_timeout", rpc_timeout, (int, float),
+            "a number of seconds (int or float)"))
+        init_timeout = _typed("init_timeout", init_timeout, (int, float),
+                              "a number of seconds (int or float)")
+        _typed("init_method", init_method, str, "a str")
         self.init_method = init_method
         self.backend_settings = dict(backend_settings or {})
         if _transports:
@@ -90,7 +115,6 @@ class RpcBackendOptions:
 TensorPipeRpcBackendOptions = RpcBackendOptions
 
 _state_lock = threading.Lock()
-_rpc_timeout = DEFAULT_RPC_TIMEOUT_SEC
 _atexit_registered = False
 
 
@@ -116,12 +140,41 @@ def _shutdown_at_exit():
 
 
 def init_rpc(name, backend=None, rank=-1, world_size=None,
-             rpc_backend_options=None):
+             rpc_backend_options=None, master_endpoint=None):
     """Joins the group as worker ``name``. ``rank`` -1 and ``world_size``
     None are read from the environment (RANK/WORLD_SIZE, Slurm, Open MPI).
     ``backend`` None is the TETHER_BACKEND environment variable, else
-    tensorpipe."""
-    global _rpc_timeout, _atexit_registered
+    tensorpipe.
+
+    Paddle's form works too: ``init_rpc(name, rank, world_size,
+    master_endpoint="ip:port")`` (positional or by keyword), where
+    ``master_endpoint`` is where the group meets (rank 0 serves it), as
+    ``init_method="tcp://ip:port"``; PADDLE_TRAINER_ID,
+    PADDLE_TRAINERS_NUM and PADDLE_MASTER_ENDPOINT stand in for what is
+    not given, as in Paddle."""
+    global _atexit_registered
+    if isinstance(backend, int) and not isinstance(backend, bool):
+        # Paddle's positional order, (name, rank, world_size,
+        # master_endpoint), shifted onto the peer's: no backend is an int.
+        if rank != -1:  # world_size came second
+            if isinstance(world_size, str) and master_endpoint is None:
+                master_endpoint = world_size
+            world_size = rank
+        rank, backend = backend, None
+    if master_endpoint is None and rpc_backend_options is None:
+        master_endpoint = os.environ.get("PADDLE_MASTER_ENDPOINT")
+    if master_endpoint is not None:
+        if rank in (None, -1) and "PADDLE_TRAINER_ID" in os.environ:
+            rank = int(os.environ["PADDLE_TRAINER_ID"])
+        if world_size is None and "PADDLE_TRAINERS_NUM" in os.environ:
+            world_size = int(os.environ["PADDLE_TRAINERS_NUM"])
+        rpc_backend_options = _with_master_endpoint(rpc_backend_options,
+                                                    master_endpoint)
+    if rpc_backend_options is not None and not isinstance(
+            rpc_backend_options, RpcBackendOptions):
+        raise TypeError("Argument rpc_backend_options must be an instance of "
+                        "RpcBackendOptions, got %s"
+                        % type(rpc_backend_options).__name__)
     options = rpc_backend_options or RpcBackendOptions()
     for module in options.allowed_modules:
         allow_module(module)
@@ -132,20 +185,45 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
         options.init_timeout, options.backend_settings,
         options.auth_secret or "", _callee.serve, _callee.Failure)
     with _state_lock:
-        _rpc_timeout = options.rpc_timeout
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
 
 
-def shutdown(graceful=True):
+def _with_master_endpoint(options, endpoint):
+    host, sep, port = str(endpoint).rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError("master_endpoint must be 'ip:port', got %r"
+                         % (endpoint,))
+    if options is None:
+        options = RpcBackendOptions()
+    elif options.init_method not in ("env://", None):
+        raise ValueError("give either master_endpoint (%r) or "
+                         "rpc_backend_options.init_method (%r), not both"
+                         % (endpoint, options.init_method))
+    else:
+        options = copy.copy(options)  # the caller's stays as it was
+    options.init_method = "tcp://%s:%s" % (host.strip("[]"), port)
+    return options
+
+
+def shutdown(graceful=True, timeout=DEFAULT_SHUTDOWN_TIMEOUT):
     """Graceful: waits until every worker has called shutdown and no call
-    is in flight anywhere, then stops. Otherwise stops at once."""
-    _C.shutdown(bool(graceful))
+    is in flight anywhere, then stops. Otherwise stops at once.
+
+    ``timeout`` bounds the graceful wait, in seconds (0: none, the default;
+    a lost worker ends the wait anyway, naming it). Past it this worker
+    stops all the same and a RuntimeError names who was still missing."""
+    _C.shutdown(bool(graceful), float(timeout))
 
 
 def get_worker_info(worker_name=None):
     return _C.get_worker_info(worker_name)
+
+
+def get_current_worker_info():
+    """This worker's WorkerInfo (Paddle's name for get_worker_info())."""
+    return _C.get_worker_info(None)
 
 
 def get_all_worker_infos():
@@ -154,8 +232,14 @@ def get_all_worker_infos():
 
 
 def get_rpc_timeout():
-    """The default call bound of this worker, in seconds."""
-    return _rpc_timeout
+    """The default call bound of this worker, in seconds (0: none)."""
+    return _C.get_rpc_timeout()
+
+
+def _set_rpc_timeout(rpc_timeout):
+    """Sets the default call bound of this worker, in seconds (0: none),
+    for calls made from now on; as the peer's rpc._set_rpc_timeout."""
+    _C.set_rpc_timeout(float(rpc_timeout))
 
 
 _names = {}  # function -> (name, drop the keyword "inplace")
@@ -183,13 +267,25 @@ def _function_name(func):
     if isinstance(func, str):
         return func, False
     if isinstance(func, torch.jit.ScriptFunction):
-        raise TypeError("TorchScript functions cannot be called from Python "
-                        "yet (docs/python.md)")
+        # By reference as any function: the callee runs its own scripted
+        # function of that name.
+        module, name = _callee.script_location(func)
+        name = _callee.reference(module, name)
+        _names[func] = (name, False)
+        return name, False
     name = _find_builtin(func)
     inplace = False
     if name is None:
         name = _functional_operator(func)
         inplace = name is not None
+    if name is None and inspect.ismethod(func) and not inspect.isclass(
+            func.__self__):
+        raise TypeError(
+            "cannot call %s remotely: it is a method bound to a %s object, "
+            "which would have to travel pickled; call a module-level "
+            "function, or keep the object on its owner with remote() and "
+            "pass the RRef" % (func.__qualname__,
+                               type(func.__self__).__qualname__))
     if name is None:
         module = getattr(func, "__module__", None)
         qualname = getattr(func, "__qualname__", None)

@@ -11,6 +11,10 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
 - one of tether's own functions in ``INTERNAL`` (an RRef proxy's call of a
   method of the object the RRef holds, remote modules).
 
+A TorchScript function (``@torch.jit.script``) is named the same way, by
+the module that defines it: the callee runs its own scripted function of
+that name, under the same policy; no code travels.
+
 The reference must name the object where it is defined: an attribute walk
 (``__main__:os.system`` when the script imported os) finds an object whose
 ``__module__`` or ``__qualname__`` differs, and is refused; so are dunder and
@@ -22,12 +26,16 @@ tether._C calls ``serve`` on the worker pool, holding the GIL.
 """
 import builtins
 import importlib
+import inspect
 import sys
 import threading
 import traceback
 import types
 
-from tether.rpc import _errors
+import torch
+
+from tether import _C
+from tether.rpc import _errors, functions
 
 PREFIX = "py::"
 
@@ -59,6 +67,17 @@ def reference(module, qualname):
     if module == "__mp_main__":  # the main script under multiprocessing
         module = "__main__"
     return "%s%s:%s" % (PREFIX, module, qualname)
+
+
+def script_location(fn):
+    """(module, name) of the Python function a ScriptFunction was compiled
+    from, read from its TorchScript qualified name
+    ("__torch__.pkg.mod.fn"; "__torch__.fn" for __main__)."""
+    qualified = fn.qualified_name
+    if qualified.startswith("__torch__."):
+        qualified = qualified[len("__torch__."):]
+    module, _, name = qualified.rpartition(".")
+    return module or "__main__", name
 
 
 def allow_module(name):
@@ -138,16 +157,24 @@ def _resolve(name):
         if target is None:
             raise Failure(_errors.NOT_FOUND, "no function or class %r in "
                           "module %r of this worker" % (qualname, module))
-    defined_in = getattr(target, "__module__", None)
+    callable_ = target
+    if inspect.ismethod(target) and inspect.isclass(target.__self__):
+        # A classmethod: checked as the function it binds to its class.
+        target = target.__func__
+    if isinstance(target, torch.jit.ScriptFunction):
+        defined_in, defined_as = script_location(target)
+    else:
+        defined_in = getattr(target, "__module__", None)
+        defined_as = getattr(target, "__qualname__", None)
     if defined_in == "__mp_main__":
         defined_in = "__main__"
-    if (not isinstance(target, (type, types.FunctionType))
-            or defined_in != module
-            or getattr(target, "__qualname__", None) != qualname):
+    if (not isinstance(target, (type, types.FunctionType,
+                                torch.jit.ScriptFunction))
+            or defined_in != module or defined_as != qualname):
         _refuse("%s.%s" % (module, qualname),
                 "it is not a function or class defined there (it is %r)"
                 % (target,))
-    return target
+    return callable_
 
 
 def serve(name, args, kwargs):
@@ -156,10 +183,17 @@ def serve(name, args, kwargs):
         fn = _resolve(name)
         _resolved[name] = fn
     try:
-        return fn(*args, **kwargs)
+        return functions.result_of(fn, fn(*args, **kwargs))
     except Exception as e:  # the caller gets its type, text and traceback
         text = "".join(traceback.format_exception_only(type(e), e)).strip()
         tb = "".join(traceback.format_tb(e.__traceback__.tb_next))
+        # As the peer, the worker that ran it logs it too.
+        try:
+            me = _C.get_worker_info(None)
+        except RuntimeError:  # shutting down
+            me = "this worker"
+        print("On %s, calling %s:\n%s\nTraceback (most recent call last):"
+              "\n%s" % (me, name, text, tb), file=sys.stderr, flush=True)
         raise Failure(_errors.UNKNOWN,
                       "%s\nTraceback (most recent call last):\n%s"
                       % (text, tb)) from None

@@ -10,7 +10,7 @@ is one of tether's internal functions (_callee.INTERNAL, docs/security.md):
 the owner runs it for any peer, and it calls only a public method or
 ``__call__`` of the object the RRef holds there.
 """
-from tether.rpc import _callee, _errors
+from tether.rpc import _callee, _errors, functions
 
 UNSET_RPC_TIMEOUT = -1.0
 
@@ -27,14 +27,15 @@ def _method_of(value, name):
             "(docs/security.md)") % (type(value).__qualname__, name))
     method = getattr(value, name, None)
     if method is None or not callable(method):
-        raise AttributeError("%s object has no method %r"
+        raise AttributeError("%s object has no attribute %r"
                              % (type(value).__qualname__, name))
     return method
 
 
 def invoke(rref, name, args, kwargs):
     """On the owner: ``rref.local_value().name(*args, **kwargs)``."""
-    return _method_of(rref.local_value(), name)(*args, **kwargs)
+    method = _method_of(rref.local_value(), name)
+    return functions.result_of(method, method(*args, **kwargs))
 
 
 def created(rref):

@@ -1,0 +1,142 @@
+"""Which of the peer's tests peer_suite does not run, and why.
+
+A test is excluded when its code (the test method, and the helper functions
+and classes of the peer's test files it names, followed a few levels)
+names one of the peer's own non-public APIs listed in GROUPS, or when it is
+listed by name in BY_NAME (what a reading of the test shows and no name
+gives away: pickled arbitrary objects, the peer's own agent behaviour).
+Each group carries the reason the report prints. Everything else runs.
+"""
+import inspect
+import re
+
+# (group, reason, names): a test is in the group if its code names any of
+# these (as a word).
+GROUPS = [
+    ("peer debug APIs",
+     "internal debug APIs of the peer: its RRef-context and autograd "
+     "counters, and the helpers that poll them",
+     ["_get_debug_info", "_rref_context_get_debug_info",
+      "wait_until_pending_futures_and_users_flushed",
+      "wait_until_owners_and_forks_on_rank", "get_num_owners_and_forks"]),
+    ("peer pickler",
+     "the peer's pickler and pickled arbitrary objects: tether sends no "
+     "code and no pickles (docs/security.md)",
+     ["_use_rpc_pickler", "_internal_rpc_pickler", "_default_pickler",
+      "PythonUDF", "MyPickleClass", "SlowPickleClass", "pickle"]),
+    ("peer agent objects",
+     "the peer's agent object, its backend plug-in registry and mocks of "
+     "its internals",
+     ["_get_current_rpc_agent", "TensorPipeAgent", "register_backend",
+      "_init_rpc_backend", "_is_current_rpc_agent_set", "mock",
+      "StubRpcAgent", "FooBackendOptions"]),
+    ("peer profiler",
+     "the peer's RPC profiler integration (remote events in "
+     "torch.autograd.profiler, its server-side profiler, GIL profiling)",
+     ["_profile", "_server_process_global_profile", "enable_gil_profiling",
+      "_build_rpc_profiling_key", "profiler", "record_function",
+      "get_function_event"]),
+    ("peer internal collectives",
+     "the peer's internal collective helpers and thread-local state",
+     ["_wait_all_workers", "_all_gather", "_barrier",
+      "_broadcast_to_followers", "_thread_local_var", "_wait_all",
+      "_delete_all_user_and_unforked_owner_rrefs"]),
+    ("peer autograd internals",
+     "internal context API of the peer's distributed autograd",
+     ["_retrieve_context", "_current_context", "_new_context",
+      "_release_context", "_get_max_id"]),
+    ("fails on the peer too",
+     "fails the same way on the peer itself with Debian's torch 1.13 on "
+     "Python 3.11 (torch's own modules, not RPC)",
+     []),
+    ("CUDA",
+     "needs GPUs and CUDA device maps: this machine has no GPU and tether "
+     "for Python moves CPU tensors",
+     ["skip_if_lt_x_gpu", "cuda", "device_maps", "set_device_map"]),
+]
+
+# Tests excluded by name, with their group (a reading of the test shows
+# why).
+BY_NAME = {
+    # A user-class object by value: the peer pickles it.
+    "test_py_class_constructor": "peer pickler",  # returns a MyClass
+    "test_py_class_instance_method": "peer pickler",  # MyClass(2).method
+    "test_py_tensors_in_container": "peer pickler",  # a namedtuple argument
+    # Sends self._trainer_func: a method bound to the test case object.
+    "test_my_parameter_server": "peer pickler",
+    "test_my_parameter_server_sparse": "peer pickler",
+    # Asserts the peer pickler's own error text ("RPC pickler does not
+    # serialize"); tether names the missing function instead.
+    "test_function_not_on_callee": "peer pickler",
+    # DistributedDataParallel's import raises "mutable default ... for field
+    # tensor_properties" under Python 3.11, on the peer as here.
+    "test_pg_init_no_rpc_init": "fails on the peer too",
+}
+
+REASONS = {group: reason for group, reason, _ in GROUPS}
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HELPER_DEPTH = 3
+# Helpers are followed into the peer's RPC test files only (not into the
+# generic test-case classes every test names, e.g. assertEqual).
+_PEER_PREFIX = ("torch.testing._internal.distributed.rpc",
+                "torch.testing._internal.dist_utils")
+
+
+_sources = {}  # id -> (object, source); inspect.getsource is slow
+
+
+def _source(obj):
+    obj = inspect.unwrap(obj)
+    cached = _sources.get(id(obj))
+    if cached is not None and cached[0] is obj:
+        return cached[1]
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError):
+        source = ""
+    _sources[id(obj)] = (obj, source)
+    return source
+
+
+def _names_reached(test_class, test_name):
+    """Every word in the test's code and in the code of the peer's helpers
+    it names, followed _HELPER_DEPTH levels."""
+    method = getattr(test_class, test_name)
+    module = inspect.getmodule(inspect.unwrap(method))
+    namespace = vars(module) if module else {}
+    words = set()
+    todo = [(_source(method), 0)]
+    seen = set()
+    while todo:
+        source, depth = todo.pop()
+        found = set(_WORD.findall(source))
+        words |= found
+        if depth >= _HELPER_DEPTH:
+            continue
+        for word in found - seen:
+            seen.add(word)
+            target = namespace.get(word)
+            if target is None and hasattr(test_class, word):
+                target = getattr(test_class, word, None)
+            if (target is not None
+                    and (inspect.isfunction(inspect.unwrap(target))
+                         or inspect.isclass(target))
+                    and getattr(target, "__module__", "").startswith(
+                        _PEER_PREFIX)):
+                todo.append((_source(target), depth + 1))
+    return words
+
+
+def reason_for(test_class, test_name):
+    """(group, names that put it there) or None when the test runs."""
+    key = "%s.%s" % (test_class.__name__, test_name)
+    if key in BY_NAME or test_name in BY_NAME:
+        return BY_NAME.get(key) or BY_NAME[test_name], ["listed by name"]
+    words = _names_reached(test_class, test_name)
+    words |= set(test_name.split("_"))
+    for group, _, names in GROUPS:
+        hits = sorted(n for n in names if n in words)
+        if hits:
+            return group, hits
+    return None

@@ -1,0 +1,174 @@
+"""tether.rpc's module surface as the peer's test suites and Paddle's
+programs use it (docs/peer_suite.md): shutdown(timeout=), _set_rpc_timeout
+and the peer's timeout text, worker infos, torch.device values, TorchScript
+functions by reference, Paddle's init_rpc(master_endpoint=). Real worker
+processes on loopback."""
+import os
+
+import pytest
+import torch
+
+import tether.rpc as rpc
+import rpc_functions
+import workers
+from rpc_test import callee  # noqa: F401  (the module's caller/callee pair)
+
+
+def test_set_rpc_timeout_bounds_later_calls_with_the_peers_error(callee):
+    assert rpc.get_rpc_timeout() == 60.0
+    rpc._set_rpc_timeout(0.2)
+    try:
+        assert rpc.get_rpc_timeout() == pytest.approx(0.2)
+        with pytest.raises(RuntimeError) as raised:
+            rpc.rpc_sync(callee, rpc_functions.slow, args=(3,))
+        # The peer's text (its suites match "RPC ran for more than"), and
+        # Python's TimeoutError for new code.
+        assert isinstance(raised.value, TimeoutError)
+        assert isinstance(raised.value, rpc.RpcTimeoutError)
+        assert str(raised.value).startswith(
+            "RPC ran for more than set timeout (200 ms)"), str(raised.value)
+        # A call's own timeout still wins over the default.
+        assert rpc.rpc_sync(callee, rpc_functions.slow, args=(0.5,),
+                            timeout=10) == 0.5
+        fut = rpc.rpc_async(callee, rpc_functions.slow, args=(3,))
+        with pytest.raises(RuntimeError, match="RPC ran for more than"):
+            fut.wait()
+    finally:
+        rpc._set_rpc_timeout(60.0)
+    assert rpc.get_rpc_timeout() == 60.0
+    with pytest.raises(ValueError, match="rpc_timeout must be >= 0"):
+        rpc._set_rpc_timeout(-1)
+
+
+def test_worker_infos_compare_and_hash_by_name_and_id(callee):
+    me = rpc.get_worker_info()
+    assert me == rpc.get_current_worker_info() == rpc.get_worker_info(
+        "caller")
+    other = rpc.get_worker_info(callee)
+    assert other == rpc.get_worker_info(1)  # by rank, as `to` may be
+    assert other != me and other != ("callee", 1)
+    assert {me, other, rpc.get_worker_info(callee)} == {me, other}
+    assert {other: "x"}[rpc.WorkerInfo("callee", 1)] == "x"
+    assert (other.rank, other.id, other.name) == (1, 1, "callee")
+    assert set(rpc.get_all_worker_infos()) == {me, other}
+    # A WorkerInfo names the destination as its name does.
+    assert rpc.rpc_sync(other, rpc_functions.whoami) == "callee"
+
+
+def test_devices_and_sizes_travel(callee):
+    device = rpc.rpc_sync(callee, rpc_functions.echo,
+                          args=(torch.device("cpu"),))
+    assert isinstance(device, torch.device) and device == torch.device("cpu")
+    size = rpc.rpc_sync(callee, rpc_functions.echo,
+                        args=(torch.ones(2, 3).size(),))
+    assert tuple(size) == (2, 3)
+    ones = rpc.rpc_sync(callee, torch.ones, args=([2],),
+                        kwargs={"device": torch.device("cpu")})
+    assert torch.equal(ones, torch.ones(2))
+
+
+@torch.jit.script
+def script_twice(a: torch.Tensor) -> torch.Tensor:
+    return a * 2
+
+
+def test_torchscript_functions_are_called_by_reference(callee):
+    t = torch.arange(3.0)
+    assert torch.equal(
+        rpc.rpc_sync(callee, rpc_functions.script_add, args=(t, t)), t + t)
+    fut = rpc.rpc_async(callee, rpc_functions.script_add, args=(t, 1.0 + t))
+    assert torch.equal(fut.wait(), 2 * t + 1)
+    rref = rpc.remote(callee, rpc_functions.script_add, args=(t, t))
+    assert torch.equal(rref.to_here(), t + t)
+    # This test module is not allowed on the callee: no code travels, so
+    # the callee cannot run a scripted function it does not have.
+    with pytest.raises(RuntimeError, match="refused to run.*script_twice"):
+        rpc.rpc_sync(callee, script_twice, args=(t,))
+
+
+def test_shutdown_timeout_bounds_the_graceful_wait():
+    program = os.path.join(workers.HERE, "shutdown_timeout.py")
+    (rc0, out0), (rc1, out1) = workers.run_group(
+        program, 2, "tensorpipe", args_for_rank=lambda rank: [str(rank)])
+    assert rc0 == 0 and rc1 == 0, out0 + out1
+    assert "shutdown raised" in out0 and "join timed out" in out0, out0
+    assert "call after shutdown raised" in out0, out0
+    assert "rank 1 done" in out1, out1
+
+
+@pytest.mark.parametrize("backend", workers.BACKENDS)
+def test_paddle_program(backend):
+    program = os.path.join(workers.HERE, "paddle_style.py")
+    port = workers.free_port()
+    results = workers.run_group(
+        program, 2, backend, args_for_rank=lambda rank: [str(rank), str(port)],
+        # Paddle's programs set no MASTER_ADDR/PORT: master_endpoint says it.
+        extra_env={"MASTER_ADDR": "", "MASTER_PORT": ""})
+    for rc, out in results:
+        assert rc == 0, out
+    (_, out0), (_, out1) = results
+    assert "me worker0 rank 0" in out0 and "me worker1 rank 1" in out1
+    assert "all [('worker0', 0), ('worker1', 1)]" in out0, out0
+    assert "sum [3.0, 3.0]" in out0, out0
+
+
+def test_paddle_master_endpoint_must_be_ip_port():
+    with pytest.raises(ValueError, match="master_endpoint must be 'ip:port'"):
+        rpc.init_rpc("w", rank=0, world_size=1, master_endpoint="nowhere")
+
+
+def test_a_callback_may_wait_for_another_call(callee):
+    # The peer's test_callback_with_ret: the inner call completes while the
+    # outer callback waits for it.
+    def callback(outer):
+        inner = rpc.rpc_async(callee, torch.add, args=(outer.wait(), 1))
+        return inner.then(lambda f: f.wait() + 1).wait()
+
+    fut = rpc.rpc_async(callee, torch.add,
+                        args=(torch.ones(2), 1)).then(callback)
+    assert torch.equal(fut.wait(), torch.full((2,), 4.0))
+
+
+def test_async_execution_returns_the_futures_value(callee):
+    t = torch.ones(2)
+    assert torch.equal(rpc.rpc_sync(callee, rpc_functions.async_add,
+                                    args=("caller", t, 2)), t + 2)
+    assert torch.equal(rpc.rpc_async(callee, rpc_functions.async_add,
+                                     args=("caller", t, 3)).wait(), t + 3)
+    assert torch.equal(rpc.remote(callee, rpc_functions.async_add,
+                                  args=("caller", t, 4)).to_here(), t + 4)
+    with pytest.raises(RuntimeError, match="must return a torch.futures"):
+        rpc.rpc_sync(callee, rpc_functions.async_not_a_future)
+
+
+def test_class_methods_run_and_bound_methods_are_refused(callee):
+    assert rpc.rpc_sync(callee, rpc_functions.Accumulator.start_at,
+                        args=(5,)) == 5
+    with pytest.raises(TypeError, match="bound to a Accumulator object"):
+        rpc.rpc_sync(callee, rpc_functions.Accumulator(1).add, args=(2,))
+
+
+def test_namedtuples_are_refused_not_turned_into_tuples(callee):
+    import collections
+    Pair = collections.namedtuple("Pair", "a b")
+    with pytest.raises(TypeError, match="argument 1 of .* is a .*Pair"):
+        rpc.rpc_sync(callee, rpc_functions.echo, args=(Pair(1, 2),))
+    with pytest.raises(ValueError, match="got the float 1.5"):
+        rpc.rpc_sync(1.5, rpc_functions.echo, args=(1,))
+
+
+def test_options_and_names_are_checked_with_the_peers_words():
+    import datetime
+    with pytest.raises(TypeError, match="incompatible constructor arguments: "
+                       "rpc_timeout must be a number of seconds"):
+        rpc.RpcBackendOptions(rpc_timeout=datetime.timedelta(seconds=1))
+    with pytest.raises(TypeError, match="rpc_backend_options must be an "
+                       "instance of RpcBackendOptions"):
+        rpc.init_rpc("w", rank=0, world_size=1,
+                     rpc_backend_options={"init_method": "env://"})
+    with pytest.raises(RuntimeError, match="Worker name must match"):
+        rpc.WorkerInfo("abc*", 0)
+    with pytest.raises(RuntimeError, match="must be non-empty"):
+        rpc.WorkerInfo("", 0)
+    with pytest.raises(RuntimeError, match="shorter than 128"):
+        rpc.WorkerInfo("a" * 500, 0)
