@@ -139,10 +139,17 @@ def _shutdown_at_exit():
             pass
 
 
+# Where launchers put the world size (core/rendezvous.h, launcher_env()).
+_LAUNCHER_WORLD_SIZES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+
 def init_rpc(name, backend=None, rank=-1, world_size=None,
              rpc_backend_options=None, master_endpoint=None):
     """Joins the group as worker ``name``. ``rank`` -1 and ``world_size``
-    None are read from the environment (RANK/WORLD_SIZE, Slurm, Open MPI).
+    None are read from the environment (RANK/WORLD_SIZE, Slurm, Open MPI);
+    with no world size there either, the group is dynamic, as the peer's:
+    workers join it with their own ``rank`` and leave it at ``shutdown()``
+    (tensorpipe and grpc).
     ``backend`` None is the TETHER_BACKEND environment variable, else
     tensorpipe.
 
@@ -175,6 +182,11 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
         raise TypeError("Argument rpc_backend_options must be an instance of "
                         "RpcBackendOptions, got %s"
                         % type(rpc_backend_options).__name__)
+    if world_size is None and not any(
+            v in os.environ for v in _LAUNCHER_WORLD_SIZES):
+        # As the peer: no world size anywhere is a dynamic group, joined
+        # and left while it runs (docs/reliability.md, "Groups that change").
+        world_size = 0
     options = rpc_backend_options or RpcBackendOptions()
     for module in options.allowed_modules:
         allow_module(module)
