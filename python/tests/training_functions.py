@@ -19,8 +19,15 @@ def scalar_sum(t):
 class Model(nn.Module):
     def __init__(self, in_features, out_features):
         super().__init__()
-        torch.manual_seed(7)
         self.linear = nn.Linear(in_features, out_features)
+        # Fixed weights, not a seeded draw: an owner builds several models
+        # at once on its pool, and torch's global generator is shared, so a
+        # seed set here could be followed by another thread's draws.
+        with torch.no_grad():
+            count = in_features * out_features
+            self.linear.weight.copy_(torch.linspace(-0.5, 0.5, count).reshape(
+                out_features, in_features))
+            self.linear.bias.fill_(0.1)
 
     def forward(self, x):
         return self.linear(x)

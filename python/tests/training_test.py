@@ -207,7 +207,7 @@ def test_parameter_rrefs_and_distributed_optimizer_match_torch_optim(callee):
         params = module.rpc_sync().parameter_rrefs()
         assert len(params) == 2 and all(isinstance(p, rpc.RRef) for p in params)
         assert all(p.owner().name == callee for p in params)
-        local = tf.Model(3, 1)  # the same seed: the same initial values
+        local = tf.Model(3, 1)  # the same fixed initial values
         local_opt = cls(local.parameters(), **kwargs)
         dist_opt = DistributedOptimizer(cls, params, **kwargs)
         for _ in range(3):
