@@ -349,6 +349,10 @@ struct Peer {
   // the address vector and its slot waits for a worker joining with its
   // rank.
   bool left = false;
+  // Dynamic groups: it is leaving (Agent::remove_peer): no new sends go to
+  // it, what it still sends (its goodbye, answers) is taken, and it is
+  // dropped on its goodbye or when a worker joins with its rank.
+  bool leaving = false;
   // Its endpoint's name, as inserted.
   std::string raw_address;
 
@@ -933,6 +937,8 @@ void State::drop_peer(int rank, const absl::Status& why) {
                  << "' cannot forget the address of " << describe(rank)
                  << ": " << removed.message();
   }
+  VLOG(1) << "libfabric agent of worker '" << self_.name << "' drops "
+          << describe(rank) << ": " << why.message();
   peer.address = FI_ADDR_NOTAVAIL;
   peer.left = true;
   peer.talked = false;
@@ -950,6 +956,15 @@ bool State::adopt_unknown(int rank) {
       text.ok() ? peer_record(WorkerInfo{"", rank}, *text) : text.status();
   if (record.ok() && record->name.empty()) {
     record = absl::InvalidArgumentError("its address record has no name");
+  }
+  if (static_cast<size_t>(rank) < peers_.size() && !absent(peers_[rank])) {
+    // A leaving worker's rank: is the frame the leaver's or a joiner's?
+    if (!record.ok() || peers_[rank].raw_address == record->address) {
+      return true;
+    }
+    drop_peer(rank, absl::UnavailableError(absl::StrCat(
+                        describe(rank), " has left: worker '", record->name,
+                        "' joins with its rank")));
   }
   if (record.ok()) {
     absl::MutexLock lock(&names_mu_);
@@ -1000,17 +1015,23 @@ absl::Status State::add_peer(const WorkerInfo& worker) {
           }
           const size_t rank = static_cast<size_t>(worker.id);
           if (worker.id >= 0 && rank < peers_.size() && !absent(peers_[rank])) {
-            const Peer& known = peers_[rank];
-            if (known.name != worker.name) {
+            Peer& known = peers_[rank];
+            if (known.name != worker.name && !known.leaving) {
               return absl::AlreadyExistsError(
                   absl::StrCat(who, ": rank ", worker.id, " is worker '",
                                known.name, "', not '", worker.name, "'"));
             }
             // Its first frame came before MEMBER_JOIN: known already.
-            if (known.raw_address == record->address) return absl::OkStatus();
+            if (known.name == worker.name &&
+                known.raw_address == record->address) {
+              known.leaving = false;
+              absl::MutexLock lock(&names_mu_);
+              rank_by_name_[worker.name] = worker.id;
+              return absl::OkStatus();
+            }
             drop_peer(worker.id, absl::UnavailableError(absl::StrCat(
-                                     describe(worker.id),
-                                     " has joined again from a new address")));
+                                     describe(worker.id), " has left: worker '",
+                                     worker.name, "' joins with its rank")));
           }
           return install_peer(worker, *record);
         }();
@@ -1037,11 +1058,13 @@ void State::remove_peer(const WorkerInfo& worker) {
   }
   post([this, worker] {
     const size_t rank = static_cast<size_t>(worker.id);
-    if (rank >= peers_.size() || peers_[rank].name != worker.name) return;
-    drop_peer(worker.id,
-              absl::UnavailableError(absl::StrCat(
-                  describe(worker.id), " has left the group of worker '",
-                  self_.name, "'")));
+    if (rank >= peers_.size() || absent(peers_[rank]) ||
+        peers_[rank].name != worker.name) {
+      return;
+    }
+    // Dropped on its goodbye, or when a worker joins with its rank: until
+    // then it may still answer, and is answered.
+    peers_[rank].leaving = true;
   });
 }
 
@@ -1781,12 +1804,16 @@ bool State::send_due_credits() {
 void State::on_frame(Op* op, size_t length) {
   absl::string_view bytes(op->buffer, length);
   absl::StatusOr<FrameHeader> header = frame::read_header(bytes);
-  if (header.ok() && (header->src_rank >= peers_.size() ||
-                      absent(peers_[header->src_rank]))) {
-    // In a dynamic group, a joiner's first word (its hello or a request)
-    // may come before the Worker has been told of it.
-    const bool first_word = dynamic_ && (header->kind == FrameKind::kAuth ||
-                                         header->kind == FrameKind::kRequest);
+  const bool unknown = header.ok() && (header->src_rank >= peers_.size() ||
+                                       absent(peers_[header->src_rank]));
+  // In a dynamic group, a joiner's first word (its hello or a request) may
+  // come before the Worker has been told of it, and its rank may be that of
+  // a worker that is leaving.
+  const bool first_word = header.ok() && dynamic_ &&
+                          (header->kind == FrameKind::kAuth ||
+                           header->kind == FrameKind::kRequest);
+  if (unknown ||
+      (first_word && peers_[header->src_rank].leaving)) {
     if (!first_word || !adopt_unknown(static_cast<int>(header->src_rank))) {
       header = absl::InvalidArgumentError(absl::StrCat(
           "source rank ", header->src_rank, " not in the group"));
@@ -1856,6 +1883,10 @@ void State::on_frame(Op* op, size_t length) {
                     describe(peer.rank), " has shut down (libfabric agent of "
                     "worker '", self_.name, "' was told)")));
       peer.gone = true;
+      if (peer.leaving) {
+        drop_peer(peer.rank, absl::UnavailableError(absl::StrCat(
+                                 describe(peer.rank), " has left the group")));
+      }
       return;
   }
 }
