@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "backends/common/agent_support.h"
+#include "backends/common/peer_table.h"
 #include "backends/libfabric/internal/fabric.h"
 #include "backends/libfabric/internal/frame.h"
 #include "backends/libfabric/internal/listener_guard.h"
@@ -88,6 +89,8 @@ constexpr size_t kSendBuffers = 64;
 constexpr uint64_t kMaxChunk = uint64_t{16} << 20;
 // Receive-queue entries kept for tagged bulk receives.
 constexpr size_t kBulkReceiveReserve = 64;
+// A dynamic group's agent sizes its credits for at least this many workers.
+constexpr size_t kDynamicPlannedPeers = 8;
 constexpr int kCompletionBatch = 32;
 constexpr absl::Duration kMaxTick = absl::Milliseconds(100);
 constexpr absl::Duration kGoodbyeBound = absl::Milliseconds(200);
@@ -118,6 +121,9 @@ struct Record {
   // Where same-host peers ring to wake a polling progress thread: an
   // abstract Unix socket name, raw (empty: none).
   std::string doorbell;
+  // The worker's name (dynamic groups: a member learns a joiner's name
+  // from it when the joiner's first frame comes before MEMBER_JOIN).
+  std::string name;
 };
 
 std::string encode_record(const Record& record) {
@@ -127,7 +133,8 @@ std::string encode_record(const Record& record) {
       "\ncredits=", record.credits, "\nrendezvous=",
       rendezvous_mode_name(record.mode), "\npid=", record.pid,
       "\nhost=", record.host, "\ndoorbell=",
-      absl::BytesToHexString(record.doorbell), "\n");
+      absl::BytesToHexString(record.doorbell), "\nname=",
+      absl::BytesToHexString(record.name), "\n");
 }
 
 absl::StatusOr<Record> decode_record(absl::string_view text) {
@@ -161,6 +168,10 @@ absl::StatusOr<Record> decode_record(absl::string_view text) {
       record.doorbell = absl::HexStringToBytes(value);
       ok = value.size() % 2 == 0 &&
            record.doorbell.size() <= sizeof(sockaddr_un::sun_path);
+      --fields;  // optional
+    } else if (key == "name") {
+      record.name = absl::HexStringToBytes(value);
+      ok = value.size() % 2 == 0;
       --fields;  // optional
     } else {
       continue;  // a later version's field
@@ -334,6 +345,16 @@ struct Peer {
   bool gone = false;
   // Bumped when it is lost: requests sent later are on a new connection.
   uint32_t epoch = 0;
+  // Dynamic groups: it left (Agent::remove_peer); its address is out of
+  // the address vector and its slot waits for a worker joining with its
+  // rank.
+  bool left = false;
+  // Dynamic groups: it is leaving (Agent::remove_peer): no new sends go to
+  // it, what it still sends (its goodbye, answers) is taken, and it is
+  // dropped on its goodbye or when a worker joins with its rank.
+  bool leaving = false;
+  // Its endpoint's name, as inserted.
+  std::string raw_address;
 
   // Authentication (AgentSetup::auth; internal/frame.h has the handshake),
   // one per direction. Our requests to it wait in auth_waiting until it
@@ -369,18 +390,18 @@ struct ClosedEndpoint {
     if (fabric != nullptr) fabric->close_endpoint();
     receive_ops.clear();
     send_ops.clear();
-    receive_region.reset();
+    receive_regions.clear();
     send_region.reset();
-    receive_slab.clear();
+    receive_slabs.clear();
     send_slab.clear();
     fabric.reset();
   }
 
   std::vector<std::unique_ptr<Op>> receive_ops;
   std::vector<std::unique_ptr<Op>> send_ops;
-  std::unique_ptr<MemoryRegion> receive_region;
+  std::vector<std::unique_ptr<MemoryRegion>> receive_regions;
   std::unique_ptr<MemoryRegion> send_region;
-  std::vector<char> receive_slab;
+  std::vector<std::vector<char>> receive_slabs;
   std::vector<char> send_slab;
   std::unique_ptr<Fabric> fabric;
 };
@@ -454,10 +475,12 @@ class State : public std::enable_shared_from_this<State> {
         limits_(setup.limits),
         auth_(std::move(setup.auth)),
         peer_timeout_(setup.peer_timeout),
+        dynamic_(setup.dynamic),
         joiner_(store_, kBackendName, self_.id,
                 static_cast<int>(workers_.size())),
         timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
         pending_(timers_.get()) {
+    absl::MutexLock lock(&names_mu_);
     for (const WorkerInfo& worker : workers_) {
       rank_by_name_[worker.name] = worker.id;
     }
@@ -477,13 +500,12 @@ class State : public std::enable_shared_from_this<State> {
                        absl::Duration timeout);
   absl::Status join(absl::Duration timeout);
   void shutdown();
-  // Static groups only (create_agent refuses a dynamic one).
-  absl::Status add_peer(const WorkerInfo& worker) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "libfabric agent of worker '", self_.name,
-        "' is in a static group: worker '", worker.name, "' cannot join it"));
-  }
-  void remove_peer(const WorkerInfo& /*worker*/) {}
+  // Dynamic groups: reads the joiner's record from the store and has the
+  // progress thread insert it (install_peer()).
+  absl::Status add_peer(const WorkerInfo& worker);
+  // Dynamic groups: sends to it fail at once; the progress thread takes
+  // its address out of the address vector and drops its state.
+  void remove_peer(const WorkerInfo& worker);
   absl::StatusOr<LibfabricStats> stats();
 
   const WorkerInfo& self() const { return self_; }
@@ -501,6 +523,23 @@ class State : public std::enable_shared_from_this<State> {
   absl::Status open_fabric();
   absl::Status exchange_records();
   absl::Status set_up_wakeups();
+  // The eager receive pool holds buffers for `peers` workers (grows only).
+  absl::Status grow_pool(size_t peers);
+  // Checks a peer's record against ours (provider) and, unless `worker`
+  // has no name (yet), its name.
+  absl::StatusOr<Record> peer_record(const WorkerInfo& worker,
+                                     absl::string_view published) const;
+  // Makes `worker` a known peer with `record` (a fresh slot: its address
+  // inserted, credits and buffers for it). On the progress thread, or in
+  // init() before it runs.
+  absl::Status install_peer(const WorkerInfo& worker, const Record& record);
+  // Dynamic groups, the progress thread: a frame from rank `rank`, unknown
+  // here, is the first word of a joiner the Worker has not been told of
+  // yet: its record names it. False if there is none.
+  bool adopt_unknown(int rank);
+  // Dynamic groups: forgets a peer that left (fails what waits on it with
+  // `why`, takes its address out of the address vector).
+  void drop_peer(int rank, const absl::Status& why);
 
   // ---- the progress thread
   void run();
@@ -571,9 +610,14 @@ class State : public std::enable_shared_from_this<State> {
            static_cast<uint64_t>(peer.rank + 1);
   }
   std::string describe(int rank) const {
-    return absl::StrCat("worker '", workers_[rank].name, "' (rank ", rank,
-                        ")");
+    if (rank >= 0 && static_cast<size_t>(rank) < peers_.size() &&
+        !peers_[rank].name.empty()) {
+      return absl::StrCat("worker '", peers_[rank].name, "' (rank ", rank,
+                          ")");
+    }
+    return absl::StrCat("rank ", rank);
   }
+  static bool absent(const Peer& peer) { return peer.rank < 0 || peer.left; }
   uint32_t in_flight(const Peer& peer) const {
     return peer.granted - peer.credits + (peer.control_slot_free ? 0 : 1);
   }
@@ -584,9 +628,14 @@ class State : public std::enable_shared_from_this<State> {
   const Settings settings_;
   const MessageLimits limits_;
   const std::optional<auth::Authenticator> auth_;
-  absl::flat_hash_map<std::string, int> rank_by_name_;  // const after ctor
+  // The peers sends may go to, by name (dynamic groups change it).
+  absl::Mutex names_mu_;
+  absl::flat_hash_map<std::string, int> rank_by_name_ ABSL_GUARDED_BY(names_mu_);
+  // Set at init.
+  std::string host_;
   // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
   const absl::Duration peer_timeout_;
+  const bool dynamic_;
   join::StoreJoin joiner_;
 
   common::ShutdownSequence shutdown_;
@@ -624,9 +673,16 @@ class State : public std::enable_shared_from_this<State> {
   absl::Duration spin_;
   absl::Duration keepalive_interval_;
   absl::Duration tick_;
-  std::vector<char> receive_slab_;
+  // The eager receive buffers: one slab per growth of the pool (a dynamic
+  // group's pool grows as workers join; it never shrinks: a leaver's
+  // buffers wait for the next joiner).
+  std::vector<std::vector<char>> receive_slabs_;
   std::vector<char> send_slab_;
-  std::unique_ptr<MemoryRegion> receive_region_;
+  std::vector<std::unique_ptr<MemoryRegion>> receive_regions_;
+  // How many peers (self included) the pool holds buffers for, and how
+  // many are known now.
+  size_t pool_peers_ = 0;
+  size_t known_peers_ = 0;
   std::unique_ptr<MemoryRegion> send_region_;
   std::vector<std::unique_ptr<Op>> receive_ops_;
   std::vector<std::unique_ptr<Op>> send_ops_;
@@ -637,6 +693,7 @@ class State : public std::enable_shared_from_this<State> {
   absl::Time last_guard_sweep_ = absl::InfinitePast();
   size_t tx_limit_ = 0;
   size_t rx_limit_ = 0;
+  size_t rx_reserve_ = 0;
   size_t tx_inflight_ = 0;
   size_t rx_inflight_ = 0;
   // Operations we allocated that libfabric holds.
@@ -707,10 +764,14 @@ absl::Status State::open_fabric() {
   }
 
   // The receive queue holds world x (credits + 1) eager buffers and room
-  // for tagged bulk receives.
+  // for tagged bulk receives. A dynamic group plans for at least
+  // kDynamicPlannedPeers workers; it grows the pool as more join, as far as
+  // the receive queue allows.
   const size_t rx = fabric_->rx_size();
   const size_t reserve = std::min(kBulkReceiveReserve, rx / 4);
-  const size_t per_peer = (rx - reserve) / world;
+  const size_t planned =
+      dynamic_ ? std::max(world, kDynamicPlannedPeers) : world;
+  const size_t per_peer = (rx - reserve) / planned;
   if (per_peer < 2) {
     return absl::FailedPreconditionError(absl::StrCat(
         "libfabric provider '", fabric_->provider_name(),
@@ -719,43 +780,16 @@ absl::Status State::open_fabric() {
   }
   credits_ = static_cast<uint32_t>(
       std::min<size_t>(settings_.credits, per_peer - 1));
-  const size_t slots = world * (credits_ + 1);
   tx_limit_ = fabric_->tx_size();
-  rx_limit_ = rx - slots;
+  rx_limit_ = rx;
+  rx_reserve_ = reserve;
 
   spin_ = settings_.spin;
   keepalive_interval_ =
       std::max(absl::Milliseconds(20), settings_.peer_timeout / 5);
   tick_ = std::min(kMaxTick, keepalive_interval_ / 2);
 
-  try {
-    receive_slab_.resize(slots * buffer_size_);
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", slots, " libfabric receive buffers of ",
-        buffer_size_, " bytes: ", e.what()));
-  }
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> region =
-      fabric_->register_memory(receive_slab_.data(), receive_slab_.size(),
-                               FI_RECV);
-  if (!region.ok()) return region.status();
-  receive_region_ = *std::move(region);
-  for (size_t slot = 0; slot < slots; ++slot) {
-    auto op = std::make_unique<Op>();
-    op->kind = OpKind::kEagerReceive;
-    op->slot = slot;
-    op->buffer = receive_slab_.data() + slot * buffer_size_;
-    op->length = buffer_size_;
-    op->desc = receive_region_->desc();
-    op->tag = frame::kEagerTag;
-    const int rc = issue(op.get());
-    if (rc != 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "libfabric fi_trecv of eager buffer ", slot, " of ", slots,
-          " failed: ", libfabric::internal::fi_error_text(-rc)));
-    }
-    receive_ops_.push_back(std::move(op));
-  }
+  if (absl::Status grown = grow_pool(world); !grown.ok()) return grown;
   MrCache::Limits limits;
   limits.max_entries = settings_.mr_cache_entries;
   limits.max_bytes = settings_.mr_cache_bytes;
@@ -768,6 +802,270 @@ absl::Status State::open_fabric() {
   stats_.eager_buffer_bytes = buffer_size_;
   stats_.rendezvous_threshold = threshold_;
   return absl::OkStatus();
+}
+
+absl::Status State::grow_pool(size_t peers) {
+  if (peers <= pool_peers_) return absl::OkStatus();
+  const size_t slots = (peers - pool_peers_) * (credits_ + 1);
+  if (rx_limit_ < slots + rx_reserve_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "libfabric provider '", fabric_->provider_name(),
+        "' has a receive queue too small for eager buffers of ", peers,
+        " workers"));
+  }
+  std::vector<char> slab;
+  try {
+    slab.resize(slots * buffer_size_);
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", slots, " libfabric receive buffers of ",
+        buffer_size_, " bytes: ", e.what()));
+  }
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> region =
+      fabric_->register_memory(slab.data(), slab.size(), FI_RECV);
+  if (!region.ok()) return region.status();
+  receive_slabs_.push_back(std::move(slab));
+  receive_regions_.push_back(*std::move(region));
+  rx_limit_ -= slots;
+  pool_peers_ = peers;
+  char* base = receive_slabs_.back().data();
+  void* desc = receive_regions_.back()->desc();
+  for (size_t slot = 0; slot < slots; ++slot) {
+    auto op = std::make_unique<Op>();
+    op->kind = OpKind::kEagerReceive;
+    op->slot = receive_ops_.size();
+    op->buffer = base + slot * buffer_size_;
+    op->length = buffer_size_;
+    op->desc = desc;
+    op->tag = frame::kEagerTag;
+    Op* raw = op.get();
+    receive_ops_.push_back(std::move(op));
+    const int rc = issue(raw);
+    if (rc == -FI_EAGAIN) {
+      retry_.push_back(raw);
+    } else if (rc != 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "libfabric fi_trecv of eager buffer ", slot, " of ", slots,
+          " failed: ", libfabric::internal::fi_error_text(-rc)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Record> State::peer_record(const WorkerInfo& worker,
+                                          absl::string_view published) const {
+  absl::StatusOr<Record> record = decode_record(published);
+  if (!record.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "libfabric agent of worker '", self_.name, "': worker '", worker.name,
+        "' (rank ", worker.id, "): ", record.status().message()));
+  }
+  if (record->provider != fabric_->provider_name()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "libfabric agent of worker '", self_.name, "' uses provider '",
+        fabric_->provider_name(), "' but worker '", worker.name, "' (rank ",
+        worker.id, ") uses '", record->provider,
+        "': every worker of a group must use the same"));
+  }
+  if (!worker.name.empty() && !record->name.empty() &&
+      record->name != worker.name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "libfabric agent of worker '", self_.name, "': the address of rank ",
+        worker.id, " is worker '", record->name, "''s, not '", worker.name,
+        "''s"));
+  }
+  return record;
+}
+
+absl::Status State::install_peer(const WorkerInfo& worker,
+                                 const Record& record) {
+  if (worker.id < 0 || static_cast<uint32_t>(worker.id) >= frame::kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the libfabric backend takes ranks below ",
+                     frame::kMaxRanks, ", not ", worker.id));
+  }
+  const size_t rank = static_cast<size_t>(worker.id);
+  if (rank >= peers_.size()) peers_.resize(rank + 1);
+  absl::StatusOr<std::vector<fi_addr_t>> address =
+      fabric_->insert({record.address});
+  if (!address.ok()) return address.status();
+  Peer peer;
+  peer.rank = worker.id;
+  peer.name = worker.name;
+  peer.address = (*address)[0];
+  peer.raw_address = record.address;
+  // Frames to it are built in our send buffers (sized at init).
+  peer.buffer_size = send_buffer_size_ == 0
+                         ? record.buffer_size
+                         : std::min(record.buffer_size, send_buffer_size_);
+  peer.granted = record.credits;
+  peer.credits = record.credits;
+  peer.mode = record.mode;
+  peer.pid = record.pid;
+  peer.same_host = !host_.empty() && record.host == host_;
+  // A worker that joins with a leaver's rank is on a new connection.
+  peer.epoch = peers_[rank].epoch + 1;
+  if (peer.same_host && !record.doorbell.empty()) {
+    peer.doorbell.sun_family = AF_UNIX;
+    std::memcpy(peer.doorbell.sun_path, record.doorbell.data(),
+                record.doorbell.size());
+    peer.doorbell_length = static_cast<socklen_t>(
+        offsetof(sockaddr_un, sun_path) + record.doorbell.size());
+  } else if (peer.rank != self_.id) {
+    all_peers_ring_ = false;
+  }
+  peers_[rank] = std::move(peer);
+  ++known_peers_;
+  {
+    absl::MutexLock lock(&names_mu_);
+    rank_by_name_[worker.name] = worker.id;
+  }
+  // Credits granted to it are backed by buffers.
+  return grow_pool(known_peers_);
+}
+
+void State::drop_peer(int rank, const absl::Status& why) {
+  Peer& peer = peers_[rank];
+  if (absent(peer)) return;
+  fail_peer(rank, why);
+  for (const std::shared_ptr<Incoming>& in : peer.incoming) {
+    in->abandoned = true;
+  }
+  peer.incoming.clear();
+  if (absl::Status removed = fabric_->remove(peer.address); !removed.ok()) {
+    LOG(WARNING) << "libfabric agent of worker '" << self_.name
+                 << "' cannot forget the address of " << describe(rank)
+                 << ": " << removed.message();
+  }
+  VLOG(1) << "libfabric agent of worker '" << self_.name << "' drops "
+          << describe(rank) << ": " << why.message();
+  peer.address = FI_ADDR_NOTAVAIL;
+  peer.left = true;
+  peer.talked = false;
+  --known_peers_;
+}
+
+bool State::adopt_unknown(int rank) {
+  const std::string who =
+      absl::StrCat("libfabric agent of worker '", self_.name, "'");
+  const WorkerInfo unknown{absl::StrCat("rank ", rank), rank};
+  absl::StatusOr<std::string> text =
+      common::lookup_address(*store_, kAddressKeyPrefix, unknown, who);
+  // Its name is what its record says.
+  absl::StatusOr<Record> record =
+      text.ok() ? peer_record(WorkerInfo{"", rank}, *text) : text.status();
+  if (record.ok() && record->name.empty()) {
+    record = absl::InvalidArgumentError("its address record has no name");
+  }
+  if (static_cast<size_t>(rank) < peers_.size() && !absent(peers_[rank])) {
+    // A leaving worker's rank: is the frame the leaver's or a joiner's?
+    if (!record.ok() || peers_[rank].raw_address == record->address) {
+      return true;
+    }
+    drop_peer(rank, absl::UnavailableError(absl::StrCat(
+                        describe(rank), " has left: worker '", record->name,
+                        "' joins with its rank")));
+  }
+  if (record.ok()) {
+    absl::MutexLock lock(&names_mu_);
+    auto taken = rank_by_name_.find(record->name);
+    if (taken != rank_by_name_.end() && taken->second != rank) {
+      record = absl::AlreadyExistsError(
+          absl::StrCat("worker '", record->name, "' is rank ", taken->second));
+    }
+  }
+  absl::Status installed =
+      record.ok() ? install_peer(WorkerInfo{record->name, rank}, *record)
+                  : record.status();
+  if (!installed.ok()) {
+    LOG(WARNING) << who << " drops a frame from unknown rank " << rank << ": "
+                 << installed.message();
+    return false;
+  }
+  LOG(INFO) << who << ": " << describe(rank)
+            << " makes contact before it has been announced (it is joining)";
+  return true;
+}
+
+absl::Status State::add_peer(const WorkerInfo& worker) {
+  if (!dynamic_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "libfabric agent of worker '", self_.name,
+        "' is in a static group: worker '", worker.name, "' cannot join it"));
+  }
+  const std::string who =
+      absl::StrCat("libfabric agent of worker '", self_.name, "'");
+  absl::StatusOr<std::string> text =
+      common::lookup_address(*store_, kAddressKeyPrefix, worker, who);
+  if (!text.ok()) return text.status();
+  auto result = std::make_shared<absl::Status>();
+  auto done = std::make_shared<absl::Notification>();
+  if (!post([this, worker, who, text = *std::move(text), result, done] {
+        *result = [&]() -> absl::Status {
+          absl::StatusOr<Record> record = peer_record(worker, text);
+          if (!record.ok()) return record.status();
+          {
+            absl::MutexLock lock(&names_mu_);
+            auto taken = rank_by_name_.find(worker.name);
+            if (taken != rank_by_name_.end() && taken->second != worker.id) {
+              return absl::AlreadyExistsError(absl::StrCat(
+                  who, ": worker '", worker.name, "' is rank ", taken->second,
+                  ", not ", worker.id));
+            }
+          }
+          const size_t rank = static_cast<size_t>(worker.id);
+          if (worker.id >= 0 && rank < peers_.size() && !absent(peers_[rank])) {
+            Peer& known = peers_[rank];
+            if (known.name != worker.name && !known.leaving) {
+              return absl::AlreadyExistsError(
+                  absl::StrCat(who, ": rank ", worker.id, " is worker '",
+                               known.name, "', not '", worker.name, "'"));
+            }
+            // Its first frame came before MEMBER_JOIN: known already.
+            if (known.name == worker.name &&
+                known.raw_address == record->address) {
+              known.leaving = false;
+              absl::MutexLock lock(&names_mu_);
+              rank_by_name_[worker.name] = worker.id;
+              return absl::OkStatus();
+            }
+            drop_peer(worker.id, absl::UnavailableError(absl::StrCat(
+                                     describe(worker.id), " has left: worker '",
+                                     worker.name, "' joins with its rank")));
+          }
+          return install_peer(worker, *record);
+        }();
+        done->Notify();
+      })) {
+    return absl::CancelledError(
+        absl::StrCat("worker '", self_.name, "' has shut down"));
+  }
+  if (!done->WaitForNotificationWithTimeout(kStatsBound)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        who, " did not add worker '", worker.name, "' within ",
+        absl::FormatDuration(kStatsBound)));
+  }
+  return *result;
+}
+
+void State::remove_peer(const WorkerInfo& worker) {
+  if (!dynamic_) return;
+  {
+    absl::MutexLock lock(&names_mu_);
+    auto known = rank_by_name_.find(worker.name);
+    if (known == rank_by_name_.end() || known->second != worker.id) return;
+    rank_by_name_.erase(known);
+  }
+  post([this, worker] {
+    const size_t rank = static_cast<size_t>(worker.id);
+    if (rank >= peers_.size() || absent(peers_[rank]) ||
+        peers_[rank].name != worker.name) {
+      return;
+    }
+    // Dropped on its goodbye, or when a worker joins with its rank: until
+    // then it may still answer, and is answered.
+    peers_[rank].leaving = true;
+  });
 }
 
 absl::Status State::exchange_records() {
@@ -785,53 +1083,53 @@ absl::Status State::exchange_records() {
   mine.pid = ::getpid();
   mine.host = host_identity();
   mine.doorbell = doorbell_name_;
-  absl::StatusOr<std::vector<std::string>> published =
-      common::exchange_addresses(
-          *store_, kAddressKeyPrefix, self_.id,
-          static_cast<int>(workers_.size()), encode_record(mine),
-          settings_.init_timeout,
-          absl::StrCat("libfabric agent of worker '", self_.name, "'"));
-  if (!published.ok()) return published.status();
-  std::vector<std::string> names;
-  peers_.resize(workers_.size());
-  for (size_t rank = 0; rank < published->size(); ++rank) {
-    absl::StatusOr<Record> record = decode_record((*published)[rank]);
-    if (!record.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("libfabric agent of worker '", self_.name, "': ",
-                       describe(rank), ": ", record.status().message()));
+  mine.name = self_.name;
+  host_ = mine.host;
+  const std::string who =
+      absl::StrCat("libfabric agent of worker '", self_.name, "'");
+  // Every worker's record, in rank order.
+  std::vector<std::pair<WorkerInfo, Record>> records;
+  if (dynamic_) {
+    // The members present now; joiners come through add_peer() (or their
+    // first frame).
+    absl::Status published = common::publish_address(
+        *store_, kAddressKeyPrefix, self_.id, encode_record(mine), who);
+    if (!published.ok()) return published;
+    for (const WorkerInfo& worker : workers_) {
+      if (worker.id == self_.id) {
+        records.emplace_back(worker, mine);
+        continue;
+      }
+      absl::StatusOr<std::string> text =
+          common::lookup_address(*store_, kAddressKeyPrefix, worker, who);
+      if (!text.ok()) return text.status();
+      absl::StatusOr<Record> record = peer_record(worker, *text);
+      if (!record.ok()) return record.status();
+      records.emplace_back(worker, *std::move(record));
     }
-    if (record->provider != mine.provider) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "libfabric agent of worker '", self_.name, "' uses provider '",
-          mine.provider, "' but ", describe(rank), " uses '",
-          record->provider, "': every worker of a group must use the same"));
+  } else {
+    absl::StatusOr<std::vector<std::string>> published =
+        common::exchange_addresses(*store_, kAddressKeyPrefix, self_.id,
+                                   static_cast<int>(workers_.size()),
+                                   encode_record(mine), settings_.init_timeout,
+                                   who);
+    if (!published.ok()) return published.status();
+    for (size_t rank = 0; rank < published->size(); ++rank) {
+      absl::StatusOr<Record> record =
+          peer_record(workers_[rank], (*published)[rank]);
+      if (!record.ok()) return record.status();
+      records.emplace_back(workers_[rank], *std::move(record));
     }
-    Peer& peer = peers_[rank];
-    peer.rank = static_cast<int>(rank);
-    peer.name = workers_[rank].name;
-    peer.buffer_size = record->buffer_size;
-    peer.granted = record->credits;
-    peer.credits = record->credits;
-    peer.mode = record->mode;
-    peer.pid = record->pid;
-    peer.same_host = !mine.host.empty() && record->host == mine.host;
-    if (peer.same_host && !record->doorbell.empty()) {
-      peer.doorbell.sun_family = AF_UNIX;
-      std::memcpy(peer.doorbell.sun_path, record->doorbell.data(),
-                  record->doorbell.size());
-      peer.doorbell_length = static_cast<socklen_t>(
-          offsetof(sockaddr_un, sun_path) + record->doorbell.size());
-    } else if (peer.rank != self_.id) {
-      all_peers_ring_ = false;
-    }
-    send_buffer_size_ = std::max(send_buffer_size_, record->buffer_size);
-    names.push_back(std::move(record->address));
   }
-  absl::StatusOr<std::vector<fi_addr_t>> addresses = fabric_->insert(names);
-  if (!addresses.ok()) return addresses.status();
-  for (size_t rank = 0; rank < peers_.size(); ++rank) {
-    peers_[rank].address = (*addresses)[rank];
+  send_buffer_size_ = buffer_size_;
+  for (const auto& [worker, record] : records) {
+    send_buffer_size_ = std::max(send_buffer_size_, record.buffer_size);
+  }
+  for (const auto& [worker, record] : records) {
+    if (absl::Status installed = install_peer(worker, record);
+        !installed.ok()) {
+      return installed;
+    }
   }
 
   // Send buffers, now that the peers' buffer sizes are known.
@@ -983,8 +1281,13 @@ void State::finish_handling() {
 
 Future<Message> State::send(const WorkerInfo& to, Message request,
                             absl::Duration timeout) {
-  auto peer = rank_by_name_.find(to.name);
-  if (peer == rank_by_name_.end()) {
+  int rank = -1;
+  {
+    absl::MutexLock lock(&names_mu_);
+    auto peer = rank_by_name_.find(to.name);
+    if (peer != rank_by_name_.end()) rank = peer->second;
+  }
+  if (rank < 0) {
     return Future<Message>::ready(absl::UnavailableError(
         absl::StrCat("worker '", to.name, "' is not in the group of worker '",
                      self_.name, "'")));
@@ -997,7 +1300,6 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
           "' has one on ", storage.device().str())));
     }
   }
-  const int rank = peer->second;
   absl::StatusOr<PendingRequests::Request> pending;
   {
     absl::MutexLock lock(&mu_);
@@ -1502,9 +1804,20 @@ bool State::send_due_credits() {
 void State::on_frame(Op* op, size_t length) {
   absl::string_view bytes(op->buffer, length);
   absl::StatusOr<FrameHeader> header = frame::read_header(bytes);
-  if (header.ok() && header->src_rank >= peers_.size()) {
-    header = absl::InvalidArgumentError(
-        absl::StrCat("source rank ", header->src_rank, " not in the group"));
+  const bool unknown = header.ok() && (header->src_rank >= peers_.size() ||
+                                       absent(peers_[header->src_rank]));
+  // In a dynamic group, a joiner's first word (its hello or a request) may
+  // come before the Worker has been told of it, and its rank may be that of
+  // a worker that is leaving.
+  const bool first_word = header.ok() && dynamic_ &&
+                          (header->kind == FrameKind::kAuth ||
+                           header->kind == FrameKind::kRequest);
+  if (unknown ||
+      (first_word && peers_[header->src_rank].leaving)) {
+    if (!first_word || !adopt_unknown(static_cast<int>(header->src_rank))) {
+      header = absl::InvalidArgumentError(absl::StrCat(
+          "source rank ", header->src_rank, " not in the group"));
+    }
   }
   if (!header.ok()) {
     LOG(WARNING) << "libfabric agent of worker '" << self_.name
@@ -1570,6 +1883,10 @@ void State::on_frame(Op* op, size_t length) {
                     describe(peer.rank), " has shut down (libfabric agent of "
                     "worker '", self_.name, "' was told)")));
       peer.gone = true;
+      if (peer.leaving) {
+        drop_peer(peer.rank, absl::UnavailableError(absl::StrCat(
+                                 describe(peer.rank), " has left the group")));
+      }
       return;
   }
 }
@@ -2416,7 +2733,7 @@ void State::housekeeping(absl::Time now) {
       now - last_housekeeping_ > keepalive_interval_;
   last_housekeeping_ = now;
   for (Peer& peer : peers_) {
-    if (peer.rank == self_.id || peer.lost) continue;
+    if (absent(peer) || peer.rank == self_.id || peer.lost) continue;
     if (prune) {
       absl::erase_if(peer.requests,
                      [this](int64_t id) { return !pending_.contains(id); });
@@ -2475,7 +2792,9 @@ void State::teardown() {
     // Goodbyes, so that peers fail what waits for us at once.
     size_t said = 0;
     for (Peer& peer : peers_) {
-      if (peer.rank == self_.id || !peer.talked || peer.lost) continue;
+      if (absent(peer) || peer.rank == self_.id || !peer.talked || peer.lost) {
+        continue;
+      }
       OutFrame out;
       out.header.kind = FrameKind::kGoodbye;
       if (transmit(peer, out, /*control=*/peer.control_slot_free) ==
@@ -2524,9 +2843,9 @@ void State::teardown() {
   auto endpoint = std::make_unique<ClosedEndpoint>();
   endpoint->receive_ops = std::move(receive_ops_);
   endpoint->send_ops = std::move(send_ops_);
-  endpoint->receive_region = std::move(receive_region_);
+  endpoint->receive_regions = std::move(receive_regions_);
   endpoint->send_region = std::move(send_region_);
-  endpoint->receive_slab = std::move(receive_slab_);
+  endpoint->receive_slabs = std::move(receive_slabs_);
   endpoint->send_slab = std::move(send_slab_);
   endpoint->fabric = std::move(fabric_);
   if (shared) {
@@ -2548,16 +2867,6 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   absl::StatusOr<Settings> settings =
       libfabric::internal::parse_settings(setup.settings);
   if (!settings.ok()) return settings.status();
-  if (setup.dynamic) {
-    // TODO(#17): peers are a rank-indexed table sized at init (credits,
-    // pre-posted receive buffers and the address vector for the whole
-    // group), and a frame from a worker not in it cannot be answered.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the libfabric backend does not support dynamic groups yet (worker '",
-        setup.self.name,
-        "' was started without a world size): use tensorpipe or grpc, or "
-        "give every worker the world size"));
-  }
   auto state = std::make_shared<State>(std::move(setup), *std::move(settings));
   if (absl::Status initialized = state->init(); !initialized.ok()) {
     state->shutdown();

@@ -10,6 +10,15 @@
 // vector in rank order. There are no connections to open: the provider
 // connects (tcp;ofi_rxm) or maps (shm) on the first message.
 //
+// Dynamic groups (AgentSetup::dynamic): the agent publishes its record
+// without waiting and reads the members'. add_peer() has the progress
+// thread insert a joiner's address and make its state, growing the eager
+// pool; a hello or request from a rank not known yet is taken once the
+// record published under that rank names a worker (the joiner talks to a
+// member before MEMBER_JOIN); remove_peer() stops sends at once and drops
+// the peer (fi_av_remove) on its goodbye or when a worker joins with its
+// rank. docs/reliability.md, "Groups that change".
+//
 // Small messages: a request or response whose payload, storages and
 // descriptors fit one eager buffer travels as one tagged message into one
 // of the receiver's pre-posted buffers (world size x (credits + 1) of them).

@@ -55,14 +55,6 @@ using ::tether::testing::backend_under_test;
 constexpr absl::Duration kBound = absl::Seconds(60);
 constexpr absl::Duration kPeerTimeout = absl::Seconds(2);
 
-bool dynamic_groups_supported() { return backend_under_test() != "libfabric"; }
-
-#define SKIP_UNLESS_DYNAMIC()                                              \
-  if (!dynamic_groups_supported()) {                                       \
-    GTEST_SKIP() << "the libfabric backend refuses dynamic groups (see "   \
-                    "DynamicGroupsAreRefusedClearlyWhereUnsupported)";     \
-  }
-
 RpcOptions options() {
   RpcOptions options;
   options.backend = backend_under_test();
@@ -171,7 +163,6 @@ bool join_in_order(TestStore& store, int rank) {
 }
 
 TEST(MembershipScenarios, JoinDuringTraffic) {
-  SKIP_UNLESS_DYNAMIC();
   ::tether::testing::run_in_processes(3, [](int rank, int) {
     TestStore store;
     if (rank == 2) store.wait("w1_calling");  // joins into w1's traffic
@@ -225,7 +216,6 @@ TEST(MembershipScenarios, JoinDuringTraffic) {
 }
 
 TEST(MembershipScenarios, LeaveDuringTraffic) {
-  SKIP_UNLESS_DYNAMIC();
   ::tether::testing::run_in_processes(3, [](int rank, int) {
     TestStore store;
     if (!join_in_order(store, rank)) return;
@@ -284,7 +274,6 @@ TEST(MembershipScenarios, LeaveDuringTraffic) {
 }
 
 TEST(MembershipScenarios, JoinAndLeaveCycles) {
-  SKIP_UNLESS_DYNAMIC();
   constexpr int kCycles = 3;
   ::tether::testing::run_in_processes(3, [](int rank, int) {
     TestStore store;
@@ -333,7 +322,6 @@ TEST(MembershipScenarios, JoinAndLeaveCycles) {
 // dead one's heartbeat has stood still for the peer timeout, and the group
 // never hears of the dead one.
 TEST(MembershipScenarios, AJoinerKilledMidJoinHoldsNobodyUp) {
-  SKIP_UNLESS_DYNAMIC();
   ::tether::testing::run_in_processes(
       4,
       [](int rank, int) {
@@ -394,7 +382,6 @@ TEST(MembershipScenarios, AJoinerKilledMidJoinHoldsNobodyUp) {
 // backward that crosses to the joiner and back (the peer does not support
 // distributed autograd in dynamic groups).
 TEST(MembershipScenarios, RRefsAndDistributedAutogradWithAJoiner) {
-  SKIP_UNLESS_DYNAMIC();
   ::tether::testing::run_in_processes(3, [](int rank, int) {
     TestStore store;
     if (!join_in_order(store, rank)) return;
@@ -462,17 +449,6 @@ TEST(MembershipScenarios, RRefsAndDistributedAutogradWithAJoiner) {
     EXPECT_THAT(shutdown(), IsOk());
     if (rank == 1) store.set("w1_left");
     store.count("left", 2);
-  });
-}
-
-TEST(MembershipScenarios, DynamicGroupsAreRefusedClearlyWhereUnsupported) {
-  if (dynamic_groups_supported()) {
-    GTEST_SKIP() << backend_under_test() << " supports dynamic groups";
-  }
-  ::tether::testing::run_in_processes(1, [](int rank, int) {
-    EXPECT_THAT(join(rank),
-                StatusIs(absl::StatusCode::kFailedPrecondition,
-                         HasSubstr("does not support dynamic groups")));
   });
 }
 

@@ -309,6 +309,13 @@ absl::StatusOr<std::vector<fi_addr_t>> Fabric::insert(
   return addresses;
 }
 
+absl::Status Fabric::remove(fi_addr_t address) {
+  if (address == FI_ADDR_NOTAVAIL) return absl::OkStatus();
+  const int rc = fi_av_remove(av_, &address, 1, 0);
+  if (rc != 0) return call_failed("fi_av_remove", rc);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Fabric::register_memory(
     const void* p, size_t length, uint64_t access) {
   const uint64_t mr_mode = info_->domain_attr->mr_mode;

@@ -129,6 +129,10 @@ class Fabric {
   [[nodiscard]] absl::StatusOr<std::vector<fi_addr_t>> insert(
       const std::vector<std::string>& names);
 
+  // Takes a peer's address out of the address vector (a worker that left
+  // a dynamic group). UNAVAILABLE with libfabric's reason on failure.
+  [[nodiscard]] absl::Status remove(fi_addr_t address);
+
   // Closes the endpoint (idempotent): its posted receives and operations
   // in flight are abandoned, so their buffers may be freed afterwards.
   void close_endpoint();
