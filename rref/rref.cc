@@ -754,7 +754,8 @@ class ContextState : public wire::RRefHook,
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int in_use_ ABSL_GUARDED_BY(mu_) = 0;
   const WorkerInfo self_;
-  std::atomic<int64_t> next_local_{1};
+  // From 0, as the peer's ids (its tests print them).
+  std::atomic<int64_t> next_local_{0};
   absl::flat_hash_map<RRefId, c10::intrusive_ptr<OwnerRRef>> owners_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<RRefId, absl::flat_hash_set<ForkId>> forks_
@@ -900,6 +901,17 @@ WorkerInfo RRef::owner() const { return impl()->owner_info(); }
 std::string RRef::owner_name() const { return impl()->owner_info().name; }
 bool RRef::is_owner() const { return impl_->isOwner(); }
 bool RRef::confirmed_by_owner() const { return impl_->confirmedByOwner(); }
+
+std::pair<int32_t, int64_t> RRef::id() const {
+  const rref::RRefId& id = impl()->id();
+  return {id.worker, id.local};
+}
+
+std::pair<int32_t, int64_t> RRef::fork_id() const {
+  const auto* user = dynamic_cast<const rref::UserRRef*>(impl_.get());
+  if (user == nullptr) return {-1, -1};
+  return {user->fork_id().worker, user->fork_id().local};
+}
 
 Future<c10::IValue> rref::rpc_async_to_owner(const RRef& rref,
                                              absl::string_view fn,

@@ -26,6 +26,7 @@
 #include <absl/time/time.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/native_function.h"
@@ -136,6 +137,11 @@ class RRef {
   // still be false just after to_here() succeeded: the value can overtake
   // the owner's acknowledgement.
   bool confirmed_by_owner() const;
+  // The RRef's global id and, on a user, its fork's id, each as (the worker
+  // that made it, its local number); fork_id() is {-1, -1} on the owner.
+  // The Python binding prints them as the peer does (GloballyUniqueId).
+  std::pair<int32_t, int64_t> id() const;
+  std::pair<int32_t, int64_t> fork_id() const;
 
   // Completes with true once the value exists on its owner, or with the
   // error its creation met ("RRef creation failed: ..."): how a caller of

@@ -286,7 +286,7 @@ TEST_P(RRefFaults, LeakCheckNamesAnRRefWhoseUserNeverLeft) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        ::testing::AllOf(HasSubstr("leaked RRefs"),
                                         HasSubstr("'bob'"),
-                                        HasSubstr("RRef 0:1"))));
+                                        HasSubstr("RRef 0:0 (users 0:1)"))));
   EXPECT_THAT(results[2], IsOk());
 }
 

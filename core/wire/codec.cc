@@ -441,6 +441,11 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
           value(elems[i], tuple->add_elems(), path.index(i), depth + 1);
       if (!s.ok()) return s;
     }
+  } else if (const FunctionRef* ref = FunctionRef::of(v)) {
+    if (ref->name.empty()) {
+      return invalid("function reference", path, "empty name");
+    }
+    out->mutable_function_ref()->set_name(ref->name);
   } else if (v.isPyObject()) {
     // A Python object (the Python front end keeps such results on their
     // owner): it never travels.
@@ -792,6 +797,14 @@ absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
     }
     case pb::Value::kRref:
       return rref(v.rref(), path);
+    case pb::Value::kFunctionRef:
+      if (has_unknown_fields(v.function_ref())) {
+        return invalid("function reference", path, "unknown fields");
+      }
+      if (v.function_ref().name().empty()) {
+        return invalid("function reference", path, "empty name");
+      }
+      return FunctionRef::make(v.function_ref().name());
     case pb::Value::kList:
     case pb::Value::kTuple:
     case pb::Value::kDict:

@@ -12,7 +12,8 @@
 // Supported: None, bool, int, float, complex, str, cpu Device, strided CPU
 // tensors of every non-quantized dtype (and the undefined tensor), List (the
 // element type survives), Tuple, Dict (key and value types and insertion
-// order survive). Anything else is refused by encode.
+// order survive), RRefs (through RRefHook) and function references
+// (FunctionRef). Anything else is refused by encode.
 //
 // Aliasing: tensors of one message that share a storage still share it after
 // decode, as long as the storage travels whole. A tensor that is a small view
@@ -31,6 +32,8 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -61,6 +64,25 @@ struct Limits {
   // All the storages' bytes together (checked by the Worker and the
   // backends, which see the sizes before the codec does).
   int64_t max_storage_bytes = int64_t{64} << 30;
+};
+
+// A function or class passed as a value, by name: in an IValue, a capsule
+// (IValue::make_capsule) holding a FunctionRef. The codec moves the name
+// (never empty); the receiver resolves it under its own policy (the Python
+// front end: python/tether/rpc/_callee.py, docs/security.md).
+struct FunctionRef : torch::CustomClassHolder {
+  explicit FunctionRef(std::string name) : name(std::move(name)) {}
+  const std::string name;
+
+  static c10::IValue make(std::string name) {
+    return c10::IValue::make_capsule(
+        c10::make_intrusive<FunctionRef>(std::move(name)));
+  }
+  // The FunctionRef `v` holds, or nullptr.
+  static const FunctionRef* of(const c10::IValue& v) {
+    if (!v.isCapsule()) return nullptr;
+    return dynamic_cast<const FunctionRef*>(v.toCapsule().get());
+  }
 };
 
 // An RRef's wire form. The codec moves it; the RRef layer gives it meaning.

@@ -246,6 +246,37 @@ TEST(CodecRoundTrip, NestedContainers) {
   EXPECT_TRUE(same(v, round_trip(v)));
 }
 
+TEST(CodecRoundTrip, FunctionReferencesKeepTheirName) {
+  c10::impl::GenericList refs(c10::AnyType::get());
+  refs.push_back(FunctionRef::make("py::pkg.mod:Cls.method"));
+  refs.push_back(FunctionRef::make("aten::add"));
+  c10::IValue back = round_trip(tuple_of({refs, int64_t{1}}));
+  ASSERT_TRUE(back.isTuple());
+  c10::IValue list = back.toTupleRef().elements()[0];
+  ASSERT_TRUE(list.isList());
+  ASSERT_EQ(list.toListRef().size(), 2u);
+  const FunctionRef* first = FunctionRef::of(list.toListRef()[0]);
+  const FunctionRef* second = FunctionRef::of(list.toListRef()[1]);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(first->name, "py::pkg.mod:Cls.method");
+  EXPECT_EQ(second->name, "aten::add");
+}
+
+TEST(CodecEncode, EmptyFunctionReferenceIsRefusedEitherWay) {
+  Message message;
+  EXPECT_THAT(encode(FunctionRef::make(""), message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("function reference at root: empty name")));
+  message = encoded(FunctionRef::make("f"));
+  Envelope envelope = envelope_of(message);
+  envelope.mutable_root()->mutable_function_ref()->clear_name();
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("empty name")));
+}
+
 TEST(CodecRoundTrip, EmptyContainers) {
   std::vector<c10::IValue> values = {
       c10::List<int64_t>(),

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "core/wire/codec.h"
 #include "rref/rref.h"
 
 namespace tether::python {
@@ -72,6 +73,20 @@ Kind common_kind(const Items& items) {
     }
   }
   return common;
+}
+
+// A function or class argument: its reference (tether.rpc decides the
+// name, as for `func`), or a null IValue for any other object.
+c10::IValue function_reference(py::handle obj, const std::string& where) {
+  py::object name;
+  try {
+    name = py::module_::import("tether.rpc").attr("_reference_value")(obj);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    throw py::type_error(where + ": " + std::string(py::str(e.value())));
+  }
+  if (name.is_none()) return c10::IValue();
+  return wire::FunctionRef::make(name.cast<std::string>());
 }
 
 }  // namespace
@@ -156,6 +171,9 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
     return c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(
         py::reinterpret_borrow<py::object>(obj)));
   }
+  // Functions and classes travel by reference, never pickled.
+  c10::IValue reference = function_reference(obj, where);
+  if (!reference.isNone()) return reference;
   refuse(obj, where);
 }
 
@@ -199,6 +217,12 @@ py::object to_python(const c10::IValue& value) {
   }
   if (value.isPyObject()) {
     return py::reinterpret_borrow<py::object>(value.toPyObject());
+  }
+  if (const wire::FunctionRef* ref = wire::FunctionRef::of(value)) {
+    // Under this worker's policy, as a called function (raises
+    // tether.rpc._callee.Failure naming it if refused).
+    return py::module_::import("tether.rpc._callee")
+        .attr("resolve_value")(ref->name);
   }
   // Complex numbers, devices, custom-class objects: LibTorch's own
   // conversion.

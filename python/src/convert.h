@@ -3,8 +3,11 @@
 //
 // What travels is the codec's value set (core/wire/codec.h): tensors (as
 // torch.Tensor, no copy), None, bool, int, float, complex, str, lists,
-// tuples, dicts, torch.device and RRefs (a torch.Size is a tuple). A caller's argument of any other type is refused
-// here, naming the argument and its type: nothing is pickled
+// tuples, dicts, torch.device and RRefs (a torch.Size is a tuple), and a
+// caller's functions and classes by reference (the name tether.rpc gives
+// them as `func`; the receiver resolves it under its policy,
+// tether.rpc._callee.resolve_value). A caller's argument of any other type
+// is refused here, naming the argument and its type: nothing is pickled
 // (docs/security.md). A callee's result of another type (an nn.Module made
 // by remote()) is kept as an opaque Python object on its owner; the codec
 // refuses to send it.

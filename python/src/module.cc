@@ -363,9 +363,9 @@ void rref_backward(const RRef& self, int64_t context_id, bool retain_graph) {
   }
   if (!self.is_owner()) {
     throw RpcError(absl::FailedPreconditionError(
-        "RRef.backward() without a distributed autograd context id runs a "
-        "local backward pass, which only the RRef's owner '" +
-        self.owner_name() + "' can do; pass dist_autograd_ctx_id"));
+        "User RRefs require 'dist_autograd_ctx_id' to be specified: "
+        "RRef.backward() without it runs a local backward pass, which only "
+        "the RRef's owner '" + self.owner_name() + "' can do"));
   }
   absl::StatusOr<c10::IValue> value;
   {
@@ -374,9 +374,10 @@ void rref_backward(const RRef& self, int64_t context_id, bool retain_graph) {
   }
   c10::IValue v = value_or_throw(std::move(value));
   if (!v.isTensor()) {
+    // The peer's text, which its programs match.
     throw RpcError(absl::InvalidArgumentError(
-        std::string("RRef.backward() needs an RRef of a tensor, this one "
-                    "holds a ") + v.tagKind()));
+        std::string("RRef should contain a tensor for .backward(); this "
+                    "one holds a ") + v.tagKind()));
   }
   py::object tensor = to_python(v);
   py::module_::import("torch.autograd")
@@ -394,6 +395,31 @@ std::function<py::object(py::object, double)> proxy(const char* kind) {
 std::string worker_repr(const WorkerInfo& info) {
   return "WorkerInfo(id=" + std::to_string(info.id) + ", name=" + info.name +
          ")";
+}
+
+// The peer's GloballyUniqueId text, which its programs and tests print.
+std::string unique_id(const std::pair<int32_t, int64_t>& id) {
+  return "GloballyUniqueId(created_on=" + std::to_string(id.first) +
+         ", local_id=" + std::to_string(id.second) + ")";
+}
+
+// str() and repr() of an RRef, as the peer's.
+std::string rref_repr(const RRef& self) {
+  if (self.is_owner()) return "OwnerRRef(" + unique_id(self.id()) + ")";
+  return "UserRRef(RRefId = " + unique_id(self.id()) +
+         ", ForkId = " + unique_id(self.fork_id()) + ")";
+}
+
+// local_value() on a user: the peer's text, naming both workers.
+[[noreturn]] void raise_not_owner(const RRef& self) {
+  absl::StatusOr<WorkerInfo> me = get_current_worker_info();
+  throw RpcError(absl::FailedPreconditionError(
+      "For UserRRef(rref_id=" + unique_id(self.id()) +
+      ", fork_id=" + unique_id(self.fork_id()) +
+      "), can't call localValue() on user " +
+      (me.ok() ? worker_repr(*me) : std::string("this worker")) +
+      ". Call it on owner " + worker_repr(self.owner()) +
+      " (only the owner holds the value; use to_here())"));
 }
 
 }  // namespace
@@ -433,7 +459,9 @@ PYBIND11_MODULE(_C, m) {
       .def("__repr__", &worker_repr)
       .def("__str__", &worker_repr);
 
-  py::class_<RRef>(m, "RRef")
+  // dynamic_attr: tether.rpc caches the value's type on the object
+  // (_get_type).
+  py::class_<RRef>(m, "RRef", py::dynamic_attr())
       .def(py::init([](py::handle value) {
              c10::IValue v = to_ivalue(value, Objects::kKeep, "the value");
              absl::StatusOr<RRef> rref;
@@ -457,6 +485,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("timeout") = -1.0)
       .def("local_value",
            [](const RRef& self) {
+             if (!self.is_owner()) raise_not_owner(self);
              absl::StatusOr<c10::IValue> value;
              {
                // The owner's value may still be on its way (a remote() to
@@ -484,10 +513,15 @@ PYBIND11_MODULE(_C, m) {
                 .attr("creation_future")(self, timeout);
           },
           py::arg("timeout") = -1.0)
-      .def("__repr__", [](const RRef& self) {
-        return std::string(self.is_owner() ? "OwnerRRef" : "UserRRef") +
-               "(owner=" + worker_repr(self.owner()) + ")";
-      });
+      .def(
+          "_get_type",
+          [](py::object self, double timeout, bool blocking) {
+            return py::module_::import("tether.rpc._proxy")
+                .attr("get_type")(self, timeout, blocking);
+          },
+          py::arg("timeout") = -1.0, py::arg("blocking") = true)
+      .def("__repr__", &rref_repr)
+      .def("__str__", &rref_repr);
 
   m.def("init_rpc", &tether::python::init_rpc, py::arg("name"), py::arg("rank"),
         py::arg("world_size"), py::arg("backend"), py::arg("init_method"),

@@ -36,6 +36,17 @@ def python_add_on(to, a, b):
     return rpc.rpc_sync(to, add, args=(a, b))
 
 
+def apply(fn, *args):
+    """Calls a function that arrived as an argument value."""
+    return fn(*args)
+
+
+def call_method(method, rref, *args):
+    """The peer's `_call_method`: a method of a class, by reference, on the
+    object an RRef holds here."""
+    return method(rref.local_value(), *args)
+
+
 def fetch_twice(rref):
     return rref.to_here() * 2
 

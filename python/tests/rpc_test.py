@@ -1,5 +1,6 @@
 """tether.rpc from Python, against real worker processes on loopback."""
 import os
+import re
 import threading
 
 import pytest
@@ -174,6 +175,66 @@ def test_arguments_that_are_not_wire_values_are_refused_at_the_caller(
                      kwargs={"value": torch.nn.Linear(1, 1)})
     with pytest.raises(TypeError, match="lambda"):
         rpc.rpc_sync(callee, lambda: 1)
+
+
+def test_functions_and_classes_travel_by_reference_as_arguments(callee):
+    apply = rpc_functions.apply
+    assert rpc.rpc_sync(callee, apply, args=(rpc_functions.add, 1, 2)) == 3
+    # A class method, a torch builtin, a harmless builtin, a class.
+    assert rpc.rpc_sync(callee, apply,
+                        args=(rpc_functions.Accumulator.start_at, 4)) == 4
+    assert torch.equal(rpc.rpc_sync(callee, apply,
+                                    args=(torch.add, torch.ones(1), 1)),
+                       torch.full((1,), 2.0))
+    assert rpc.rpc_sync(callee, apply, args=(max, [1, 3, 2])) == 3
+    made = rpc.remote(callee, apply, args=(rpc_functions.Accumulator, 7))
+    assert made.rpc_sync().add(0) == 7
+    # The peer's _call_method(Class.method, rref); a keyword argument.
+    rref = rpc.remote(callee, rpc_functions.Accumulator, args=(1,))
+    assert rpc.rpc_sync(callee, rpc_functions.call_method,
+                        args=(rpc_functions.Accumulator.add, rref, 2)) == 3
+    assert rpc.rpc_sync(callee, max, args=([1, -3],),
+                        kwargs={"key": abs}) == -3
+    with pytest.raises(TypeError, match=r"argument 2 of "
+                       r"'py::rpc_functions:apply': .*lambda"):
+        rpc.rpc_sync(callee, apply, args=(1, lambda: 1))
+    with pytest.raises(TypeError, match="bound to a Accumulator object"):
+        rpc.rpc_sync(callee, apply, args=(rpc_functions.Accumulator(1).add,))
+
+
+def test_rref_type_texts_and_missing_methods(callee):
+    acc = rpc.remote(callee, rpc_functions.Accumulator, args=(5,))
+    assert acc._get_type() is rpc_functions.Accumulator
+    fut = acc._get_type(blocking=False)
+    assert fut is acc._get_type(blocking=False)  # cached on the object
+    assert fut.wait() is rpc_functions.Accumulator
+    summed = rpc.remote(callee, torch.add, args=(torch.ones(1), 1))
+    assert summed._get_type(timeout=30) is torch.Tensor
+    assert rpc.RRef(3)._get_type() is int
+    assert rpc.RRef(rpc_functions.Accumulator(0))._get_type(
+        blocking=False).wait() is rpc_functions.Accumulator
+    failed = rpc.remote(callee, rpc_functions.fail, args=("no type",))
+    with pytest.raises(ValueError, match="no type"):
+        failed._get_type()
+    with pytest.raises(ValueError, match="no type"):
+        failed._get_type(blocking=False).wait()
+    # As the peer's: a method the type lacks fails at the call.
+    missing = "type object 'Accumulator' has no attribute 'nothing'"
+    with pytest.raises(AttributeError, match=missing):
+        acc.remote().nothing()
+    with pytest.raises(AttributeError, match=missing):
+        acc.rpc_async().nothing().wait()
+    assert acc.rpc_async().add(1).wait() == 6
+    gid = r"GloballyUniqueId\(created_on=0, local_id=\d+\)"
+    assert re.fullmatch(r"UserRRef\(RRefId = %s, ForkId = %s\)" % (gid, gid),
+                        str(acc)), str(acc)
+    assert re.fullmatch(r"OwnerRRef\(%s\)" % gid, repr(rpc.RRef(1)))
+    with pytest.raises(RuntimeError, match=(
+            r"For UserRRef\(rref_id=%s, fork_id=%s\), can't call "
+            r"localValue\(\) on user WorkerInfo\(id=0, name=caller\)\. "
+            r"Call it on owner WorkerInfo\(id=1, name=callee\)")
+            % (gid, gid)):
+        acc.local_value()
 
 
 def test_timeout(callee):

@@ -70,6 +70,24 @@ def test_builtins_eval_exec_open_import_are_refused(callee, marker):
             rpc.rpc_sync(callee, fn, args=args)
 
 
+def test_dangerous_functions_as_argument_values_are_refused(callee, marker):
+    # A harmless builtin handed a dangerous function as a value: the callee
+    # resolves the value as it would a called function, and refuses it.
+    with refused(r"refused to run posix\.system: module 'posix' is not "
+                 r"allowed\. .*" + HOW_TO_ALLOW):
+        rpc.rpc_sync(callee, max, args=(["touch " + marker],),
+                     kwargs={"key": os.system})
+    with refused(r"refused to run builtins\.eval: it is not a harmless "
+                 r"builtin"):
+        rpc.rpc_sync(callee, sorted, args=(
+            ["__import__('os').system('touch %s')" % marker],),
+            kwargs={"key": builtins.eval})
+    with refused(r"refused to run subprocess\.Popen: module 'subprocess' "
+                 r"is not allowed"):
+        rpc.rpc_sync(callee, max, args=([["touch", marker]],),
+                     kwargs={"key": subprocess.Popen})
+
+
 def test_subprocess_popen_is_refused(callee, marker):
     with refused(r"refused to run subprocess\.Popen: module 'subprocess' "
                  r"is not allowed"):

@@ -318,6 +318,18 @@ def _function_name(func):
     return name, inplace
 
 
+def _reference_value(obj):
+    """The name a function or class argument travels by (tether._C calls
+    this for an argument that is no wire value), or None for other
+    objects. As for ``func``: by reference, resolved on the callee under
+    its policy (tether.rpc._callee.resolve_value); a lambda or a bound
+    method is a TypeError."""
+    if not (inspect.isroutine(obj) or inspect.isclass(obj)
+            or isinstance(obj, torch.jit.ScriptFunction)):
+        return None
+    return _function_name(obj)[0]
+
+
 def _call_parts(func, args, kwargs):
     name, functional = _function_name(func)
     kwargs = dict(kwargs) if kwargs else {}

@@ -49,6 +49,7 @@ HARMLESS_BUILTINS = frozenset({
 INTERNAL = frozenset({
     "py::tether.rpc._proxy:invoke",
     "py::tether.rpc._proxy:created",
+    "py::tether.rpc._proxy:type_of",
     "py::tether.nn.api.remote_module:_parameter_rrefs",
 })
 
@@ -175,6 +176,89 @@ def _resolve(name):
                 "it is not a function or class defined there (it is %r)"
                 % (target,))
     return callable_
+
+
+class UnresolvedType(RuntimeError):
+    """A type named by a peer (rref._get_type()) that this worker cannot
+    find under its policy."""
+
+
+def type_reference(kind):
+    """"module:qualname" of class ``kind``, as resolve_type reads it."""
+    module = kind.__module__
+    if module == "__mp_main__":
+        module = "__main__"
+    return "%s:%s" % (module, kind.__qualname__)
+
+
+def resolve_type(ref):
+    """The class a peer named by type_reference. Nothing is called: a class
+    of a module this worker has imported is looked up there; another
+    module is imported only if the policy allows it (as for a call)."""
+    module, sep, qualname = ref.partition(":")
+    parts = qualname.split(".")
+    if (not sep or not module
+            or any(not p or p.startswith("<") for p in parts)):
+        raise UnresolvedType("the owner names its value's type %r, which "
+                             "is no class this worker can look up" % (ref,))
+    if module == "__main__":
+        target = sys.modules.get("__main__")
+    elif module in sys.modules:
+        target = sys.modules[module]
+    elif _module_allowed(module):
+        try:
+            target = importlib.import_module(module)
+        except ImportError as e:
+            raise UnresolvedType("cannot import module %r for the type "
+                                 "%s: %s" % (module, qualname, e)) from None
+    else:
+        raise UnresolvedType(
+            "the owner's value is a %s.%s: this worker has not imported "
+            "module %r and does not allow it (rpc_backend_options "
+            "allowed_modules=[...] or tether.rpc.allow_module(name))"
+            % (module, qualname, module))
+    for part in parts:
+        target = getattr(target, part, None)
+    defined_in = getattr(target, "__module__", None)
+    if defined_in == "__mp_main__":
+        defined_in = "__main__"
+    if (not isinstance(target, type) or defined_in != module
+            or target.__qualname__ != qualname):
+        raise UnresolvedType("no class %s in module %r of this worker"
+                             % (qualname, module))
+    return target
+
+
+def _torch_operator(name):
+    # The torch function that travels as operator `name` ("aten::add"):
+    # torch.X, torch.nn.functional.X or torch.Tensor.X, if it is that
+    # operator's.
+    from torch.jit._builtins import _find_builtin
+    from tether.rpc import _functional_operator
+    short = name.partition("::")[2]
+    if short and not short.startswith("_"):
+        for holder in (torch, torch.nn.functional, torch.Tensor):
+            fn = getattr(holder, short, None)
+            if fn is not None and (_find_builtin(fn) == name
+                                   or _functional_operator(fn) == name):
+                return fn
+    raise Failure(_errors.NOT_FOUND, "a function argument names the torch "
+                  "operator %r, which this worker has no Python function "
+                  "for" % (name,))
+
+
+def resolve_value(name):
+    """A function or class a peer passed as an argument value, by the name
+    it travels by (as ``func``: "py::module:qualname" or a torch operator),
+    under the same policy as a called function: refused (Failure) unless
+    allowed, naming it and how to allow it. Nothing is called here."""
+    if not name.startswith(PREFIX):
+        return _torch_operator(name)
+    fn = _resolved.get(name)
+    if fn is None:
+        fn = _resolve(name)
+        _resolved[name] = fn
+    return fn
 
 
 def serve(name, args, kwargs):

@@ -9,7 +9,13 @@ method's name and the arguments (wire values, as for any call). ``invoke``
 is one of tether's internal functions (_callee.INTERNAL, docs/security.md):
 the owner runs it for any peer, and it calls only a public method or
 ``__call__`` of the object the RRef holds there.
+
+As the peer's, a proxy first learns the type of the owner's value
+(``rref._get_type()``, one call per RRef object, then cached) and raises
+AttributeError at the call when the type has no such method.
 """
+import torch
+
 from tether.rpc import _callee, _errors, functions
 
 UNSET_RPC_TIMEOUT = -1.0
@@ -36,6 +42,92 @@ def invoke(rref, name, args, kwargs):
     """On the owner: ``rref.local_value().name(*args, **kwargs)``."""
     method = _method_of(rref.local_value(), name)
     return functions.result_of(method, method(*args, **kwargs))
+
+
+def type_of(rref):
+    """On the owner: the reference ("module:qualname") of the type of the
+    RRef's value, once it exists (raising its creation error)."""
+    kind = type(rref.local_value())
+    return _callee.type_reference(kind)
+
+
+def _future_of(fn):
+    # A done torch.futures.Future of fn()'s result or exception.
+    fut = torch.futures.Future()
+    try:
+        fut.set_result(fn())
+    except Exception as e:  # the future carries it, as the peer's
+        fut.set_exception(e)
+    return fut
+
+
+def _chain(source, fn, out=None):
+    """A torch.futures.Future completed with fn(source's value), or with the
+    exception either raised, of the type raised (Future.then would make it
+    a RuntimeError)."""
+    out = torch.futures.Future() if out is None else out
+
+    def done(f):
+        try:
+            value = fn(f.value())
+        except Exception as e:
+            out.set_exception(e)
+            return
+        out.set_result(value)
+
+    source.add_done_callback(done)
+    return out
+
+
+def _failed(fut):
+    if not fut.done():
+        return False
+    try:
+        fut.value()
+    except Exception:
+        return True
+    return False
+
+
+def get_type(rref, timeout=UNSET_RPC_TIMEOUT, blocking=True):
+    """``rref._get_type(timeout=-1, blocking=True)``: the type of the RRef's
+    value, as the peer's. On a user it is one call to the owner (an internal
+    function, which waits there for the value), whose answer names the type
+    by reference; this worker resolves it under its policy
+    (_callee.resolve_type). The answer is cached on the RRef object; a
+    failed one is not. ``blocking=False`` returns a torch.futures.Future
+    (the same one while cached)."""
+    fut = getattr(rref, "_tether_type", None)
+    if fut is None or _failed(fut):
+        if rref.is_owner():
+            fut = _future_of(lambda: type(rref.local_value()))
+        else:
+            import tether.rpc as rpc
+            fut = _chain(rpc.rpc_async(rref.owner(), type_of, args=(rref,),
+                                       timeout=timeout),
+                         _callee.resolve_type)
+        rref._tether_type = fut
+    return fut.wait() if blocking else fut
+
+
+def _check_method(kind, name):
+    # As the peer: a method the type lacks is an AttributeError at the call
+    # (type object 'X' has no attribute 'name'). Types that make attributes
+    # on the fly (nn.Module's submodules) and script modules are left to
+    # the owner.
+    if (kind is None or "__getattr__" in dir(kind)
+            or issubclass(kind, torch.jit.ScriptModule)):
+        return
+    getattr(kind, name)
+
+
+def _type_or_none(fut):
+    # The type, or None when this worker cannot resolve it (the owner's
+    # class is not allowed here); creation errors and timeouts are raised.
+    try:
+        return fut.wait()
+    except _callee.UnresolvedType:
+        return None
 
 
 def created(rref):
@@ -68,9 +160,29 @@ class RRefProxy:
 
         def call(*args, **kwargs):
             import tether.rpc as rpc
-            return getattr(rpc, api)(rref.owner(), invoke,
-                                     args=(rref, func_name, args, kwargs),
-                                     timeout=timeout)
+
+            def send(_=None):
+                return getattr(rpc, api)(rref.owner(), invoke,
+                                         args=(rref, func_name, args, kwargs),
+                                         timeout=timeout)
+
+            type_fut = get_type(rref, timeout, blocking=False)
+            if api != "rpc_async" or type_fut.done():
+                _check_method(_type_or_none(type_fut), func_name)
+                return send()
+            # rpc_async returns at once; a missing method or a timeout
+            # waiting for the type surfaces through wait(), as the peer's.
+            out = torch.futures.Future()
+
+            def typed(f):
+                try:
+                    _check_method(_type_or_none(f), func_name)
+                    _chain(send(), lambda value: value, out)
+                except Exception as e:
+                    out.set_exception(e)
+
+            type_fut.add_done_callback(typed)
+            return out
 
         call.__name__ = func_name
         return call
