@@ -366,11 +366,32 @@ class ContextState : public wire::RRefHook,
 
   // Graceful shutdown: tells the owners of every user reference still held
   // here that it is gone; later use of those references fails cleanly.
+  //
+  // Users that a value owned here holds (a remote() whose function returned
+  // RRefs) stay: a peer may still fetch that value and fork them, and the
+  // owner must not let go of theirs meanwhile. They are released when that
+  // value goes, as any user.
   void release_all_users() {
     absl::flat_hash_map<ForkId, LiveUser> released;
+    // Outside the lock: dropping these references may run destructors.
+    std::vector<c10::intrusive_ptr<c10::RRefInterface>> held;
     {
       absl::MutexLock lock(&mu_);
       released.swap(live_users_);
+      for (const auto& [id, owner] : owners_) {
+        Future<c10::IValue> value = owner->value();
+        if (value.is_ready() && value.result().ok()) {
+          collect_rrefs(*value.result(), held);
+        }
+      }
+      for (const auto& rref : held) {
+        const auto* user = dynamic_cast<const UserRRef*>(rref.get());
+        if (user == nullptr) continue;
+        auto it = released.find(user->fork_id());
+        if (it == released.end()) continue;
+        live_users_.insert(*it);
+        released.erase(it);
+      }
     }
     for (const auto& [fork, user] : released) {
       send_control(user.owner, MessageType::kRRefUserDelete,
