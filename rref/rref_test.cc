@@ -530,6 +530,66 @@ class RRefsWithLeakCheck : public RRefs {
   }
 };
 
+// Waits (bounded) until `w`'s owners know of at most `forks` users.
+void wait_for_forks_at_most(Worker& w, int64_t forks) {
+  const absl::Time deadline = absl::Now() + kBound;
+  for (;;) {
+    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(w);
+    ASSERT_THAT(info, IsOk());
+    if (info->forks <= forks) return;
+    ASSERT_LT(absl::Now(), deadline) << info->forks << " forks";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// bob's function returned an RRef (owned by carol) that bob keeps as the
+// value of alice's remote(); bob then begins its graceful shutdown, which
+// releases the users bob's application holds. The one inside the value
+// alice may still fetch must stay: carol dropped its value otherwise, and
+// alice's fork of it later met an empty entry and to_here() hung (the
+// peer's test_nested_rref_stress).
+TEST_F(RRefs, ShutdownKeepsUsersThatOwnedValuesHold) {
+  Worker& bob = *workers_[1];
+  ASSERT_THAT(bob.register_function(
+                  "make_rref",
+                  [&bob](std::string to) {
+                    absl::StatusOr<RRef> r =
+                        remote(bob, to, "aten::add.Tensor",
+                               {at::ones({2}), at::ones({2})});
+                    if (!r.ok()) throw StatusError(r.status());
+                    return *std::move(r);
+                  }),
+              IsOk());
+  absl::StatusOr<RRef> outer =
+      remote(*workers_[0], "bob", "make_rref", {std::string("carol")});
+  ASSERT_THAT(outer, IsOk());
+  ASSERT_THAT(outer->get_future().get(absl::Now() + kBound), IsOk());
+  // A user bob's application holds: released by the shutdown.
+  absl::StatusOr<RRef> app = remote(bob, "carol", "aten::add.Tensor",
+                                    {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(app, IsOk());
+  ASSERT_THAT(app->to_here(), IsOk());
+  std::thread bob_down([&bob] { EXPECT_THAT(bob.shutdown(), IsOk()); });
+  // carol learns that bob let go of `app` (and, before the fix, of the
+  // RRef inside alice's value too).
+  ASSERT_NO_FATAL_FAILURE(wait_for_forks_at_most(*workers_[2], 1));
+  absl::StatusOr<c10::IValue> fetched = outer->to_here();
+  ASSERT_THAT(fetched, IsOk());
+  absl::StatusOr<RRef> inner = RRef::from_ivalue(*fetched);
+  ASSERT_THAT(inner, IsOk());
+  absl::StatusOr<c10::IValue> value = inner->to_here(absl::Seconds(20));
+  ASSERT_THAT(value, IsOk());
+  EXPECT_TRUE(at::equal(value->toTensor(), at::full({2}, 2.0)));
+  *inner = RRef();
+  *outer = RRef();
+  *app = RRef();
+  std::thread alice_down(
+      [this] { EXPECT_THAT(workers_[0]->shutdown(), IsOk()); });
+  EXPECT_THAT(workers_[2]->shutdown(), IsOk());
+  alice_down.join();
+  bob_down.join();
+}
+
 TEST_F(RRefsWithLeakCheck, ShutdownReleasesHeldUsersAndFindsNoLeak) {
   absl::StatusOr<RRef> held = remote(*workers_[0], "bob", "aten::add.Tensor",
                                      {at::ones({2}), at::ones({2})});
