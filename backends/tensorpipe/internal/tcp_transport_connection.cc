@@ -71,6 +71,7 @@ void ConnectionImpl::on_events(uint32_t events) {
     return;
   }
   if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+    drained_ = false;
     if (state_ == State::kEstablished) {
       process_reads();
     } else {
@@ -90,10 +91,12 @@ ConnectionImpl::Fill ConnectionImpl::fill(size_t most) {
     }
     if (in_.size() - in_end_ < most) in_.resize(in_end_ + most);
   }
+  if (drained_) return Fill::kAgain;
   for (;;) {
     const ssize_t n = ::recv(fd_, in_.data() + in_end_, most, MSG_DONTWAIT);
     if (n > 0) {
       in_end_ += static_cast<size_t>(n);
+      drained_ = static_cast<size_t>(n) < most;
       return Fill::kData;
     }
     if (n == 0) {
@@ -242,10 +245,12 @@ void ConnectionImpl::process_reads() {
     if (op.done < op.length) {
       const size_t remaining = op.length - op.done;
       if (remaining >= kChunk) {
+        if (drained_) break;
         const ssize_t n =
             ::recv(fd_, op.ptr + op.done, remaining, MSG_DONTWAIT);
         if (n > 0) {
           op.done += static_cast<size_t>(n);
+          drained_ = static_cast<size_t>(n) < remaining;
           continue;
         }
         if (n == 0) {
@@ -290,6 +295,8 @@ void ConnectionImpl::process_writes() {
       }
     }
     if (count == 0) return;
+    size_t offered = 0;
+    for (size_t i = 0; i < count; ++i) offered += iov[i].iov_len;
     msghdr message{};
     message.msg_iov = iov;
     message.msg_iovlen = count;
@@ -320,7 +327,8 @@ void ConnectionImpl::process_writes() {
       writes_.pop_front();
     }
     for (write_callback_fn& fn : completed) fn(tp::Error::kSuccess);
-    if (static_cast<size_t>(n) == 0) return;
+    // A short write: the socket's buffer is full; EPOLLOUT says when not.
+    if (static_cast<size_t>(n) < offered) return;
   }
 }
 

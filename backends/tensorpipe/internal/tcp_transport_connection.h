@@ -3,7 +3,8 @@
 // once established (tcp_transport_connection.cc). Internal to that
 // transport.
 //
-// Threads: every method runs on the context's loop.
+// Threads: every method runs in the context's loop (on whichever thread
+// is in it; tcp_transport_context.h).
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 
@@ -149,6 +150,11 @@ class ConnectionImpl final
   std::string peer_challenge_;
   std::string refusal_;
   tp::Error fill_error_;
+  // The last recv() took less than it asked for: the socket had nothing
+  // more then. No recv() until the poller reports it readable again (its
+  // sockets are level-triggered): saves a recv() that would only say
+  // EAGAIN after every message.
+  bool drained_ = false;
 
   std::vector<char> in_;
   size_t in_begin_ = 0;

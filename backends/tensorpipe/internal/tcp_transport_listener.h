@@ -3,7 +3,8 @@
 // at once), and hands TensorPipe only those that passed. Internal to that
 // transport.
 //
-// Threads: every method runs on the context's loop.
+// Threads: every method runs in the context's loop (on whichever thread
+// is in it; tcp_transport_context.h).
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_LISTENER_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_LISTENER_H_
 
