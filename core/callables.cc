@@ -129,29 +129,43 @@ bool accepts(c10::IValue& v, const c10::TypePtr& type, int& cost) {
   }
 }
 
+// An INVALID_ARGUMENT saying `why()`, or with no message unless `explain`:
+// a bare name tries every overload on each call, and the texts of those
+// that do not fit (schemas and types printed) cost more than the call.
+template <typename Why>
+absl::Status misfit(bool explain, Why why) {
+  return absl::InvalidArgumentError(explain ? why() : std::string());
+}
+
 // The stack that calls `schema` with `args` and `kwargs` (defaults filled
-// in), or why they do not fit; `cost` counts the conversions.
+// in), or why they do not fit (if `explain`); `cost` counts the
+// conversions.
 absl::StatusOr<std::vector<c10::IValue>> fit(const c10::FunctionSchema& schema,
                                              std::vector<c10::IValue> args,
-                                             const Kwargs& kwargs, int& cost) {
+                                             const Kwargs& kwargs, int& cost,
+                                             bool explain = true) {
   const std::vector<c10::Argument>& formals = schema.arguments();
   if (schema.is_vararg()) {
-    return absl::InvalidArgumentError("takes variadic arguments");
+    return misfit(explain,
+                  [] { return std::string("takes variadic arguments"); });
   }
   size_t positional = 0;
   while (positional < formals.size() && !formals[positional].kwarg_only()) {
     ++positional;
   }
   if (args.size() > positional) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("takes ", positional, " positional arguments, got ",
-                     args.size()));
+    return misfit(explain, [&] {
+      return absl::StrCat("takes ", positional, " positional arguments, got ",
+                          args.size());
+    });
   }
   for (size_t i = 0; i < args.size(); ++i) {
     if (!accepts(args[i], formals[i].type(), cost)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "argument '", formals[i].name(), "' (position ", i, ") must be ",
-          formals[i].type()->annotation_str(), ", got ", type_name(args[i])));
+      return misfit(explain, [&] {
+        return absl::StrCat("argument '", formals[i].name(), "' (position ", i,
+                            ") must be ", formals[i].type()->annotation_str(),
+                            ", got ", type_name(args[i]));
+      });
     }
   }
   const size_t given = args.size();
@@ -162,32 +176,39 @@ absl::StatusOr<std::vector<c10::IValue>> fit(const c10::FunctionSchema& schema,
     if (keyword != kwargs.end()) {
       c10::IValue value = keyword->second;
       if (!accepts(value, formal.type(), cost)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "argument '", formal.name(), "' must be ",
-            formal.type()->annotation_str(), ", got ", type_name(value)));
+        return misfit(explain, [&] {
+          return absl::StrCat("argument '", formal.name(), "' must be ",
+                              formal.type()->annotation_str(), ", got ",
+                              type_name(value));
+        });
       }
       args.push_back(std::move(value));
       ++used;
     } else if (formal.default_value().has_value()) {
       args.push_back(*formal.default_value());
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("missing argument '", formal.name(), "'"));
+      return misfit(explain, [&] {
+        return absl::StrCat("missing argument '", formal.name(), "'");
+      });
     }
   }
   if (used != kwargs.size()) {
     for (const auto& entry : kwargs) {
       for (size_t i = 0; i < given; ++i) {
         if (formals[i].name() == entry.first) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "argument '", entry.first, "' given by position and keyword"));
+          return misfit(explain, [&] {
+            return absl::StrCat("argument '", entry.first,
+                                "' given by position and keyword");
+          });
         }
       }
     }
     for (const auto& entry : kwargs) {
       if (!schema.argumentIndexWithName(entry.first).has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unexpected keyword argument '", entry.first, "'"));
+        return misfit(explain, [&] {
+          return absl::StrCat("unexpected keyword argument '", entry.first,
+                              "'");
+        });
       }
     }
   }
@@ -555,16 +576,11 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
       std::vector<c10::IValue> best_stack;
       int best_cost = 0;
       std::vector<const Overload*> tied;
-      std::vector<std::string> misfits;
       for (const Overload& candidate : *candidates) {
         int cost = 0;
         absl::StatusOr<std::vector<c10::IValue>> stack =
-            fit(candidate.schema, args, kwargs, cost);
-        if (!stack.ok()) {
-          misfits.push_back(absl::StrCat(schema_text(candidate.schema), " (",
-                                         stack.status().message(), ")"));
-          continue;
-        }
+            fit(candidate.schema, args, kwargs, cost, /*explain=*/false);
+        if (!stack.ok()) continue;
         if (best == nullptr || cost < best_cost) {
           best = &candidate;
           best_cost = cost;
@@ -574,18 +590,31 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
           tied.push_back(&candidate);
         }
       }
+      if (best != nullptr && tied.empty()) {
+        return best->call(std::move(best_stack));
+      }
       std::vector<std::string> arg_types;
       for (const c10::IValue& arg : args) arg_types.push_back(type_name(arg));
       for (const auto& [key, value] : kwargs) {
         arg_types.push_back(absl::StrCat(key, "=", type_name(value)));
       }
       if (best == nullptr) {
+        // Again, now saying why each one does not fit.
+        std::vector<std::string> misfits;
+        for (const Overload& candidate : *candidates) {
+          int cost = 0;
+          absl::StatusOr<std::vector<c10::IValue>> stack =
+              fit(candidate.schema, args, kwargs, cost);
+          misfits.push_back(absl::StrCat(schema_text(candidate.schema), " (",
+                                         stack.status().message(), ")"));
+        }
         return absl::InvalidArgumentError(absl::StrCat(
             "no overload of ", name, " fits the arguments (",
             absl::StrJoin(arg_types, ", "), "); candidates: ",
             absl::StrJoin(misfits, "; ")));
       }
-      if (!tied.empty()) {
+      // Several fit equally.
+      {
         tied.insert(tied.begin(), best);
         std::vector<std::string> schemas;
         for (const Overload* candidate : tied) {
@@ -596,7 +625,6 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
             " fit several overloads equally; name one: ",
             absl::StrJoin(schemas, "; ")));
       }
-      return best->call(std::move(best_stack));
     }
   }
   // A custom class, by its qualified name: construct an instance.

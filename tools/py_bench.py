@@ -5,7 +5,13 @@ The same Python program on both: rank 0 calls rank 1 in another local
 process; only the module differs (tether.rpc or torch.distributed.rpc).
 
     /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
-        [--transports shm,tcp]
+        [--transports shm,tcp] [--rounds 3] [--workloads sync,async]
+
+--rounds runs tether and the peer alternately that many times each
+(tether, peer, tether, peer, ...) and reports each side's median over its
+rounds, so that the load of a shared machine weighs on both alike; every
+round's numbers are printed too. --workloads keeps the workloads whose
+names contain one of its words (default: all).
 
 --transports sets tether's "tensorpipe.transports" (default: the backend's,
 the guarded tcp); the peer always runs its default transports, which
@@ -64,7 +70,11 @@ def timed(n, call):
             "p99_us": percentile(samples, 0.99)}
 
 
-def run(impl, rank, n, backend, transports):
+WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "remote + to_here",
+             "dist autograd step", "rpc_async builtin"]
+
+
+def run(impl, rank, n, backend, transports, workloads):
     global rpc
     import torch
     if impl == "tether":
@@ -81,38 +91,42 @@ def run(impl, rank, n, backend, transports):
     rpc.init_rpc("w%d" % rank, rank=rank, world_size=2, **kwargs)
     if rank == 0:
         t = torch.ones(2)
-        result = {
-            "rpc_sync builtin": timed(
-                n, lambda: rpc.rpc_sync("w1", torch.add, args=(t, 1))),
-            "rpc_sync python": timed(
-                n, lambda: rpc.rpc_sync("w1", py_add, args=(t, 1))),
-            "remote + to_here": timed(
+        result = {}
+        if "rpc_sync builtin" in workloads:
+            result["rpc_sync builtin"] = timed(
+                n, lambda: rpc.rpc_sync("w1", torch.add, args=(t, 1)))
+        if "rpc_sync python" in workloads:
+            result["rpc_sync python"] = timed(
+                n, lambda: rpc.rpc_sync("w1", py_add, args=(t, 1)))
+        if "remote + to_here" in workloads:
+            result["remote + to_here"] = timed(
                 n // 3, lambda: rpc.remote("w1", torch.add,
-                                           args=(t, 1)).to_here()),
-        }
-        linear = rpc.remote("w1", make_linear)
-        x = torch.randn(64, 256, requires_grad=True)
+                                           args=(t, 1)).to_here())
+        if "dist autograd step" in workloads:
+            linear = rpc.remote("w1", make_linear)
+            x = torch.randn(64, 256, requires_grad=True)
 
-        def autograd_step():
-            with dist_autograd.context() as context_id:
-                out = linear.rpc_sync().forward(x)
-                dist_autograd.backward(context_id, [out.sum()])
-                grads = dist_autograd.get_gradients(context_id)
-            assert grads[x].shape == x.shape
+            def autograd_step():
+                with dist_autograd.context() as context_id:
+                    out = linear.rpc_sync().forward(x)
+                    dist_autograd.backward(context_id, [out.sum()])
+                    grads = dist_autograd.get_gradients(context_id)
+                assert grads[x].shape == x.shape
 
-        result["dist autograd step"] = timed(n // 3, autograd_step)
-        del linear
-        calls = 10 * n
-        pending = collections.deque()
-        start = time.perf_counter()
-        for _ in range(calls):
-            pending.append(rpc.rpc_async("w1", torch.add, args=(t, 1)))
-            if len(pending) >= 64:
+            result["dist autograd step"] = timed(n // 3, autograd_step)
+            del linear
+        if "rpc_async builtin" in workloads:
+            calls = 10 * n
+            pending = collections.deque()
+            start = time.perf_counter()
+            for _ in range(calls):
+                pending.append(rpc.rpc_async("w1", torch.add, args=(t, 1)))
+                if len(pending) >= 64:
+                    pending.popleft().wait()
+            while pending:
                 pending.popleft().wait()
-        while pending:
-            pending.popleft().wait()
-        result["rpc_async builtin"] = {
-            "calls_per_s": calls / (time.perf_counter() - start)}
+            result["rpc_async builtin"] = {
+                "calls_per_s": calls / (time.perf_counter() - start)}
         print("JSON " + json.dumps(result), flush=True)
     rpc.shutdown()
 
@@ -123,12 +137,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def measure(impl, n, backend, transports):
+def measure(impl, n, backend, transports, workloads):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--impl", impl,
          "--rank", str(rank), "--n", str(n), "--backend", backend,
-         "--transports", transports],
+         "--transports", transports, "--workloads", ",".join(workloads)],
         env=env, stdout=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -138,34 +152,60 @@ def measure(impl, n, backend, transports):
     return json.loads(line[5:])
 
 
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def row(name, tether, peer):
+    if name == "rpc_async builtin":
+        a = median([r[name]["calls_per_s"] for r in tether])
+        b = median([r[name]["calls_per_s"] for r in peer])
+        return ("| %s, 64 in flight, calls/s | %.0f | %.0f | %.2fx |"
+                % (name, a, b, a / b))
+    a = median([r[name]["p50_us"] for r in tether])
+    b = median([r[name]["p50_us"] for r in peer])
+    a99 = median([r[name]["p99_us"] for r in tether])
+    b99 = median([r[name]["p99_us"] for r in peer])
+    return ("| %s p50 (p99), us | %.1f (%.1f) | %.1f (%.1f) | %.2fx |"
+            % (name, a, a99, b, b99, b / a))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backend", default="tensorpipe")
     parser.add_argument("--transports", default="")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--workloads", default="")
     parser.add_argument("--impl")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--n", type=int)
     args = parser.parse_args()
+    words = [w for w in args.workloads.split(",") if w]
+    workloads = [w for w in WORKLOADS
+                 if not words or any(word in w for word in words)]
+    if not workloads:
+        sys.exit("py_bench: no workload matches --workloads %s; they are: %s"
+                 % (args.workloads, ", ".join(WORKLOADS)))
     if args.impl:
-        run(args.impl, args.rank, args.n, args.backend, args.transports)
+        run(args.impl, args.rank, args.n, args.backend, args.transports,
+            workloads)
         return
     n = 300 if args.quick else 3000
-    tether = measure("tether", n, args.backend, args.transports)
-    peer = measure("peer", n, args.backend, "")
+    tether, peer = [], []
+    for r in range(args.rounds):
+        tether.append(measure("tether", n, args.backend, args.transports,
+                              workloads))
+        peer.append(measure("peer", n, args.backend, "", workloads))
+        if args.rounds > 1:
+            print("round %d: %s" % (r + 1, json.dumps(
+                {"tether": tether[-1], "peer": peer[-1]})), flush=True)
     print("| workload | tether (%s%s) | peer (tensorpipe) | better by |"
           % (args.backend, " " + args.transports if args.transports else ""))
     print("| --- | --- | --- | --- |")
-    for name in ["rpc_sync builtin", "rpc_sync python", "remote + to_here",
-                 "dist autograd step"]:
-        a, b = tether[name], peer[name]
-        print("| %s p50 (p99), us | %.1f (%.1f) | %.1f (%.1f) | %.2fx |"
-              % (name, a["p50_us"], a["p99_us"], b["p50_us"], b["p99_us"],
-                 b["p50_us"] / a["p50_us"]))
-    a = tether["rpc_async builtin"]["calls_per_s"]
-    b = peer["rpc_async builtin"]["calls_per_s"]
-    print("| rpc_async builtin, 64 in flight, calls/s | %.0f | %.0f | %.2fx |"
-          % (a, b, a / b))
+    for name in workloads:
+        print(row(name, tether, peer))
 
 
 if __name__ == "__main__":

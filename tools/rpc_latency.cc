@@ -3,25 +3,34 @@
 //
 //   bazel build -c opt //tools:tether_run //tools:rpc_latency
 //   bazel-bin/tools/tether_run --nproc 2 -- bazel-bin/tools/rpc_latency
-//       --calls=5000
+//       --calls=5000 [--variants=tcp,uv]
 //
 // Rank 0 times every call (per-call samples, so p50 and p99 are real
 // percentiles) of `aten::add.Scalar` on a 2-element float tensor, via
-// rpc_sync to rank 1, for each variant in turn: TensorPipe over uv (TCP)
-// only, over shm only, and with TensorPipe's own negotiation (all transports
-// and channels); gRPC; libfabric over tcp;ofi_rxm and over shm. With
+// rpc_sync to rank 1, for each variant in turn: TensorPipe over tether's
+// guarded tcp transport (the default), over uv (TCP) only, over shm only,
+// and with TensorPipe's own negotiation (all transports and channels); gRPC;
+// libfabric over tcp;ofi_rxm and over shm. With
 // --no_tensors the call is a TorchScript `inc(int) -> int` instead (no
 // storage travels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY)
 // between the same two processes. Prints a table and one JSON line.
+// --variants keeps the variants whose labels contain one of its words
+// and the raw ping-pong if one names it: --variants=tcp runs the default
+// transport alone (under strace -c or perf stat the counts are then that
+// variant's), --variants=tcp,raw adds the baseline.
 #include <ATen/ATen.h>
+#include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,6 +120,7 @@ Result tcp_ping_pong(int rank, int port, int calls) {
 int main(int argc, char** argv) {
   int calls = 5000;
   bool tensors = true;
+  std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--calls=", 0) == 0 && absl::SimpleAtoi(arg.substr(8), &calls) &&
@@ -121,7 +131,13 @@ int main(int argc, char** argv) {
       tensors = false;
       continue;
     }
-    std::fprintf(stderr, "usage: rpc_latency [--calls=N] [--no_tensors]\n");
+    if (arg.rfind("--variants=", 0) == 0) {
+      only = absl::StrSplit(arg.substr(11), ',', absl::SkipEmpty());
+      continue;
+    }
+    std::fprintf(stderr,
+                 "usage: rpc_latency [--calls=N] [--no_tensors] "
+                 "[--variants=WORD,...]\n");
     return 2;
   }
   const tether::LauncherEnv env = tether::bench::launched("rpc_latency");
@@ -136,29 +152,47 @@ int main(int argc, char** argv) {
     die("registry", s);
   }
   const std::vector<Variant> variants = {
-      {"tensorpipe uv (TCP)", "tensorpipe",
+      {"tensorpipe tcp (tether's)",
+       "tensorpipe",
+       {{"tensorpipe.transports", "tcp"}, {"tensorpipe.channels", "basic"}}},
+      {"tensorpipe uv (TCP)",
+       "tensorpipe",
        {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "basic"}}},
-      {"tensorpipe uv + cma", "tensorpipe",
+      {"tensorpipe uv + cma",
+       "tensorpipe",
        {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "cma"}}},
-      {"tensorpipe shm", "tensorpipe",
+      {"tensorpipe shm",
+       "tensorpipe",
        {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "basic"}}},
       {"tensorpipe negotiated", "tensorpipe", {}},
       {"grpc (HTTP/2 over TCP)", "grpc", {}},
-      {"libfabric tcp;ofi_rxm", "libfabric",
+      {"libfabric tcp;ofi_rxm",
+       "libfabric",
        {{"libfabric.provider", "tcp;ofi_rxm"}}},
       {"libfabric shm", "libfabric", {{"libfabric.provider", "shm"}}},
   };
+  auto wanted = [&only](const std::string& label) {
+    return only.empty() ||
+           std::any_of(only.begin(), only.end(), [&](const std::string& word) {
+             return absl::StrContains(label, word);
+           });
+  };
   std::vector<Result> results;
   for (size_t v = 0; v < variants.size(); ++v) {
+    if (!wanted(variants[v].label)) continue;
     absl::StatusOr<Result> r = run_variant(
         variants[v], rank, base_port + 1 + static_cast<int>(v), calls, tensors,
         registry);
     if (!r.ok()) die(variants[v].label, r.status());
     results.push_back(*r);
   }
-  Result tcp = tcp_ping_pong(rank, base_port + 10, calls);
+  // The raw baseline unless --variants leaves it out (e.g. --variants=raw
+  // runs it alone).
+  const std::string raw_label = "raw TCP ping-pong (16 B)";
+  std::optional<Result> tcp;
+  if (wanted(raw_label)) tcp = tcp_ping_pong(rank, base_port + 10, calls);
   if (rank != 0) return 0;
-  results.push_back(tcp);
+  if (tcp) results.push_back(*tcp);
   std::printf("rpc_sync(%s) round trip, %d calls each\n",
               tensors ? "aten::add.Scalar, 2 floats" : "TorchScript inc(int)",
               calls);
@@ -166,8 +200,9 @@ int main(int argc, char** argv) {
               "p50 / raw TCP");
   std::vector<std::string> json;
   for (const Result& r : results) {
-    std::printf("%-28s %10.1f %10.1f %14.2f\n", r.label.c_str(), r.p50_us,
-                r.p99_us, r.p50_us / tcp.p50_us);
+    std::printf(
+        "%-28s %10.1f %10.1f %14s\n", r.label.c_str(), r.p50_us, r.p99_us,
+        tcp ? absl::StrFormat("%.2f", r.p50_us / tcp->p50_us).c_str() : "-");
     json.push_back(absl::StrCat("\"", r.label, "\": {\"p50_us\": ", r.p50_us,
                                 ", \"p99_us\": ", r.p99_us, "}"));
   }

@@ -37,8 +37,11 @@
 // picks a free one); the listener's address, and what connect() takes, is
 // "ip:port".
 //
-// Threads: one thread per context runs an epoll loop; every callback into
-// TensorPipe runs there.
+// Threads: a thread that writes sends its bytes itself when no other
+// thread is running the transport's work; one poller thread per context
+// waits on the sockets and reads (tcp_transport_context.h). Callbacks into
+// TensorPipe run on whichever of these is running the work, never two at
+// once.
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_
 

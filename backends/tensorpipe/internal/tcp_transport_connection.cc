@@ -1,0 +1,355 @@
+// A connection's socket, its loop events and its data frames
+// (tcp_transport_connection.h).
+#include "backends/tensorpipe/internal/tcp_transport_connection.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "backends/tensorpipe/internal/tcp_transport_listener.h"
+
+namespace tether::backends::internal::tcp {
+
+void ConnectionImpl::initImplFromLoop() {
+  context_->enroll(*this);
+  const int on = 1;
+  if (!server_) {
+    sockaddr_storage storage;
+    socklen_t length = 0;
+    if (!parse_socket_address(peer_, &storage, &length)) {
+      setError(tcp_error(absl::StrCat("cannot connect to '", peer_,
+                                      "': not an IP address and port")));
+      return;
+    }
+    fd_ = ::socket(storage.ss_family,
+                   SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) {
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno));
+      return;
+    }
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&storage), length) == 0) {
+      start_client_handshake();
+    } else if (errno == EINPROGRESS) {
+      state_ = State::kConnecting;
+    } else {
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "connect", errno));
+      return;
+    }
+  } else {
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    state_ = State::kHandshake;
+    step_ = Step::kAwaitHello;
+  }
+  std::weak_ptr<ConnectionImpl> weak = shared_from_this();
+  context_->after(context_->options().handshake_timeout, [weak] {
+    if (std::shared_ptr<ConnectionImpl> self = weak.lock()) {
+      self->on_handshake_timeout();
+    }
+  });
+  update_interest();
+}
+
+void ConnectionImpl::on_events(uint32_t events) {
+  if (error_) return;
+  if (state_ == State::kConnecting) {
+    int error = 0;
+    socklen_t size = sizeof(error);
+    ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &size);
+    if (error != 0) {
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "connect", error));
+      return;
+    }
+    if (events & EPOLLOUT) start_client_handshake();
+    if (!error_) update_interest();
+    return;
+  }
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+    drained_ = false;
+    if (state_ == State::kEstablished) {
+      process_reads();
+    } else {
+      on_handshake_input();
+    }
+  }
+  if (!error_ && (events & EPOLLOUT)) process_writes();
+  if (!error_) update_interest();
+}
+
+ConnectionImpl::Fill ConnectionImpl::fill(size_t most) {
+  if (in_.size() - in_end_ < most) {
+    if (in_begin_ > 0) {
+      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+    }
+    if (in_.size() - in_end_ < most) in_.resize(in_end_ + most);
+  }
+  if (drained_) return Fill::kAgain;
+  for (;;) {
+    const ssize_t n = ::recv(fd_, in_.data() + in_end_, most, MSG_DONTWAIT);
+    if (n > 0) {
+      in_end_ += static_cast<size_t>(n);
+      drained_ = static_cast<size_t>(n) < most;
+      return Fill::kData;
+    }
+    if (n == 0) {
+      fill_error_ = TCP_TRANSPORT_ERROR(tp::EOFError);
+      return Fill::kClosed;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Fill::kAgain;
+    fill_error_ = TCP_TRANSPORT_ERROR(tp::SystemError, "recv", errno);
+    return Fill::kClosed;
+  }
+}
+
+bool ConnectionImpl::fill_or_fail(size_t most) {
+  const Fill result = fill(most);
+  if (result == Fill::kClosed) setError(fill_error_);
+  return result == Fill::kData;
+}
+
+void ConnectionImpl::update_interest() {
+  if (fd_ < 0 || error_) return;
+  uint32_t want = 0;
+  const bool output = handshake_sent_ < handshake_out_.size() ||
+                      (state_ == State::kEstablished && !writes_.empty());
+  switch (state_) {
+    case State::kConnecting:
+      want = EPOLLOUT;
+      break;
+    case State::kHandshake:
+    case State::kRefusing:
+      want = EPOLLIN;
+      break;
+    case State::kEstablished:
+      if (!reads_.empty() || buffered().size() < kReadAhead) want = EPOLLIN;
+      break;
+  }
+  if (output) want |= EPOLLOUT;
+  if (want == interest_) return;
+  interest_ = want;
+  if (want == 0) {
+    context_->unwatch(fd_);
+  } else {
+    context_->watch(fd_, want, shared_from_this());
+  }
+}
+
+void ConnectionImpl::readImplFromLoop(read_callback_fn fn) {
+  ReadOp op;
+  op.fn = std::move(fn);
+  reads_.push_back(std::move(op));
+  if (state_ == State::kEstablished) process_reads();
+  update_interest();
+}
+
+void ConnectionImpl::readImplFromLoop(void* ptr, size_t length,
+                                      read_callback_fn fn) {
+  ReadOp op;
+  op.fn = std::move(fn);
+  op.ptr = static_cast<char*>(ptr);
+  op.length = length;
+  op.given = true;
+  reads_.push_back(std::move(op));
+  if (state_ == State::kEstablished) process_reads();
+  update_interest();
+}
+
+void ConnectionImpl::readImplFromLoop(tp::AbstractNopHolder& object,
+                                      read_nop_callback_fn fn) {
+  // As the boilerplate does, but a message that does not parse fails this
+  // connection instead of throwing on the loop thread.
+  readImplFromLoop([this, &object, fn = std::move(fn)](
+                       const tp::Error& error, const void* ptr, size_t length) {
+    if (error) {
+      fn(error);
+      return;
+    }
+    tp::NopReader reader(static_cast<const uint8_t*>(ptr), length);
+    const nop::Status<void> status = object.read(reader);
+    if (status.has_error()) {
+      const std::string why =
+          absl::StrCat("a malformed TensorPipe control message (", length,
+                       " bytes): ", status.GetErrorMessage());
+      fail(tcp_error(why), why, /*log=*/true);
+      fn(error_);
+      return;
+    }
+    fn(tp::Error::kSuccess);
+  });
+}
+
+void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
+                                       write_callback_fn fn) {
+  WriteOp op;
+  op.header = length;
+  op.ptr = static_cast<const char*>(ptr);
+  op.fn = std::move(fn);
+  writes_.push_back(std::move(op));
+  if (state_ == State::kEstablished) process_writes();
+  update_interest();
+}
+
+void ConnectionImpl::process_reads() {
+  const size_t limit = context_->options().max_unsized_read_bytes;
+  while (!error_ && state_ == State::kEstablished) {
+    if (reads_.empty()) {
+      if (buffered().size() >= kReadAhead) break;
+      if (!fill_or_fail(kChunk)) break;
+      continue;
+    }
+    ReadOp& op = reads_.front();
+    if (!op.have_length) {
+      if (buffered().size() < sizeof(uint64_t)) {
+        if (!fill_or_fail(kChunk)) break;
+        continue;
+      }
+      uint64_t length = 0;
+      std::memcpy(&length, buffered().data(), sizeof(length));
+      consume(sizeof(length));
+      if (op.given && length != op.length) {
+        const std::string why =
+            absl::StrCat("the peer sent a frame of ", length,
+                         " bytes where one of ", op.length, " was expected");
+        fail(tcp_error(why), why, /*log=*/true);
+        return;
+      }
+      if (!op.given) {
+        if (length > limit) {
+          const std::string why =
+              absl::StrCat("the peer announced a frame of ", length,
+                           " bytes, over the limit of ", limit);
+          fail(tcp_error(why), why, /*log=*/true);
+          return;
+        }
+        op.owned.reset(new char[std::max<uint64_t>(length, 1)]);
+        op.ptr = op.owned.get();
+        op.length = length;
+      }
+      op.have_length = true;
+    }
+    const size_t take = std::min(buffered().size(), op.length - op.done);
+    if (take > 0) {
+      std::memcpy(op.ptr + op.done, buffered().data(), take);
+      consume(take);
+      op.done += take;
+    }
+    if (op.done < op.length) {
+      const size_t remaining = op.length - op.done;
+      if (remaining >= kChunk) {
+        if (drained_) break;
+        const ssize_t n =
+            ::recv(fd_, op.ptr + op.done, remaining, MSG_DONTWAIT);
+        if (n > 0) {
+          op.done += static_cast<size_t>(n);
+          drained_ = static_cast<size_t>(n) < remaining;
+          continue;
+        }
+        if (n == 0) {
+          setError(TCP_TRANSPORT_ERROR(tp::EOFError));
+          return;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        setError(TCP_TRANSPORT_ERROR(tp::SystemError, "recv", errno));
+        return;
+      }
+      if (!fill_or_fail(kChunk)) break;
+      continue;
+    }
+    ReadOp done = std::move(reads_.front());
+    reads_.pop_front();
+    done.fn(tp::Error::kSuccess, done.ptr, done.length);
+  }
+}
+
+void ConnectionImpl::process_writes() {
+  while (!error_ && fd_ >= 0) {
+    iovec iov[kMaxIov];
+    size_t count = 0;
+    const size_t handshake_left = handshake_out_.size() - handshake_sent_;
+    if (handshake_left > 0) {
+      iov[count++] = {handshake_out_.data() + handshake_sent_, handshake_left};
+    }
+    if (state_ == State::kEstablished) {
+      for (WriteOp& op : writes_) {
+        if (count + 2 > kMaxIov) break;
+        if (op.done < sizeof(op.header)) {
+          iov[count++] = {reinterpret_cast<char*>(&op.header) + op.done,
+                          sizeof(op.header) - op.done};
+          if (op.header > 0) {
+            iov[count++] = {const_cast<char*>(op.ptr), op.header};
+          }
+        } else {
+          const size_t sent = op.done - sizeof(op.header);
+          iov[count++] = {const_cast<char*>(op.ptr) + sent, op.header - sent};
+        }
+      }
+    }
+    if (count == 0) return;
+    size_t offered = 0;
+    for (size_t i = 0; i < count; ++i) offered += iov[i].iov_len;
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = count;
+    const ssize_t n = ::sendmsg(fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "sendmsg", errno));
+      return;
+    }
+    size_t left = static_cast<size_t>(n);
+    const size_t from_handshake = std::min(left, handshake_left);
+    handshake_sent_ += from_handshake;
+    left -= from_handshake;
+    if (handshake_sent_ == handshake_out_.size()) {
+      handshake_out_.clear();
+      handshake_sent_ = 0;
+    }
+    std::vector<write_callback_fn> completed;
+    while (left > 0 && !writes_.empty()) {
+      WriteOp& op = writes_.front();
+      const size_t total = sizeof(op.header) + op.header;
+      const size_t step = std::min(left, total - op.done);
+      op.done += step;
+      left -= step;
+      if (op.done < total) break;
+      completed.push_back(std::move(op.fn));
+      writes_.pop_front();
+    }
+    for (write_callback_fn& fn : completed) fn(tp::Error::kSuccess);
+    // A short write: the socket's buffer is full; EPOLLOUT says when not.
+    if (static_cast<size_t>(n) < offered) return;
+  }
+}
+
+void ConnectionImpl::handleErrorImpl() {
+  for (ReadOp& op : reads_) {
+    op.fn(error_, op.given ? op.ptr : nullptr, op.given ? op.length : 0);
+  }
+  reads_.clear();
+  for (WriteOp& op : writes_) op.fn(error_);
+  writes_.clear();
+  if (fd_ >= 0) {
+    if (interest_ != 0) context_->unwatch(fd_);
+    interest_ = 0;
+    ::close(fd_);
+    fd_ = -1;
+  }
+  in_.clear();
+  in_.shrink_to_fit();
+  in_begin_ = in_end_ = 0;
+  notify_listener(false);
+  context_->unenroll(*this);
+}
+
+}  // namespace tether::backends::internal::tcp

@@ -1,0 +1,171 @@
+// A connection of tether's TCP transport (tcp_transport.h): the handshake
+// that guards it (tcp_transport_handshake.cc) and the frames it carries
+// once established (tcp_transport_connection.cc). Internal to that
+// transport.
+//
+// Threads: every method runs in the context's loop (on whichever thread
+// is in it; tcp_transport_context.h).
+#ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
+#define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/string_view.h>
+#include <tensorpipe/common/nop.h>
+#include <tensorpipe/transport/connection_impl_boilerplate.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/tensorpipe/internal/tcp_handshake.h"
+#include "backends/tensorpipe/internal/tcp_transport_context.h"
+
+namespace tether::backends::internal::tcp {
+
+// Reads go through a buffer in chunks of this size; a payload's remainder at
+// least this large is read straight into its destination.
+inline constexpr size_t kChunk = 64 << 10;
+// Bytes read ahead while TensorPipe has no read pending.
+inline constexpr size_t kReadAhead = 256 << 10;
+// Frames of one write call gathered into one sendmsg().
+inline constexpr size_t kMaxIov = 64;
+
+class ConnectionImpl final
+    : public tpt::ConnectionImplBoilerplate<ContextImpl, ListenerImpl,
+                                            ConnectionImpl>,
+      public Handler {
+ public:
+  // Accepted by `listener` (its key for this connection: `key`).
+  ConnectionImpl(ConstructorToken token, std::shared_ptr<ContextImpl> context,
+                 std::string id, int fd, std::string peer,
+                 std::weak_ptr<ListenerImpl> listener, uint64_t key)
+      : ConnectionImplBoilerplate(token, std::move(context), std::move(id)),
+        server_(true),
+        fd_(fd),
+        peer_(std::move(peer)),
+        listener_(std::move(listener)),
+        key_(key) {}
+
+  // Connecting to `addr`.
+  ConnectionImpl(ConstructorToken token, std::shared_ptr<ContextImpl> context,
+                 std::string id, std::string addr)
+      : ConnectionImplBoilerplate(token, std::move(context), std::move(id)),
+        server_(false),
+        peer_(std::move(addr)) {}
+
+  ~ConnectionImpl() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void on_events(uint32_t events) override;
+
+ protected:
+  void initImplFromLoop() override;
+  void readImplFromLoop(read_callback_fn fn) override;
+  void readImplFromLoop(tp::AbstractNopHolder& object,
+                        read_nop_callback_fn fn) override;
+  void readImplFromLoop(void* ptr, size_t length, read_callback_fn fn) override;
+  void writeImplFromLoop(const void* ptr, size_t length,
+                         write_callback_fn fn) override;
+  void handleErrorImpl() override;
+
+ private:
+  enum class State { kConnecting, kHandshake, kRefusing, kEstablished };
+  enum class Step { kAwaitHello, kAwaitProof, kAwaitVerdict };
+  enum class Fill { kData, kAgain, kClosed };
+
+  struct ReadOp {
+    read_callback_fn fn;
+    char* ptr = nullptr;
+    size_t length = 0;
+    bool given = false;  // the caller gave ptr and length
+    std::unique_ptr<char[]> owned;
+    bool have_length = false;
+    size_t done = 0;
+  };
+  struct WriteOp {
+    uint64_t header = 0;
+    const char* ptr = nullptr;
+    size_t done = 0;  // of the header's 8 bytes and then the payload
+    write_callback_fn fn;
+  };
+
+  // Handshake.
+  void start_client_handshake();
+  void on_handshake_input();
+  void on_frame(const HandshakeFrame& frame);
+  void on_server_frame(const HandshakeFrame& frame);
+  void on_client_frame(const HandshakeFrame& frame);
+  // Why `name` may not take part, or "" if it may.
+  std::string check_member(const std::string& name) const;
+  void send_frame(const HandshakeFrame& frame);
+  // Server: tells the peer `reason`, logs it, and waits for the peer to
+  // close (bounded by the handshake deadline).
+  void refuse(const std::string& reason);
+  // Logs (rate limited) and fails the connection with `error`.
+  void fail(tp::Error error, const std::string& why, bool log);
+  void established();
+  void on_handshake_timeout();
+  void notify_listener(bool ok);
+
+  // Data.
+  void process_reads();
+  void process_writes();
+  // Reads at most `most` bytes into the buffer. kClosed: the peer closed
+  // or the socket failed; why is in fill_error_ (not yet set on the
+  // connection).
+  Fill fill(size_t most);
+  // fill(), failing the connection on kClosed; true if bytes came.
+  bool fill_or_fail(size_t most);
+  void update_interest();
+
+  absl::string_view buffered() const {
+    return absl::string_view(in_.data() + in_begin_, in_end_ - in_begin_);
+  }
+  void consume(size_t n) {
+    in_begin_ += n;
+    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+  }
+  std::string describe_peer() const {
+    return peer_name_.empty()
+               ? peer_
+               : absl::StrCat("'", peer_name_, "' (", peer_, ")");
+  }
+
+  const bool server_;
+  int fd_ = -1;
+  const std::string peer_;  // the peer's address
+  const std::weak_ptr<ListenerImpl> listener_;
+  const uint64_t key_ = 0;
+
+  State state_ = State::kConnecting;
+  Step step_ = Step::kAwaitHello;
+  uint32_t interest_ = 0;
+  bool listener_notified_ = false;
+  std::string peer_name_;
+  std::string own_challenge_;
+  std::string peer_challenge_;
+  std::string refusal_;
+  tp::Error fill_error_;
+  // The last recv() took less than it asked for: the socket had nothing
+  // more then. No recv() until the poller reports it readable again (its
+  // sockets are level-triggered): saves a recv() that would only say
+  // EAGAIN after every message.
+  bool drained_ = false;
+
+  std::vector<char> in_;
+  size_t in_begin_ = 0;
+  size_t in_end_ = 0;
+  std::string handshake_out_;
+  size_t handshake_sent_ = 0;
+
+  std::deque<ReadOp> reads_;
+  std::deque<WriteOp> writes_;
+};
+
+}  // namespace tether::backends::internal::tcp
+
+#endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_

@@ -1,0 +1,155 @@
+// The context of tether's TCP transport (tcp_transport.h): its errors, the
+// rate limit of its refusal logs, and its loop. Internal to that transport;
+// tcp_transport_listener.h and tcp_transport_connection.h build on it.
+//
+// Threads: see ContextImpl; every callback into TensorPipe runs in its
+// loop, on the thread that is in it.
+#ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_
+#define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_
+
+#include <absl/time/time.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <tensorpipe/common/deferred_executor.h>
+#include <tensorpipe/common/error.h>
+#include <tensorpipe/transport/context_impl_boilerplate.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backends/tensorpipe/internal/tcp_transport.h"
+
+namespace tether::backends::internal::tcp {
+
+namespace tp = ::tensorpipe;
+namespace tpt = ::tensorpipe::transport;
+
+// Refusals logged per window; the rest are counted in the next line.
+inline constexpr int kLogBurst = 10;
+inline constexpr auto kLogWindow = std::chrono::seconds(10);
+
+// The error of a connection that broke tether's rules (malformed bytes, a
+// frame over a limit, a handshake that did not finish in time).
+class TcpError final : public tp::BaseError {
+ public:
+  explicit TcpError(std::string what) : what_(std::move(what)) {}
+  std::string what() const override { return what_; }
+
+ private:
+  std::string what_;
+};
+
+// A tensorpipe::Error of type T, saying where it arose (TP_CREATE_ERROR
+// only works inside namespace tensorpipe).
+#define TCP_TRANSPORT_ERROR(T, ...) \
+  ::tensorpipe::Error(std::make_shared<T>(__VA_ARGS__), __FILE__, __LINE__)
+
+tp::Error refused_error(std::string reason);
+tp::Error tcp_error(std::string what);
+
+// "ip:port" or "[ip6]:port".
+std::string format_address(const sockaddr_storage& storage);
+
+class ContextImpl;
+class ListenerImpl;
+class ConnectionImpl;
+
+// What the loop calls when a watched descriptor is ready.
+class Handler {
+ public:
+  virtual ~Handler() = default;
+  virtual void on_events(uint32_t events) = 0;
+};
+
+// The context owns the loop and the poller.
+//
+// The loop is not a thread: it is whichever thread is running the
+// transport's work at the moment (TensorPipe's OnDemandDeferredExecutor).
+// A thread that writes to a connection enters the loop and sendmsg()s
+// itself when no other thread is in it, instead of handing the write to a
+// loop thread and waking it (two context switches and an eventfd write per
+// small call); work deferred while another thread is in the loop runs
+// there, in order, before that thread leaves.
+//
+// The poller is one thread per context that waits in epoll_wait on the
+// watched sockets, the eventfd (which wakes it for a new earliest timer
+// and at join) and the next timer's deadline; it then enters the loop
+// with what it found, and waits until that ran before it polls again (the
+// sockets are level-triggered).
+class ContextImpl final
+    : public tpt::ContextImplBoilerplate<ContextImpl, ListenerImpl,
+                                         ConnectionImpl> {
+ public:
+  // nullptr if the poller's descriptors cannot be made.
+  static std::shared_ptr<ContextImpl> create(TcpTransportOptions options);
+
+  ContextImpl(TcpTransportOptions options, int epoll_fd, int event_fd);
+  ~ContextImpl() override;
+
+  const TcpTransportOptions& options() const { return options_; }
+
+  void deferToLoop(TTask fn) override { loop_.deferToLoop(std::move(fn)); }
+  bool inLoop() const override { return loop_.inLoop(); }
+
+  // Loop only: calls `handler` for `events` on `fd` (replacing what was
+  // watched on it), until unwatch(fd).
+  void watch(int fd, uint32_t events, std::shared_ptr<Handler> handler);
+  void unwatch(int fd);
+
+  // Loop only: runs `fn` in the loop after `delay`.
+  void after(absl::Duration delay, std::function<void()> fn);
+
+  // Loop only: whether a refusal may be logged now (at most kLogBurst per
+  // window); `*suppressed` is how many were not since.
+  bool may_log(int* suppressed);
+
+ protected:
+  void handleErrorImpl() override {}
+  // Stops and joins the poller. Not in the loop.
+  void joinImpl() override;
+
+ private:
+  // The poller thread's body.
+  void poll();
+  // Loop only: calls the handlers of `ready` and the due timers.
+  void dispatch(const std::vector<epoll_event>& ready);
+  // Wakes the poller.
+  void wake();
+  // Loop only: publishes the earliest timer's deadline to the poller.
+  void publish_next_timer();
+
+  const TcpTransportOptions options_;
+  const int epoll_fd_;
+  const int event_fd_;
+  tp::OnDemandDeferredExecutor loop_;
+  std::atomic<bool> stopping_{false};
+  // The earliest timer's deadline (steady clock, ns since its epoch), or
+  // kNoTimer; written in the loop, read by the poller.
+  static constexpr int64_t kNoTimer = INT64_MAX;
+  std::atomic<int64_t> next_timer_ns_{kNoTimer};
+  // Loop only.
+  uint64_t next_record_ = 1;
+  std::unordered_map<int, uint64_t> records_;
+  std::unordered_map<uint64_t, std::shared_ptr<Handler>> handlers_;
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void()>>
+      timers_;
+  std::chrono::steady_clock::time_point log_window_start_{};
+  int logged_in_window_ = 0;
+  int suppressed_ = 0;
+  // Last: started once everything above is ready.
+  std::thread poller_;
+  std::thread::id poller_id_;
+};
+
+}  // namespace tether::backends::internal::tcp
+
+#endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_
