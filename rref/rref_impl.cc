@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/ivalue_future.h"
+#include "core/rpc.h"
 
 namespace tether {
 namespace rref {
