@@ -8,6 +8,7 @@ import unittest
 
 # The real files behind the runfiles: the tree this test checks.
 HERE = os.path.dirname(os.path.realpath(__file__))
+sys.dont_write_bytecode = True
 sys.path.insert(0, HERE)
 import layering  # noqa: E402
 
