@@ -147,14 +147,6 @@ Future<bool> all_of(const std::vector<Future<bool>>& futures) {
   return done.future();
 }
 
-Message ack() {
-  Message message;
-  message.type = MessageType::kAck;
-  absl::Status encoded = wire::encode(c10::IValue(), message);
-  TETHER_CHECK(encoded.ok(), "encoding an empty ACK");
-  return message;
-}
-
 }  // namespace
 
 // The autograd layer of one Worker: its contexts, the hook every message

@@ -11,9 +11,10 @@
 #include <thread>
 
 #include "autograd/autograd_testing.h"
-#include "backends/builtin.h"
+#include "autograd/rref_backward.h"
 #include "rref/rref.h"
 #include "rref/rref_testing.h"
+#include "testing/loopback_group.h"
 #include "testing/status_matchers.h"
 
 namespace tether::autograd {
@@ -55,23 +56,12 @@ void expect_close(const at::Tensor& actual, const at::Tensor& expected,
       << "actual\n" << actual << "\nexpected\n" << expected;
 }
 
-class DistAutograd : public ::testing::Test {
+class DistAutograd : public testing::LoopbackGroup {
  protected:
   void SetUp() override {
-    static std::atomic<int> counter{0};
-    BackendRegistry registry;
-    ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
-    RpcOptions options;
-    options.backend = "loopback";
-    options.init_method = absl::StrCat("memory://autograd_test_", counter++);
-    options.num_worker_threads = 8;
-    options.default_timeout = kBound;
-    workers_ = testing::start_autograd_workers(registry, options,
-                                               {"alice", "bob", "carol"});
-    for (const auto& w : workers_) ASSERT_NE(w, nullptr);
+    start(testing::group_options("autograd_test"), {"alice", "bob", "carol"},
+          {rref_extension(), autograd_extension()});
   }
-
-  void TearDown() override { testing::shutdown_workers(workers_); }
 
   Worker& a() { return *workers_[0]; }
   Worker& b() { return *workers_[1]; }
@@ -90,8 +80,6 @@ class DistAutograd : public ::testing::Test {
     EXPECT_THAT(g, IsOk());
     return g.ok() ? *g : c10::Dict<at::Tensor, at::Tensor>();
   }
-
-  std::vector<std::unique_ptr<Worker>> workers_;
 };
 
 TEST_F(DistAutograd, ContextIdsCarryTheWorkerAndDoNotNest) {
@@ -316,14 +304,14 @@ TEST_F(DistAutograd, RRefBackwardOnItsOwner) {
   ASSERT_THAT(context, IsOk());
   absl::StatusOr<RRef> r = remote(a(), "bob", "aten::dot", {x, w});
   ASSERT_THAT(r, IsOk());
-  ASSERT_THAT(r->backward(context->id()), IsOk());
+  ASSERT_THAT(backward(*r, context->id()), IsOk());
   auto g = grads(a(), context->id());
   expect_close(grad_of(g, x), w.detach());
   expect_close(grad_of(g, w), x.detach());
 
   absl::StatusOr<RRef> vector = remote(a(), "bob", "aten::mul.Tensor", {x, w});
   ASSERT_THAT(vector, IsOk());
-  EXPECT_THAT(vector->backward(context->id()),
+  EXPECT_THAT(backward(*vector, context->id()),
               StatusIs(absl::StatusCode::kUnknown,
                        HasSubstr("must be a scalar")));
 }

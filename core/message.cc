@@ -35,6 +35,12 @@ absl::Status check_message_limits(uint64_t payload_bytes,
   return absl::OkStatus();
 }
 
+Message ack() {
+  Message message;
+  message.type = MessageType::kAck;
+  return message;
+}
+
 const char* message_type_name(MessageType type) {
   switch (type) {
     case MessageType::kUnknown:

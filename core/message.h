@@ -93,6 +93,11 @@ struct Message {
   std::vector<c10::Storage> storages;
 };
 
+// The response of a request that answers with nothing but its success (the
+// RRef protocol's control messages, a distributed autograd step or
+// cleanup, a membership change): type ACK, no payload, no storages.
+Message ack();
+
 }  // namespace tether
 
 #endif  // TETHER_CORE_MESSAGE_H_

@@ -244,7 +244,8 @@ Worker::~Worker() {
 Worker* Worker::serving() { return serving_worker; }
 
 absl::Status Worker::register_handler(MessageType type,
-                                      RequestHandler handler) {
+                                      RequestHandler handler,
+                                      HandlerTraits traits) {
   TETHER_CHECK(building_, "register_handler after the worker started");
   if (type == MessageType::kCall || !handler) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -254,6 +255,7 @@ absl::Status Worker::register_handler(MessageType type,
     return absl::InvalidArgumentError(absl::StrCat(
         "a handler for ", message_type_name(type), " is already registered"));
   }
+  if (traits.counts_as_call) counted_as_calls_.insert(type);
   return absl::OkStatus();
 }
 
@@ -405,10 +407,9 @@ Future<Message> Worker::send_counted(const WorkerInfo& to, Message message,
 Future<Message> Worker::send_limited(const WorkerInfo& to,
                                                Message message,
                                                absl::Duration timeout) {
+  // Read without a lock: counted_as_calls_ is fixed once the worker serves.
   const bool call = message.type == MessageType::kCall ||
-                    message.type == MessageType::kRemoteCall ||
-                    message.type == MessageType::kRRefMethodCall ||
-                    message.type == MessageType::kRRefFetch;
+                    counted_as_calls_.contains(message.type);
   if (!call || options_.max_calls_in_flight == 0) {
     return agent_->send(to, std::move(message), resolve_timeout(timeout));
   }

@@ -18,6 +18,7 @@
 #include <ATen/core/ivalue.h>
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
 #include <absl/synchronization/mutex.h>
@@ -170,6 +171,15 @@ class AutogradHook {
                                                 c10::IValue& value) = 0;
 };
 
+// How the Worker treats the requests a layer's handler serves (see
+// Worker::register_handler). Core knows no layer's message types: each
+// layer says this of its own when it registers them.
+struct HandlerTraits {
+  // Sending one counts against RpcOptions::max_calls_in_flight, as a CALL
+  // does: it runs a user function on the callee (or waits for one's value).
+  bool counts_as_call = false;
+};
+
 // A RequestHandler that calls `method` on the layer object `weak` points to,
 // or fails with CANCELLED once that object is gone (the worker shut down).
 template <typename T>
@@ -313,10 +323,12 @@ class Worker {
   }
 
   // Serves requests of `type` with `handler`, run on the worker pool (it may
-  // block briefly; it returns the response's future). Only while an
+  // block briefly; it returns the response's future); `traits` say how this
+  // worker counts the requests of `type` it sends. Only while an
   // ExtensionFactory runs; INVALID_ARGUMENT for CALL or a taken type.
   [[nodiscard]] absl::Status register_handler(MessageType type,
-                                              RequestHandler handler);
+                                              RequestHandler handler,
+                                              HandlerTraits traits = {});
 
   // The RRef layer's side of the codec, for every message this worker
   // encodes or decodes. Only while an ExtensionFactory runs.
@@ -481,6 +493,8 @@ class Worker {
   // Set while extensions are made; read-only once the worker serves.
   std::vector<std::unique_ptr<WorkerExtension>> extensions_;
   absl::flat_hash_map<MessageType, RequestHandler> handlers_;
+  // The types of handlers_ registered with HandlerTraits::counts_as_call.
+  absl::flat_hash_set<MessageType> counted_as_calls_;
   wire::RRefHook* rref_hook_ = nullptr;
   AutogradHook* autograd_hook_ = nullptr;
   std::function<absl::Status(const c10::IValue&)> call_gate_;

@@ -33,12 +33,6 @@ Message member_message(MessageType type, const WorkerInfo& who) {
   return message;
 }
 
-Message ack() {
-  Message message;
-  message.type = MessageType::kAck;
-  return message;
-}
-
 bool lost(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded;

@@ -708,6 +708,61 @@ TEST(WorkerLimits, CallsInFlightAreBounded) {
   for (auto& t : threads) t.join();
 }
 
+// Which requests count against max_calls_in_flight is the registering
+// layer's word (HandlerTraits), not a list of types in core: a type
+// registered as a call is bounded, one registered without is not.
+TEST(WorkerLimits, HandlersSayWhetherTheirRequestsCountAsCalls) {
+  BackendRegistry registry;
+  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
+  RpcOptions options = loopback_options(unique_init_method());
+  options.max_calls_in_flight = 1;
+  // The handlers answer when the test says so: no thread waits meanwhile.
+  Promise<Message> answer;
+  ExtensionFactory handlers =
+      [answer](Worker& worker)
+      -> absl::StatusOr<std::unique_ptr<WorkerExtension>> {
+    RequestHandler later = [answer](Message) { return answer.future(); };
+    HandlerTraits call;
+    call.counts_as_call = true;
+    TETHER_RETURN_IF_ERROR(
+        worker.register_handler(MessageType::kAutogradBackward, later, call));
+    TETHER_RETURN_IF_ERROR(
+        worker.register_handler(MessageType::kRRefFetch, later));
+    return std::make_unique<WorkerExtension>();
+  };
+  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> workers(2);
+  std::vector<std::thread> makers;
+  for (int rank = 0; rank < 2; ++rank) {
+    makers.emplace_back([&, rank] {
+      workers[rank] = Worker::create(rank == 0 ? "a" : "b", rank, 2, options,
+                                     registry, {handlers});
+    });
+  }
+  for (std::thread& t : makers) t.join();
+  for (auto& w : workers) ASSERT_THAT(w, IsOk());
+  Worker& a = **workers[0];
+  absl::StatusOr<WorkerInfo> b = a.get_worker_info("b");
+  ASSERT_THAT(b, IsOk());
+  auto request = [](MessageType type) {
+    Message message;
+    message.type = type;
+    return message;
+  };
+  Future<Message> counted = a.send(*b, request(MessageType::kAutogradBackward));
+  EXPECT_THAT(a.send(*b, request(MessageType::kAutogradBackward)).get(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_calls_in_flight")));
+  Future<Message> not_counted = a.send(*b, request(MessageType::kRRefFetch));
+  answer.set(ack());
+  EXPECT_THAT(counted.get(absl::Now() + kBound), IsOk());
+  EXPECT_THAT(not_counted.get(absl::Now() + kBound), IsOk());
+  std::vector<std::thread> threads;
+  for (auto& w : workers) {
+    threads.emplace_back([&w] { EXPECT_THAT((*w)->shutdown(), IsOk()); });
+  }
+  for (auto& t : threads) t.join();
+}
+
 TEST(FreeFunctions, TypedResultsTimeoutsAndStatusMacros) {
   BackendRegistry registry;
   ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());

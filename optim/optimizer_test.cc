@@ -14,8 +14,8 @@
 
 #include "autograd/autograd.h"
 #include "autograd/autograd_testing.h"
-#include "backends/builtin.h"
 #include "rref/rref_testing.h"
+#include "testing/loopback_group.h"
 #include "testing/status_matchers.h"
 
 namespace tether::optim {
@@ -59,23 +59,12 @@ at::Tensor loss_of(const at::Tensor& w1, const at::Tensor& w2,
   return (at::matmul(hidden, w2) - 1.0).pow(2).mean();
 }
 
-class DistOptimizer : public ::testing::Test {
+class DistOptimizer : public testing::LoopbackGroup {
  protected:
   void SetUp() override {
-    static std::atomic<int> counter{0};
-    BackendRegistry registry;
-    ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
-    RpcOptions options;
-    options.backend = "loopback";
-    options.init_method = absl::StrCat("memory://optim_test_", counter++);
-    options.num_worker_threads = 8;
-    options.default_timeout = absl::Seconds(30);
-    workers_ = testing::start_autograd_workers(registry, options,
-                                               {"trainer", "ps1", "ps2"});
-    for (const auto& w : workers_) ASSERT_NE(w, nullptr);
+    start(testing::group_options("optim_test"), {"trainer", "ps1", "ps2"},
+          {rref_extension(), autograd::autograd_extension()});
   }
-
-  void TearDown() override { testing::shutdown_workers(workers_); }
 
   Worker& trainer() { return *workers_[0]; }
 
@@ -141,8 +130,6 @@ class DistOptimizer : public ::testing::Test {
     EXPECT_TRUE(at::equal(unused, unused_before));
     EXPECT_FALSE(w1.grad().defined());
   }
-
-  std::vector<std::unique_ptr<Worker>> workers_;
 };
 
 TEST_F(DistOptimizer, SGDWithNesterovMomentumMatchesLocal) {

@@ -10,8 +10,8 @@
 
 #include "autograd/autograd.h"
 #include "autograd/autograd_testing.h"
-#include "backends/builtin.h"
 #include "optim/optimizer.h"
+#include "testing/loopback_group.h"
 #include "testing/status_matchers.h"
 
 namespace tether {
@@ -35,33 +35,16 @@ struct Unregistered : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return x; }
 };
 
-class RemoteModules : public ::testing::Test {
+class RemoteModules : public testing::LoopbackGroup {
  protected:
   void SetUp() override {
     static const absl::Status registered =
         register_module<NetImpl, int64_t, int64_t>();
     ASSERT_THAT(registered, IsOk());
-    static std::atomic<int> counter{0};
-    BackendRegistry registry;
-    ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
-    RpcOptions options;
-    options.backend = "loopback";
-    options.init_method = absl::StrCat("memory://remote_module_test_", counter++);
-    options.num_worker_threads = 4;
-    options.default_timeout = kBound;
-    workers_ = testing::start_autograd_workers(registry, options,
-                                               {"trainer", "ps"});
-    for (const auto& w : workers_) ASSERT_NE(w, nullptr);
-  }
-  void TearDown() override {
-    std::vector<std::thread> threads;
-    for (auto& w : workers_) {
-      threads.emplace_back([&w] { EXPECT_THAT(w->shutdown(), IsOk()); });
-    }
-    for (auto& t : threads) t.join();
+    start(testing::group_options("remote_module_test", 4), {"trainer", "ps"},
+          {rref_extension(), autograd::autograd_extension()});
   }
   Worker& trainer() { return *workers_[0]; }
-  std::vector<std::unique_ptr<Worker>> workers_;
 };
 
 TEST_F(RemoteModules, ForwardAndParametersWithoutQualifiedNames) {

@@ -155,12 +155,8 @@ class RRef {
   //   if (!made.ok()) return made.status();  // the creation's error
   Future<bool> get_future() const;
 
-  // Runs distributed autograd's backward of context `context_id` (see
-  // autograd/autograd.h) from the value, a scalar tensor that requires
-  // grad, on its owner: locally there, or by a call to the owner.
-  // Errors as autograd::backward, plus those of the call.
-  [[nodiscard]] absl::Status backward(int64_t context_id,
-                                      bool retain_graph = false) const;
+  // Distributed backward from the value: autograd::backward(rref, ...) in
+  // autograd/rref_backward.h (the autograd layer sits above this one).
 
   // Method calls on the owner's object (see SyncProxy above). The proxy
   // refers to this RRef: use it within the expression.

@@ -1,5 +1,7 @@
 // The RRef layer's internals: owner and user references, and the per-worker
-// context that runs the protocol. Only rref/ includes this header.
+// ContextState that runs the protocol (its bodies in rref_impl.cc). Used by
+// rref/ and by the layers above that act on an RRef's owner
+// (autograd/rref_backward.cc); not by applications (rref/rref.h is theirs).
 //
 // Protocol (the guarantees of PyTorch's RRef design note):
 //   - An RRef has a global id (RRefId, made by its creator) and each user
@@ -26,14 +28,26 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/core/rref_interface.h>
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <absl/hash/hash.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/future.h"
+#include "core/internal/timer.h"
+#include "core/message.h"
+#include "core/wire/codec.h"
 #include "core/worker.h"
 #include "rref/rref.h"
 
@@ -56,6 +70,13 @@ using RRefId = GloballyUniqueId;
 using ForkId = GloballyUniqueId;
 
 class ContextState;
+
+inline constexpr char kCreationFailed[] = "RRef creation failed";
+// The longest an owner waits for a value that is not there yet.
+inline constexpr absl::Duration kMaxValueWait = absl::Seconds(60);
+
+// `status` as the failure of an RRef's creation, said once.
+absl::Status creation_failure(const absl::Status& status);
 
 class RRefImpl : public c10::RRefInterface {
  public:
@@ -116,6 +137,210 @@ class UserRRef final : public RRefImpl {
  private:
   const ForkId fork_id_;
   Promise<bool> confirmed_;
+};
+
+// The protocol state of one worker. Shared with every RRef it made, which
+// may outlive the worker: once closed, it does nothing.
+class ContextState : public wire::RRefHook,
+                     public std::enable_shared_from_this<ContextState> {
+ public:
+  explicit ContextState(Worker& worker)
+      : worker_(&worker), self_(worker.get_current_worker_info()) {}
+
+  // The worker is going away; waits for calls into it to finish.
+  void close();
+
+  const WorkerInfo& self() const { return self_; }
+
+  // Runs `fn` with the worker unless closed (then returns false).
+  template <typename F>
+  bool with_worker(F fn) {
+    Worker* worker;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return false;
+      worker = worker_;
+      ++in_use_;
+    }
+    fn(*worker);
+    absl::MutexLock lock(&mu_);
+    --in_use_;
+    return true;
+  }
+
+  GloballyUniqueId new_id() { return {self_.id, next_local_++}; }
+
+  absl::StatusOr<WorkerInfo> worker_info(int32_t id);
+
+  // ---- owner side
+
+  c10::intrusive_ptr<OwnerRRef> get_or_create_owner(const RRefId& id,
+                                                    const c10::TypePtr& type);
+
+  void add_fork(const RRefId& id, const ForkId& fork);
+
+  // Drops a fork; the owner lets go of the value with the last one.
+  void delete_fork(const RRefId& id, const ForkId& fork);
+
+  void release_if_unforked(const RRefId& id);
+
+  // ---- control messages: idempotent, retried with backoff
+
+  void send_control(const WorkerInfo& to, MessageType type, c10::IValue payload,
+                    std::function<void(absl::Status)> done = nullptr,
+                    int attempt = 0);
+
+  // ---- the codec hook
+
+  absl::StatusOr<wire::RRefForkData> fork(
+      const c10::intrusive_ptr<c10::RRefInterface>& rref) override;
+
+  absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> adopt(
+      const wire::RRefForkData& data) override;
+
+  void add_pending_user(const c10::intrusive_ptr<UserRRef>& user);
+
+  // Confirms (or fails) a pending user and stops holding it.
+  void finish_pending_user(const ForkId& fork, absl::Status status);
+
+  void user_created(const RRefId& id, const ForkId& fork,
+                    const WorkerInfo& owner);
+
+  void user_deleted(const RRefId& id, const ForkId& fork,
+                    const WorkerInfo& owner);
+
+  // Graceful shutdown: tells the owners of every user reference still held
+  // here that it is gone; later use of those references fails cleanly.
+  //
+  // Users that a value owned here holds (a remote() whose function returned
+  // RRefs) stay: a peer may still fetch that value and fork them, and the
+  // owner must not let go of theirs meanwhile. They are released when that
+  // value goes, as any user.
+  void release_all_users();
+
+  // After the drain: RRefs owned here that still have users.
+  absl::Status leak_report();
+
+  // ---- handlers (on the worker pool)
+
+  // A call target: a function's name, or (RRef owned here, method name).
+  static absl::Status check_target(const c10::IValue& target);
+
+  static std::string describe_target(const c10::IValue& target);
+
+  absl::StatusOr<c10::IValue> invoke(const c10::IValue& target,
+                                     std::vector<c10::IValue> args,
+                                     const Kwargs& kwargs);
+
+  static Kwargs kwargs_of(const c10::IValue& dict);
+
+  // Runs a decoded (target, args, kwargs, ...) call once its RRef arguments
+  // are confirmed; errors name this worker and the target.
+  absl::StatusOr<c10::IValue> run_call(const c10::IValue& call);
+
+  static absl::Status check_call(const c10::IValue& call, size_t size,
+                                 absl::string_view what);
+
+  Future<Message> on_remote_call(Message request);
+
+  // A call's result as a Future (a function that answers later completes
+  // it then); a later error names this worker and the target as
+  // run_call's do.
+  Future<c10::IValue> settle_call(const c10::IValue& call,
+                                  absl::StatusOr<c10::IValue> result);
+
+  Future<Message> on_method_call(Message request);
+
+  // (rref_worker, rref_local, wait_ms): the value, once there. The owner
+  // waits at most wait_ms (the fetcher's own timeout) for a value that is
+  // not there yet; if its REMOTE_CALL never arrived by then, the RRef is
+  // failed and let go, so nothing waits or leaks forever.
+  Future<Message> on_fetch(Message request);
+
+  // A fetch waited `wait` for RRef `id`'s value: if its REMOTE_CALL never
+  // came, the RRef fails and, without users, is let go.
+  void fail_valueless(const RRefId& id, absl::Duration wait);
+
+  Future<Message> on_user_delete(Message request);
+
+  Future<Message> on_fork_request(Message request);
+
+  Future<Message> on_child_accept(Message request);
+
+  // Waits until every RRef among a call's arguments is confirmed.
+  absl::Status gate(const c10::IValue& call);
+
+  // Decodes through the worker: RRefs with this hook, and a message in a
+  // distributed autograd context through the autograd hook.
+  absl::StatusOr<c10::IValue> decode_with_hook(
+      const Message& message, wire::AutogradMeta* autograd = nullptr);
+
+  // The response to a request that came with `request` autograd metadata.
+  absl::Status encode_response(const c10::IValue& value,
+                               const wire::AutogradMeta& request, Message& out);
+
+  // run_call in the autograd context the request came with.
+  absl::StatusOr<c10::IValue> run_call_serving(
+      const c10::IValue& call, const wire::AutogradMeta& autograd);
+
+  RRefDebugInfo debug_info();
+
+  // After close(): lets go of the references it held, outside the lock.
+  void drop_closed_users();
+
+ private:
+  absl::StatusOr<std::vector<int64_t>> control_ints(const Message& request,
+                                                    size_t n);
+
+  absl::Mutex mu_;
+  Worker* worker_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  const WorkerInfo self_;
+  // From 0, as the peer's ids (its tests print them).
+  std::atomic<int64_t> next_local_{0};
+  absl::flat_hash_map<RRefId, c10::intrusive_ptr<OwnerRRef>> owners_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<RRefId, absl::flat_hash_set<ForkId>> forks_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ForkId, c10::intrusive_ptr<UserRRef>> pending_users_
+      ABSL_GUARDED_BY(mu_);
+  struct LiveUser {
+    RRefId id;
+    WorkerInfo owner;
+  };
+  // Every UserRRef alive here that has not been released.
+  absl::flat_hash_map<ForkId, LiveUser> live_users_ ABSL_GUARDED_BY(mu_);
+  std::vector<c10::intrusive_ptr<RRefImpl>> dropped_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_
+      ABSL_GUARDED_BY(mu_);
+  internal::TimerQueue timers_;
+};
+
+// The RRef layer of one Worker (rref_extension()): owns its ContextState.
+class RRefExtension final : public WorkerExtension {
+ public:
+  RRefExtension(Worker& worker, RRefOptions options)
+      : options_(options), state_(std::make_shared<ContextState>(worker)) {}
+
+  absl::Status before_graceful_join() override {
+    state_->release_all_users();
+    return absl::OkStatus();
+  }
+
+  absl::Status after_graceful_join() override {
+    return options_.leak_check ? state_->leak_report() : absl::OkStatus();
+  }
+  ~RRefExtension() override {
+    state_->close();
+    state_->drop_closed_users();
+  }
+
+  const std::shared_ptr<ContextState>& state() const { return state_; }
+
+ private:
+  const RRefOptions options_;
+  std::shared_ptr<ContextState> state_;
 };
 
 // Calls `fn` on `rref`'s owner from the worker `rref` belongs to

@@ -11,8 +11,8 @@
 #include <atomic>
 #include <thread>
 
-#include "backends/builtin.h"
 #include "core/rpc.h"
+#include "testing/loopback_group.h"
 #include "testing/status_matchers.h"
 
 namespace {
@@ -134,52 +134,18 @@ void expect_released(const std::vector<std::unique_ptr<Worker>>& workers) {
   }
 }
 
-class RRefs : public ::testing::Test {
+class RRefs : public testing::LoopbackGroup {
  protected:
   virtual RRefOptions rref_options() { return RRefOptions(); }
 
   void SetUp() override {
-    static std::atomic<int> counter{0};
-    BackendRegistry registry;
-    ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
-    RpcOptions options;
-    options.backend = "loopback";
-    options.init_method = absl::StrCat("memory://rref_test_", counter++);
-    options.num_worker_threads = 8;
-    options.default_timeout = kBound;
-    const std::vector<std::string> names = {"alice", "bob", "carol"};
-    workers_.resize(names.size());
-    std::vector<std::thread> threads;
-    for (size_t rank = 0; rank < names.size(); ++rank) {
-      threads.emplace_back([&, rank] {
-        auto w = Worker::create(names[rank], static_cast<int>(rank), 3, options,
-                                registry, {rref_extension(rref_options())});
-        ASSERT_THAT(w, IsOk());
-        workers_[rank] = std::move(*w);
-      });
-    }
-    for (auto& t : threads) t.join();
+    start(testing::group_options("rref_test"), {"alice", "bob", "carol"},
+          {rref_extension(rref_options())});
   }
 
-  void TearDown() override { EXPECT_THAT(shutdown_all(), IsOk()); }
-
-  // Graceful shutdown of every worker at once; the first error, if any.
-  absl::Status shutdown_all() {
-    std::vector<std::thread> threads;
-    std::vector<absl::Status> results(workers_.size());
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      threads.emplace_back([&, i] { results[i] = workers_[i]->shutdown(); });
-    }
-    for (auto& t : threads) t.join();
-    for (const absl::Status& result : results) {
-      if (!result.ok()) return result;
-    }
-    return absl::OkStatus();
-  }
+  absl::Status shutdown_all() { return testing::shutdown_group(workers_); }
 
   void expect_all_released() { expect_released(workers_); }
-
-  std::vector<std::unique_ptr<Worker>> workers_;
 };
 
 
@@ -470,29 +436,12 @@ TEST_F(RRefs, SharingAndDroppingLeaveNoForksBehind) {
 // owner lets go of the entry and of the value at once, not when the fetch
 // could have timed out.
 TEST(RRefChains, ReleasedPromptlyAfterAFetchThatWaitedWhateverTheTimeout) {
-  BackendRegistry registry;
-  ASSERT_THAT(backends::register_builtin_backends(registry), IsOk());
-  RpcOptions options;
-  options.backend = "loopback";
-  options.init_method = "memory://rref_test_chain";
-  options.num_worker_threads = 16;
+  RpcOptions options = testing::group_options("rref_test_chain", 16);
   options.default_timeout = absl::Minutes(10);
   std::vector<std::string> names;
   for (int i = 0; i < 8; ++i) names.push_back(absl::StrCat("w", i));
-  std::vector<std::unique_ptr<Worker>> workers(names.size());
-  {
-    std::vector<std::thread> threads;
-    for (size_t rank = 0; rank < names.size(); ++rank) {
-      threads.emplace_back([&, rank] {
-        auto w = Worker::create(names[rank], static_cast<int>(rank),
-                                static_cast<int>(names.size()), options,
-                                registry, {rref_extension()});
-        ASSERT_THAT(w, IsOk());
-        workers[rank] = std::move(*w);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
+  std::vector<std::unique_ptr<Worker>> workers =
+      testing::start_group(options, names, {rref_extension()});
   for (const auto& w : workers) ASSERT_NE(w, nullptr);
   {
     absl::StatusOr<RRef> r = remote(*workers[0], "w1",
@@ -514,11 +463,7 @@ TEST(RRefChains, ReleasedPromptlyAfterAFetchThatWaitedWhateverTheTimeout) {
     ASSERT_LT(absl::Now(), deadline) << "w1 still holds the value";
     absl::SleepFor(absl::Milliseconds(5));
   }
-  std::vector<std::thread> threads;
-  for (auto& w : workers) {
-    threads.emplace_back([&w] { EXPECT_THAT(w->shutdown(), IsOk()); });
-  }
-  for (auto& t : threads) t.join();
+  EXPECT_THAT(testing::shutdown_group(workers), IsOk());
 }
 
 class RRefsWithLeakCheck : public RRefs {

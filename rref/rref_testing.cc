@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/rpc.h"
+#include "testing/loopback_group.h"
 
 namespace tether::testing {
 namespace {
@@ -107,36 +108,12 @@ std::vector<std::unique_ptr<Worker>> start_workers(
     const std::vector<ExtensionFactory>& more) {
   std::vector<ExtensionFactory> extensions = {rref_extension(rref_options)};
   extensions.insert(extensions.end(), more.begin(), more.end());
-  std::vector<std::unique_ptr<Worker>> workers(names.size());
-  std::vector<std::thread> threads;
-  const int size = static_cast<int>(names.size());
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      absl::StatusOr<std::unique_ptr<Worker>> w = Worker::create(
-          names[rank], rank, size, options, registry, extensions);
-      if (!w.ok()) {
-        ADD_FAILURE() << "worker " << names[rank] << ": " << w.status();
-        return;
-      }
-      workers[rank] = *std::move(w);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return workers;
+  return start_group(registry, options, names, extensions);
 }
 
 void shutdown_workers(std::vector<std::unique_ptr<Worker>>& workers) {
-  std::vector<std::thread> threads;
-  for (std::unique_ptr<Worker>& w : workers) {
-    if (w == nullptr) continue;
-    Worker* worker = w.get();
-    threads.emplace_back([worker] {
-      absl::Status stopped = worker->shutdown();
-      EXPECT_TRUE(stopped.ok())
-          << worker->get_current_worker_info().name << ": " << stopped;
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  absl::Status stopped = shutdown_group(workers);
+  EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
 absl::StatusOr<RRefDebugInfo> remote_debug_info(Worker& from,

@@ -32,6 +32,7 @@
 #include <string>
 
 #include "autograd/autograd.h"
+#include "autograd/rref_backward.h"
 #include "core/rendezvous.h"
 #include "core/rpc.h"
 #include "core/status_macros.h"

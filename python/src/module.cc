@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "autograd/autograd.h"
+#include "autograd/rref_backward.h"
 #include "backends/builtin.h"
 #include "core/rpc.h"
 #include "python/src/convert.h"
@@ -356,7 +357,7 @@ void rref_backward(const RRef& self, int64_t context_id, bool retain_graph) {
     absl::Status done;
     {
       py::gil_scoped_release nogil;
-      done = self.backward(context_id, retain_graph);
+      done = tether::autograd::backward(self, context_id, retain_graph);
     }
     check(done);
     return;

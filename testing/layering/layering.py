@@ -1,0 +1,149 @@
+"""Checks that tether's layers only point down.
+
+The layers, lowest first: core < backends < rref < autograd < optim <
+tether < python. A layer may depend on and include the layers below it,
+never one above. testing/, tools/, bench/, examples/ (and third_party/)
+are users of the layers, not layers: they are not checked, and a layer's
+dependency on them is not checked either.
+
+What is checked, for every target of a layer's BUILD.bazel files that is
+not a test (not a *_test rule, not testonly):
+  - its deps (labels "//pkg/...:name", select() branches included);
+  - the #include "..." lines of its srcs and hdrs.
+
+The BUILD files are read with Python's ast module (Starlark is Python's
+syntax), never with bazel query. Usage:
+
+    python3 layering.py [WORKSPACE_ROOT]
+
+prints each violation as "file:line: what" and exits 1 if there is one.
+"""
+
+import ast
+import os
+import re
+import sys
+
+LAYERS = ["core", "backends", "rref", "autograd", "optim", "tether", "python"]
+RANK = {name: rank for rank, name in enumerate(LAYERS)}
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+_FILE_ATTRS = ("srcs", "hdrs", "textual_hdrs")
+
+
+def layer_of(path):
+    """The layer a workspace-relative path or package belongs to, or None."""
+    top = path.strip("/").split("/", 1)[0]
+    return top if top in RANK else None
+
+
+def _strings(node):
+    """Every string constant inside an expression (lists, select(), +)."""
+    out = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            out.append((sub.value, sub.lineno))
+    return out
+
+
+def _is_true(node):
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def targets(build_path):
+    """The rule calls of a BUILD file: (kind, name, line, kwargs nodes)."""
+    with open(build_path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=build_path)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        kind = node.func.id if isinstance(node.func, ast.Name) else None
+        kwargs = {k.arg: k.value for k in node.keywords if k.arg}
+        if kind is None or "name" not in kwargs:
+            continue
+        name = kwargs["name"]
+        name = name.value if isinstance(name, ast.Constant) else "?"
+        found.append((kind, name, node.lineno, kwargs))
+    return found
+
+
+def _is_test(kind, kwargs):
+    return kind.endswith("_test") or _is_true(kwargs.get("testonly"))
+
+
+def _label_package(label, own_package):
+    """The package a dependency label names, or None if external."""
+    if label.startswith("@"):
+        return None
+    if label.startswith("//"):
+        return label[2:].split(":", 1)[0]
+    if label.startswith(":") or ":" not in label:
+        return own_package
+    return None
+
+
+def check(root):
+    """Every violation under `root`, as (path, line, message), sorted."""
+    violations = []
+    for layer in LAYERS:
+        top = os.path.join(root, layer)
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            if "BUILD.bazel" not in filenames and "BUILD" not in filenames:
+                continue
+            build_name = "BUILD.bazel" if "BUILD.bazel" in filenames else "BUILD"
+            build = os.path.join(dirpath, build_name)
+            package = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            rel_build = f"{package}/{build_name}"
+            for kind, name, line, kwargs in targets(build):
+                if _is_test(kind, kwargs):
+                    continue
+                for dep, dep_line in _strings(kwargs.get("deps", ast.List([]))):
+                    dep_package = _label_package(dep, package)
+                    dep_layer = layer_of(dep_package) if dep_package else None
+                    if dep_layer and RANK[dep_layer] > RANK[layer]:
+                        violations.append((rel_build, dep_line, (
+                            f"{layer} target :{name} depends on {dep}, "
+                            f"of the layer {dep_layer} above it")))
+                for attr in _FILE_ATTRS:
+                    for src, _ in _strings(kwargs.get(attr, ast.List([]))):
+                        if src.startswith(("//", ":", "@")):
+                            continue
+                        path = os.path.join(dirpath, src)
+                        if not os.path.isfile(path):
+                            continue
+                        violations.extend(_check_includes(
+                            path, f"{package}/{src}", layer, name))
+    return sorted(set(violations))
+
+
+def _check_includes(path, rel, layer, target):
+    found = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, text in enumerate(f, 1):
+            match = _INCLUDE.match(text)
+            if not match:
+                continue
+            included = layer_of(match.group(1))
+            if included and RANK[included] > RANK[layer]:
+                found.append((rel, number, (
+                    f"{layer} source (target :{target}) includes "
+                    f"\"{match.group(1)}\", of the layer {included} above it")))
+    return found
+
+
+def main(argv):
+    root = argv[1] if len(argv) > 1 else "."
+    violations = check(root)
+    for path, line, message in violations:
+        print(f"{path}:{line}: {message}")
+    if violations:
+        print(f"{len(violations)} layering violation(s); the order is "
+              + " < ".join(LAYERS))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
