@@ -26,6 +26,7 @@
 #include <absl/time/time.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_eq.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstddef>
@@ -72,6 +73,13 @@ namespace frame = libfabric::internal;
 
 // Everything an agent has. Callbacks of futures hold it weakly; its
 // progress thread uses it until shutdown() has joined that thread.
+//
+// Thread safety: the creating thread runs init() before the progress thread
+// exists; from then on the progress thread (run()) alone calls libfabric
+// and alone touches the members under "the progress thread's own". Other
+// threads hand it work with post() and wake() (commands_, under mu_) and
+// find a peer's rank under names_mu_; the members set by the constructor
+// are const.
 class State : public std::enable_shared_from_this<State> {
  public:
   State(AgentSetup setup, Settings settings)
@@ -101,6 +109,9 @@ class State : public std::enable_shared_from_this<State> {
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
   }
 
+  // ---- the Agent's calls, from any thread but the progress thread's own
+  // callbacks where they wait (api.cc; creation.cc: init; membership.cc:
+  // add_peer, remove_peer)
   absl::Status init();
   absl::Status start(RequestHandler handler);
   Future<Message> send(const WorkerInfo& to, Message request,
@@ -119,19 +130,24 @@ class State : public std::enable_shared_from_this<State> {
   const std::vector<WorkerInfo>& workers() const { return workers_; }
 
  private:
-  // ---- any thread
+  // ---- any thread (api.cc)
   // Runs `command` on the progress thread; false once shut down.
   bool post(std::function<void()> command) ABSL_LOCKS_EXCLUDED(mu_);
   void wake();
   bool has_commands() ABSL_LOCKS_EXCLUDED(mu_);
   void finish_handling() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // ---- creation (the creating thread, before the progress thread runs)
+  // ---- creation: the creating thread, before the progress thread runs
+  // (creation.cc)
   absl::Status open_fabric();
   absl::Status exchange_records();
   absl::Status set_up_wakeups();
   // The eager receive pool holds buffers for `peers` workers (grows only).
+  // Also on the progress thread, from install_peer().
   absl::Status grow_pool(size_t peers);
+
+  // ---- membership: the progress thread, or init() before it runs
+  // (membership.cc)
   // Checks a peer's record against ours (provider) and, unless `worker`
   // has no name (yet), its name.
   absl::StatusOr<Record> peer_record(const WorkerInfo& worker,
@@ -148,7 +164,8 @@ class State : public std::enable_shared_from_this<State> {
   // `why`, takes its address out of the address vector).
   void drop_peer(int rank, const absl::Status& why);
 
-  // ---- the progress thread
+  // ---- the progress loop and libfabric operations: the progress thread
+  // (progress.cc)
   void run();
   bool run_commands(bool* stop) ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps until woken or until a timeout; true if the timeout ran out.
@@ -159,16 +176,15 @@ class State : public std::enable_shared_from_this<State> {
   bool poll_completions();
   void on_completion(Op* op, size_t length);
   void on_error(const fi_cq_err_entry& error);
-  void housekeeping(absl::Time now);
+  // Says goodbye, closes (or parks, shm) the endpoint; also init()'s
+  // clean-up when creation fails.
   void teardown();
-
-  // Operations.
   int issue(Op* op);
   void post_receive(Op* op);
   bool pump();
   bool have_tx_room() const { return tx_inflight_ < tx_limit_; }
 
-  // Frames.
+  // ---- eager frames and their credits: the progress thread (eager.cc)
   void enqueue(int rank, OutFrame frame);
   void send_control(int rank, FrameKind kind, uint64_t arg0 = 0,
                     uint64_t arg1 = 0, uint64_t arg2 = 0);
@@ -178,7 +194,7 @@ class State : public std::enable_shared_from_this<State> {
   bool send_due_credits();
   void on_frame(Op* op, size_t length);
 
-  // Authentication.
+  // ---- authentication: the progress thread (peer_auth.cc)
   void send_auth(int rank, AuthFrame frame);
   void on_auth_frame(Peer& peer, absl::string_view tail);
   // Whether a frame of `kind` from `peer` may be acted on; if not, it is
@@ -190,7 +206,8 @@ class State : public std::enable_shared_from_this<State> {
   // (UNAUTHENTICATED); the next request starts a new handshake.
   void fail_client_auth(Peer& peer, const absl::Status& status);
 
-  // Messages.
+  // ---- messages: sending, receiving, the request handler; the progress
+  // thread (messages.cc)
   void start_request(int rank, int64_t id, Message request);
   void respond(int rank, int64_t id, const absl::StatusOr<Message>& result);
   void send_message(int rank, FrameKind kind, int64_t id, int32_t code,
@@ -198,20 +215,25 @@ class State : public std::enable_shared_from_this<State> {
   void on_message_frame(Peer& peer, const FrameHeader& header,
                         absl::string_view rest);
   absl::Status set_up_segments(Incoming& in, absl::string_view body);
-  void pump_pull(const std::shared_ptr<Incoming>& in);
-  void on_pulled(Op* op, const absl::Status& status);
   void finish_incoming(const std::shared_ptr<Incoming>& in);
   void deliver(Incoming& in);
-  void on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
-                        uint64_t count);
-  bool pump_sends();
   void handle_request(int rank, Message request) ABSL_LOCKS_EXCLUDED(mu_);
   void serve_deferred() ABSL_LOCKS_EXCLUDED(mu_);
   void run_handler(const RequestHandler& handler, int rank, Message request);
 
-  // Peers.
+  // ---- large buffers by rendezvous: the progress thread (rendezvous.cc)
+  void pump_pull(const std::shared_ptr<Incoming>& in);
+  void on_pulled(Op* op, const absl::Status& status);
+  void on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
+                        uint64_t count);
+  bool pump_sends();
+
+  // ---- liveness: the progress thread (liveness.cc)
   void heard_from(Peer& peer);
   void fail_peer(int rank, const absl::Status& status);
+  void housekeeping(absl::Time now);
+
+  // ---- about peers: the progress thread
   PendingRequests::Connection connection_of(const Peer& peer) const {
     return (static_cast<uint64_t>(peer.epoch) << 32) |
            static_cast<uint64_t>(peer.rank + 1);
@@ -229,22 +251,28 @@ class State : public std::enable_shared_from_this<State> {
     return peer.granted - peer.credits + (peer.control_slot_free ? 0 : 1);
   }
 
+  // ======== members
+
+  // ---- set by the constructor: any thread
   const WorkerInfo self_;
   const std::vector<WorkerInfo> workers_;
   const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
   const MessageLimits limits_;
   const std::optional<auth::Authenticator> auth_;
-  // The peers sends may go to, by name (dynamic groups change it).
-  absl::Mutex names_mu_;
-  absl::flat_hash_map<std::string, int> rank_by_name_ ABSL_GUARDED_BY(names_mu_);
-  // Set at init.
-  std::string host_;
   // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
   const absl::Duration peer_timeout_;
   const bool dynamic_;
+  // The thread that calls join().
   join::StoreJoin joiner_;
 
+  // ---- the peers sends may go to, by name (dynamic groups change it):
+  // any thread, under names_mu_
+  absl::Mutex names_mu_;
+  absl::flat_hash_map<std::string, int> rank_by_name_ ABSL_GUARDED_BY(names_mu_);
+
+  // ---- what other threads hand the progress thread, and the shutdown:
+  // any thread, under mu_ (pending_ and shutdown_ are thread-safe)
   common::ShutdownSequence shutdown_;
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -253,10 +281,12 @@ class State : public std::enable_shared_from_this<State> {
   // Requests received and not yet answered (for join).
   int64_t incoming_active_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread progress_ ABSL_GUARDED_BY(mu_);
+  // WARNING: declared before pending_, which uses it.
   std::unique_ptr<TimerQueue> timers_ ABSL_GUARDED_BY(mu_);
   PendingRequests pending_;
 
-  // Wake-ups of the progress thread (set by init(), then const).
+  // ---- wake-ups of the progress thread: set by init(), then read by any
+  // thread
   int event_fd_ = -1;
   int epoll_fd_ = -1;
   // Polled providers: a Unix datagram socket that same-host peers write a
@@ -264,25 +294,43 @@ class State : public std::enable_shared_from_this<State> {
   // can sleep instead of polling (its name is published in our record).
   int doorbell_fd_ = -1;
   std::string doorbell_name_;
-  // Every peer has a doorbell we can ring, so none needs us to poll.
-  bool all_peers_ring_ = true;
   std::atomic<bool> sleeping_{false};
 
   // ---- the progress thread's own (and init()'s, before it starts)
+  // WARNING: declared first, destroyed last: what follows may hold its
+  // registrations (teardown() normally empties it all before).
   std::unique_ptr<Fabric> fabric_;
-  std::vector<Peer> peers_;
+  // The fabric's limits and what init() chose with them.
   RendezvousMode mode_ = RendezvousMode::kRead;  // how we pull
   uint64_t threshold_ = 0;                       // the rendezvous threshold
   uint64_t buffer_size_ = 0;                     // our eager buffers
   uint32_t credits_ = 0;                         // we grant each peer
   uint64_t send_buffer_size_ = 0;
   uint64_t chunk_size_ = 0;
+  size_t tx_limit_ = 0;
+  size_t rx_limit_ = 0;
+  size_t rx_reserve_ = 0;
+  // Set at init.
+  std::string host_;
+
+  // The progress loop (progress.cc).
   absl::Duration spin_;
-  absl::Duration keepalive_interval_;
   absl::Duration tick_;
-  // The eager receive buffers: one slab per growth of the pool (a dynamic
-  // group's pool grows as workers join; it never shrinks: a leaver's
-  // buffers wait for the next joiner).
+  size_t tx_inflight_ = 0;
+  size_t rx_inflight_ = 0;
+  // Operations we allocated that libfabric holds.
+  absl::flat_hash_set<Op*> inflight_;
+  // Eager buffers refused with FI_EAGAIN, to post again in order.
+  std::deque<Op*> retry_;
+  // Something was refused with FI_EAGAIN since the last sleep.
+  bool refused_ = false;
+  // Every peer has a doorbell we can ring, so none needs us to poll
+  // (install_peer() clears it).
+  bool all_peers_ring_ = true;
+
+  // Eager buffers (creation.cc). The eager receive buffers: one slab per
+  // growth of the pool (a dynamic group's pool grows as workers join; it
+  // never shrinks: a leaver's buffers wait for the next joiner).
   std::vector<std::vector<char>> receive_slabs_;
   std::vector<char> send_slab_;
   std::vector<std::unique_ptr<MemoryRegion>> receive_regions_;
@@ -294,32 +342,31 @@ class State : public std::enable_shared_from_this<State> {
   std::vector<std::unique_ptr<Op>> receive_ops_;
   std::vector<std::unique_ptr<Op>> send_ops_;
   std::vector<size_t> free_send_buffers_;
-  std::unique_ptr<MrCache> mr_cache_;
-  // Strangers on the provider's TCP listener (tcp providers only).
-  std::unique_ptr<ListenerGuard> listener_guard_;
-  absl::Time last_guard_sweep_ = absl::InfinitePast();
-  size_t tx_limit_ = 0;
-  size_t rx_limit_ = 0;
-  size_t rx_reserve_ = 0;
-  size_t tx_inflight_ = 0;
-  size_t rx_inflight_ = 0;
-  // Operations we allocated that libfabric holds.
-  absl::flat_hash_set<Op*> inflight_;
-  // Eager buffers refused with FI_EAGAIN, to post again in order.
-  std::deque<Op*> retry_;
-  // Something was refused with FI_EAGAIN since the last sleep.
-  bool refused_ = false;
-  std::deque<std::shared_ptr<Incoming>> pulls_waiting_;
-  std::deque<SendRange> sends_waiting_;
+
+  // Peers and their eager frames (membership.cc, eager.cc).
+  std::vector<Peer> peers_;
   std::vector<int> queued_ranks_;
+  std::vector<int> credit_due_;
+
+  // Messages and rendezvous (messages.cc, rendezvous.cc).
+  // WARNING: declared before the transfers, whose handles it must outlive.
+  std::unique_ptr<MrCache> mr_cache_;
   // Requests that arrived before start().
   std::vector<Deferred> deferred_;
-  std::vector<int> credit_due_;
+  std::deque<std::shared_ptr<Incoming>> pulls_waiting_;
+  std::deque<SendRange> sends_waiting_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_;
   uint64_t next_transfer_ = 1;
   uint64_t next_sequence_ = 0;
+
+  // Liveness and housekeeping (liveness.cc).
+  absl::Duration keepalive_interval_;
   absl::Time last_prune_ = absl::InfinitePast();
   absl::Time last_housekeeping_ = absl::InfinitePast();
+  // Strangers on the provider's TCP listener (tcp providers only).
+  std::unique_ptr<ListenerGuard> listener_guard_;
+  absl::Time last_guard_sweep_ = absl::InfinitePast();
+
   LibfabricStats stats_;
 };
 
