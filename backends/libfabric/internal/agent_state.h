@@ -61,7 +61,6 @@ namespace tether::backends::libfabric::internal {
 constexpr char kBackendName[] = "libfabric";
 constexpr char kAddressKeyPrefix[] = "tether/libfabric/";
 constexpr size_t kSendBuffers = 64;
-constexpr absl::Duration kStatsBound = absl::Seconds(10);
 
 // Which agent's progress thread this is (nullptr: none).
 extern thread_local const void* t_progress_of;
@@ -133,6 +132,13 @@ class State : public std::enable_shared_from_this<State> {
   // ---- any thread (api.cc)
   // Runs `command` on the progress thread; false once shut down.
   bool post(std::function<void()> command) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `command` on the progress thread and waits until it has run:
+  // CANCELLED once shut down, DEADLINE_EXCEEDED ("... did not <doing>
+  // within 10s") if the thread does not get to it. Not from the progress
+  // thread (it would wait for itself).
+  absl::Status call_on_progress_thread(std::function<void()> command,
+                                       absl::string_view doing)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void wake();
   bool has_commands() ABSL_LOCKS_EXCLUDED(mu_);
   void finish_handling() ABSL_LOCKS_EXCLUDED(mu_);

@@ -6,6 +6,13 @@
 
 namespace tether::backends::libfabric::internal {
 
+namespace {
+
+// How long a call_on_progress_thread() caller waits.
+constexpr absl::Duration kCallBound = absl::Seconds(10);
+
+}  // namespace
+
 absl::Status State::start(RequestHandler handler) {
   {
     absl::MutexLock lock(&mu_);
@@ -32,6 +39,24 @@ bool State::post(std::function<void()> command) {
   }
   wake();
   return true;
+}
+
+absl::Status State::call_on_progress_thread(std::function<void()> command,
+                                            absl::string_view doing) {
+  auto done = std::make_shared<absl::Notification>();
+  if (!post([command = std::move(command), done] {
+        command();
+        done->Notify();
+      })) {
+    return absl::CancelledError(
+        absl::StrCat("worker '", self_.name, "' has shut down"));
+  }
+  if (!done->WaitForNotificationWithTimeout(kCallBound)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "libfabric agent of worker '", self_.name, "' did not ", doing,
+        " within ", absl::FormatDuration(kCallBound)));
+  }
+  return absl::OkStatus();
 }
 
 void State::wake() {
@@ -147,25 +172,17 @@ void State::shutdown() {
 
 absl::StatusOr<LibfabricStats> State::stats() {
   auto result = std::make_shared<std::optional<LibfabricStats>>();
-  auto done = std::make_shared<absl::Notification>();
-  if (!post([this, result, done] {
+  absl::Status called = call_on_progress_thread(
+      [this, result] {
         LibfabricStats stats = stats_;
         const MrCache::Stats cache = mr_cache_->stats();
         stats.mr_cache_hits = cache.hits;
         stats.mr_cache_misses = cache.misses;
         stats.mr_cache_evictions = cache.evictions;
         *result = std::move(stats);
-        done->Notify();
-      })) {
-    return absl::CancelledError(
-        absl::StrCat("worker '", self_.name, "' has shut down"));
-  }
-  if (!done->WaitForNotificationWithTimeout(kStatsBound)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the libfabric agent of worker '", self_.name,
-        "' did not report its counters within ",
-        absl::FormatDuration(kStatsBound)));
-  }
+      },
+      "report its counters");
+  if (!called.ok()) return called;
   return **result;
 }
 

@@ -1,6 +1,5 @@
 #include "backends/libfabric/internal/agent_state.h"
 
-#include <absl/synchronization/notification.h>
 #include <c10/util/Logging.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -160,8 +159,8 @@ absl::Status State::add_peer(const WorkerInfo& worker) {
       common::lookup_address(*store_, kAddressKeyPrefix, worker, who);
   if (!text.ok()) return text.status();
   auto result = std::make_shared<absl::Status>();
-  auto done = std::make_shared<absl::Notification>();
-  if (!post([this, worker, who, text = *std::move(text), result, done] {
+  absl::Status called = call_on_progress_thread(
+      [this, worker, who, text = *std::move(text), result] {
         *result = [&]() -> absl::Status {
           absl::StatusOr<Record> record = peer_record(worker, text);
           if (!record.ok()) return record.status();
@@ -196,16 +195,9 @@ absl::Status State::add_peer(const WorkerInfo& worker) {
           }
           return install_peer(worker, *record);
         }();
-        done->Notify();
-      })) {
-    return absl::CancelledError(
-        absl::StrCat("worker '", self_.name, "' has shut down"));
-  }
-  if (!done->WaitForNotificationWithTimeout(kStatsBound)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        who, " did not add worker '", worker.name, "' within ",
-        absl::FormatDuration(kStatsBound)));
-  }
+      },
+      absl::StrCat("add worker '", worker.name, "'"));
+  if (!called.ok()) return called;
   return *result;
 }
 
