@@ -68,6 +68,8 @@ extern thread_local const void* t_progress_of;
 using tether::internal::PendingRequests;
 using tether::internal::TimerQueue;
 
+// The wire format's names (internal/frame.h) read frame::kHeaderSize, as
+// they did before the split out of libfabric_agent.cc.
 namespace frame = libfabric::internal;
 
 // Everything an agent has. Callbacks of futures hold it weakly; its
