@@ -145,7 +145,8 @@
 // one. While anything waits, its sleeps are short naps, so that a wake-up a
 // provider fails to signal costs little. Plus one timer thread. join() is
 // the store barrier of core/join. docs/libfabric.md has the rest: providers,
-// protocol, failures, limits.
+// protocol, failures, limits; internal/agent_state.h maps the
+// implementation, file by file.
 #ifndef TETHER_BACKENDS_LIBFABRIC_LIBFABRIC_AGENT_H_
 #define TETHER_BACKENDS_LIBFABRIC_LIBFABRIC_AGENT_H_
 

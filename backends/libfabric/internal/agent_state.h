@@ -1,0 +1,383 @@
+// The State of a libfabric agent (internal to the libfabric backend): what
+// one agent has, shared by the public Agent (common::SharedStateAgent) and
+// the callbacks of its futures, and used by its progress thread until
+// shutdown() has joined it. libfabric_agent.h describes the agent; its
+// methods are defined by seam:
+//   creation.cc        opening the fabric, wake-ups, exchanging records
+//   membership.cc      peers' records, adding and removing peers
+//   api.cc             the Agent's calls and the any-thread helpers
+//   progress.cc        the progress loop, completions, teardown
+//   eager.cc           eager frames and their credits
+//   peer_auth.cc       the authentication handshake
+//   messages.cc        sending, receiving and handling messages
+//   rendezvous.cc      pulling and sending large buffers
+//   liveness.cc        lost peers, keepalives, housekeeping
+#ifndef TETHER_BACKENDS_LIBFABRIC_INTERNAL_AGENT_STATE_H_
+#define TETHER_BACKENDS_LIBFABRIC_INTERNAL_AGENT_STATE_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/string_view.h>
+#include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_eq.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backends/common/agent_support.h"
+#include "backends/libfabric/internal/fabric.h"
+#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/listener_guard.h"
+#include "backends/libfabric/internal/mr_cache.h"
+#include "backends/libfabric/internal/operations.h"
+#include "backends/libfabric/internal/peer.h"
+#include "backends/libfabric/internal/record.h"
+#include "backends/libfabric/internal/settings.h"
+#include "backends/libfabric/libfabric_agent.h"
+#include "core/agent.h"
+#include "core/auth/auth.h"
+#include "core/internal/pending_requests.h"
+#include "core/internal/timer.h"
+#include "core/join/store_join.h"
+
+namespace tether::backends::libfabric::internal {
+
+constexpr char kBackendName[] = "libfabric";
+constexpr char kAddressKeyPrefix[] = "tether/libfabric/";
+constexpr size_t kSendBuffers = 64;
+
+// Which agent's progress thread this is (nullptr: none).
+extern thread_local const void* t_progress_of;
+
+using tether::internal::PendingRequests;
+using tether::internal::TimerQueue;
+
+// The wire format's names (internal/frame.h) read frame::kHeaderSize, as
+// they did before the split out of libfabric_agent.cc.
+namespace frame = libfabric::internal;
+
+// Everything an agent has. Callbacks of futures hold it weakly; its
+// progress thread uses it until shutdown() has joined that thread.
+//
+// Thread safety: the creating thread runs init() before the progress thread
+// exists; from then on the progress thread (run()) alone calls libfabric
+// and alone touches the members under "the progress thread's own". Other
+// threads hand it work with post() and wake() (commands_, under mu_) and
+// find a peer's rank under names_mu_; the members set by the constructor
+// are const.
+class State : public std::enable_shared_from_this<State> {
+ public:
+  State(AgentSetup setup, Settings settings)
+      : self_(std::move(setup.self)),
+        workers_(std::move(setup.workers)),
+        store_(std::move(setup.store)),
+        settings_(std::move(settings)),
+        limits_(setup.limits),
+        auth_(std::move(setup.auth)),
+        peer_timeout_(setup.peer_timeout),
+        dynamic_(setup.dynamic),
+        joiner_(store_, kBackendName, self_.id,
+                static_cast<int>(workers_.size())),
+        timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
+        pending_(timers_.get()) {
+    absl::MutexLock lock(&names_mu_);
+    for (const WorkerInfo& worker : workers_) {
+      rank_by_name_[worker.name] = worker.id;
+    }
+  }
+
+  ~State() {
+    // WARNING: this may run on any thread that held the last reference;
+    // shutdown() has joined the progress thread and closed the fabric.
+    if (event_fd_ >= 0) ::close(event_fd_);
+    if (doorbell_fd_ >= 0) ::close(doorbell_fd_);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  }
+
+  // ---- the Agent's calls, from any thread but the progress thread's own
+  // callbacks where they wait (api.cc; creation.cc: init; membership.cc:
+  // add_peer, remove_peer)
+  absl::Status init();
+  absl::Status start(RequestHandler handler);
+  Future<Message> send(const WorkerInfo& to, Message request,
+                       absl::Duration timeout);
+  absl::Status join(absl::Duration timeout);
+  void shutdown();
+  // Dynamic groups: reads the joiner's record from the store and has the
+  // progress thread insert it (install_peer()).
+  absl::Status add_peer(const WorkerInfo& worker);
+  // Dynamic groups: sends to it fail at once; the progress thread takes
+  // its address out of the address vector and drops its state.
+  void remove_peer(const WorkerInfo& worker);
+  absl::StatusOr<LibfabricStats> stats();
+
+  const WorkerInfo& self() const { return self_; }
+  const std::vector<WorkerInfo>& workers() const { return workers_; }
+
+ private:
+  // ---- any thread (api.cc)
+  // Runs `command` on the progress thread; false once shut down.
+  bool post(std::function<void()> command) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `command` on the progress thread and waits until it has run:
+  // CANCELLED once shut down, DEADLINE_EXCEEDED ("... did not <doing>
+  // within 10s") if the thread does not get to it. Not from the progress
+  // thread (it would wait for itself).
+  absl::Status call_on_progress_thread(std::function<void()> command,
+                                       absl::string_view doing)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void wake();
+  bool has_commands() ABSL_LOCKS_EXCLUDED(mu_);
+  void finish_handling() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- creation: the creating thread, before the progress thread runs
+  // (creation.cc)
+  absl::Status open_fabric();
+  absl::Status exchange_records();
+  absl::Status set_up_wakeups();
+  // The eager receive pool holds buffers for `peers` workers (grows only).
+  // Also on the progress thread, from install_peer().
+  absl::Status grow_pool(size_t peers);
+
+  // ---- membership: the progress thread, or init() before it runs
+  // (membership.cc)
+  // Checks a peer's record against ours (provider) and, unless `worker`
+  // has no name (yet), its name.
+  absl::StatusOr<Record> peer_record(const WorkerInfo& worker,
+                                     absl::string_view published) const;
+  // Makes `worker` a known peer with `record` (a fresh slot: its address
+  // inserted, credits and buffers for it). On the progress thread, or in
+  // init() before it runs.
+  absl::Status install_peer(const WorkerInfo& worker, const Record& record);
+  // Dynamic groups, the progress thread: a frame from rank `rank`, unknown
+  // here, is the first word of a joiner the Worker has not been told of
+  // yet: its record names it. False if there is none.
+  bool adopt_unknown(int rank);
+  // Dynamic groups: forgets a peer that left (fails what waits on it with
+  // `why`, takes its address out of the address vector).
+  void drop_peer(int rank, const absl::Status& why);
+
+  // ---- the progress loop and libfabric operations: the progress thread
+  // (progress.cc)
+  void run();
+  bool run_commands(bool* stop) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sleeps until woken or until a timeout; true if the timeout ran out.
+  bool idle(absl::Time next_tick, absl::Duration* poll_sleep,
+            absl::Duration* nap);
+  // Something of ours waits on a peer or on the provider.
+  bool waiting();
+  bool poll_completions();
+  void on_completion(Op* op, size_t length);
+  void on_error(const fi_cq_err_entry& error);
+  // Says goodbye, closes (or parks, shm) the endpoint; also init()'s
+  // clean-up when creation fails.
+  void teardown();
+  int issue(Op* op);
+  void post_receive(Op* op);
+  bool pump();
+  bool have_tx_room() const { return tx_inflight_ < tx_limit_; }
+
+  // ---- eager frames and their credits: the progress thread (eager.cc)
+  void enqueue(int rank, OutFrame frame);
+  void send_control(int rank, FrameKind kind, uint64_t arg0 = 0,
+                    uint64_t arg1 = 0, uint64_t arg2 = 0);
+  enum class Sent { kSent, kWait, kFailed };
+  Sent transmit(Peer& peer, OutFrame& frame, bool control);
+  bool flush(Peer& peer);
+  bool send_due_credits();
+  void on_frame(Op* op, size_t length);
+
+  // ---- authentication: the progress thread (peer_auth.cc)
+  void send_auth(int rank, AuthFrame frame);
+  void on_auth_frame(Peer& peer, absl::string_view tail);
+  // Whether a frame of `kind` from `peer` may be acted on; if not, it is
+  // dropped with a log line (and a request is refused).
+  bool admitted(Peer& peer, const FrameHeader& header);
+  // As the server: tells the peer why, forgets its handshake.
+  void refuse(Peer& peer, const std::string& why);
+  // As the client: fails our requests to the peer with `status`
+  // (UNAUTHENTICATED); the next request starts a new handshake.
+  void fail_client_auth(Peer& peer, const absl::Status& status);
+
+  // ---- messages: sending, receiving, the request handler; the progress
+  // thread (messages.cc)
+  void start_request(int rank, int64_t id, Message request);
+  void respond(int rank, int64_t id, const absl::StatusOr<Message>& result);
+  void send_message(int rank, FrameKind kind, int64_t id, int32_t code,
+                    Message message);
+  void on_message_frame(Peer& peer, const FrameHeader& header,
+                        absl::string_view rest);
+  absl::Status set_up_segments(Incoming& in, absl::string_view body);
+  void finish_incoming(const std::shared_ptr<Incoming>& in);
+  void deliver(Incoming& in);
+  void handle_request(int rank, Message request) ABSL_LOCKS_EXCLUDED(mu_);
+  void serve_deferred() ABSL_LOCKS_EXCLUDED(mu_);
+  void run_handler(const RequestHandler& handler, int rank, Message request);
+
+  // ---- large buffers by rendezvous: the progress thread (rendezvous.cc)
+  void pump_pull(const std::shared_ptr<Incoming>& in);
+  void on_pulled(Op* op, const absl::Status& status);
+  void on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
+                        uint64_t count);
+  bool pump_sends();
+
+  // ---- liveness: the progress thread (liveness.cc)
+  void heard_from(Peer& peer);
+  void fail_peer(int rank, const absl::Status& status);
+  void housekeeping(absl::Time now);
+
+  // ---- about peers: the progress thread
+  PendingRequests::Connection connection_of(const Peer& peer) const {
+    return (static_cast<uint64_t>(peer.epoch) << 32) |
+           static_cast<uint64_t>(peer.rank + 1);
+  }
+  std::string describe(int rank) const {
+    if (rank >= 0 && static_cast<size_t>(rank) < peers_.size() &&
+        !peers_[rank].name.empty()) {
+      return absl::StrCat("worker '", peers_[rank].name, "' (rank ", rank,
+                          ")");
+    }
+    return absl::StrCat("rank ", rank);
+  }
+  static bool absent(const Peer& peer) { return peer.rank < 0 || peer.left; }
+  uint32_t in_flight(const Peer& peer) const {
+    return peer.granted - peer.credits + (peer.control_slot_free ? 0 : 1);
+  }
+
+  // ======== members
+
+  // ---- set by the constructor: any thread
+  const WorkerInfo self_;
+  const std::vector<WorkerInfo> workers_;
+  const std::shared_ptr<c10d::Store> store_;
+  const Settings settings_;
+  const MessageLimits limits_;
+  const std::optional<auth::Authenticator> auth_;
+  // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
+  const absl::Duration peer_timeout_;
+  const bool dynamic_;
+  // The thread that calls join().
+  join::StoreJoin joiner_;
+
+  // ---- the peers sends may go to, by name (dynamic groups change it):
+  // any thread, under names_mu_
+  absl::Mutex names_mu_;
+  absl::flat_hash_map<std::string, int> rank_by_name_ ABSL_GUARDED_BY(names_mu_);
+
+  // ---- what other threads hand the progress thread, and the shutdown:
+  // any thread, under mu_ (pending_ and shutdown_ are thread-safe)
+  common::ShutdownSequence shutdown_;
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
+  // Requests received and not yet answered (for join).
+  int64_t incoming_active_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread progress_ ABSL_GUARDED_BY(mu_);
+  // WARNING: declared before pending_, which uses it.
+  std::unique_ptr<TimerQueue> timers_ ABSL_GUARDED_BY(mu_);
+  PendingRequests pending_;
+
+  // ---- wake-ups of the progress thread: set by init(), then read by any
+  // thread
+  int event_fd_ = -1;
+  int epoll_fd_ = -1;
+  // Polled providers: a Unix datagram socket that same-host peers write a
+  // byte to after each frame they send us, so that an idle progress thread
+  // can sleep instead of polling (its name is published in our record).
+  int doorbell_fd_ = -1;
+  std::string doorbell_name_;
+  std::atomic<bool> sleeping_{false};
+
+  // ---- the progress thread's own (and init()'s, before it starts)
+  // WARNING: declared first, destroyed last: what follows may hold its
+  // registrations (teardown() normally empties it all before).
+  std::unique_ptr<Fabric> fabric_;
+  // The fabric's limits and what init() chose with them.
+  RendezvousMode mode_ = RendezvousMode::kRead;  // how we pull
+  uint64_t threshold_ = 0;                       // the rendezvous threshold
+  uint64_t buffer_size_ = 0;                     // our eager buffers
+  uint32_t credits_ = 0;                         // we grant each peer
+  uint64_t send_buffer_size_ = 0;
+  uint64_t chunk_size_ = 0;
+  size_t tx_limit_ = 0;
+  size_t rx_limit_ = 0;
+  size_t rx_reserve_ = 0;
+  // Set at init.
+  std::string host_;
+
+  // The progress loop (progress.cc).
+  absl::Duration spin_;
+  absl::Duration tick_;
+  size_t tx_inflight_ = 0;
+  size_t rx_inflight_ = 0;
+  // Operations we allocated that libfabric holds.
+  absl::flat_hash_set<Op*> inflight_;
+  // Eager buffers refused with FI_EAGAIN, to post again in order.
+  std::deque<Op*> retry_;
+  // Something was refused with FI_EAGAIN since the last sleep.
+  bool refused_ = false;
+  // Every peer has a doorbell we can ring, so none needs us to poll
+  // (install_peer() clears it).
+  bool all_peers_ring_ = true;
+
+  // Eager buffers (creation.cc). The eager receive buffers: one slab per
+  // growth of the pool (a dynamic group's pool grows as workers join; it
+  // never shrinks: a leaver's buffers wait for the next joiner).
+  std::vector<std::vector<char>> receive_slabs_;
+  std::vector<char> send_slab_;
+  std::vector<std::unique_ptr<MemoryRegion>> receive_regions_;
+  // How many peers (self included) the pool holds buffers for, and how
+  // many are known now.
+  size_t pool_peers_ = 0;
+  size_t known_peers_ = 0;
+  std::unique_ptr<MemoryRegion> send_region_;
+  std::vector<std::unique_ptr<Op>> receive_ops_;
+  std::vector<std::unique_ptr<Op>> send_ops_;
+  std::vector<size_t> free_send_buffers_;
+
+  // Peers and their eager frames (membership.cc, eager.cc).
+  std::vector<Peer> peers_;
+  std::vector<int> queued_ranks_;
+  std::vector<int> credit_due_;
+
+  // Messages and rendezvous (messages.cc, rendezvous.cc).
+  // WARNING: declared before the transfers, whose handles it must outlive.
+  std::unique_ptr<MrCache> mr_cache_;
+  // Requests that arrived before start().
+  std::vector<Deferred> deferred_;
+  std::deque<std::shared_ptr<Incoming>> pulls_waiting_;
+  std::deque<SendRange> sends_waiting_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_;
+  uint64_t next_transfer_ = 1;
+  uint64_t next_sequence_ = 0;
+
+  // Liveness and housekeeping (liveness.cc).
+  absl::Duration keepalive_interval_;
+  absl::Time last_prune_ = absl::InfinitePast();
+  absl::Time last_housekeeping_ = absl::InfinitePast();
+  // Strangers on the provider's TCP listener (tcp providers only).
+  std::unique_ptr<ListenerGuard> listener_guard_;
+  absl::Time last_guard_sweep_ = absl::InfinitePast();
+
+  LibfabricStats stats_;
+};
+
+}  // namespace tether::backends::libfabric::internal
+
+#endif  // TETHER_BACKENDS_LIBFABRIC_INTERNAL_AGENT_STATE_H_

@@ -1,0 +1,388 @@
+#include "backends/libfabric/internal/agent_state.h"
+
+#include <c10/util/Logging.h>
+#include <poll.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "backends/libfabric/internal/shared_endpoints.h"
+
+namespace tether::backends::libfabric::internal {
+
+thread_local const void* t_progress_of = nullptr;
+
+namespace {
+
+constexpr int kCompletionBatch = 32;
+constexpr absl::Duration kGoodbyeBound = absl::Milliseconds(200);
+constexpr absl::Duration kPollSleepMin = absl::Microseconds(50);
+constexpr absl::Duration kPollSleepMax = absl::Milliseconds(1);
+constexpr absl::Duration kShortestNap = absl::Microseconds(500);
+constexpr absl::Duration kLongestNap = absl::Milliseconds(20);
+
+}  // namespace
+
+void State::run() {
+  t_progress_of = this;
+  absl::Time last_work = absl::Now();
+  absl::Time next_tick = last_work + tick_;
+  absl::Duration poll_sleep = kPollSleepMin;
+  absl::Duration nap = kShortestNap;
+  bool woke_by_timeout = false;
+  while (true) {
+    bool stop = false;
+    bool worked = run_commands(&stop);
+    if (stop) break;
+    const bool completed = poll_completions();
+    if (completed && woke_by_timeout) ++stats_.late_wakeups;
+    woke_by_timeout = false;
+    worked |= completed;
+    worked |= pump();
+    const absl::Time now = absl::Now();
+    if (now >= next_tick) {
+      housekeeping(now);
+      next_tick = now + tick_;
+    }
+    if (worked) {
+      last_work = now;
+      poll_sleep = kPollSleepMin;
+      nap = kShortestNap;
+      continue;
+    }
+    if (now - last_work < spin_) continue;
+    woke_by_timeout = idle(next_tick, &poll_sleep, &nap);
+  }
+  teardown();
+  t_progress_of = nullptr;
+}
+
+bool State::run_commands(bool* stop) {
+  std::deque<std::function<void()>> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) {
+      *stop = true;
+      return false;
+    }
+    batch.swap(commands_);
+  }
+  for (std::function<void()>& command : batch) command();
+  return !batch.empty();
+}
+
+bool State::idle(absl::Time next_tick, absl::Duration* poll_sleep,
+                 absl::Duration* nap) {
+  absl::Duration timeout =
+      std::max(absl::ZeroDuration(), next_tick - absl::Now());
+  // Operations refused with FI_EAGAIN (a connection being made, a full
+  // queue) are tried again soon, whatever wakes us.
+  if (refused_) timeout = std::min(timeout, absl::Milliseconds(1));
+  // While something waits on a peer or on the provider, sleep in short but
+  // growing naps even where a wake-up should come: a provider that buffers
+  // what it read off a socket may not signal its descriptor again, and a
+  // lost wake-up must cost a nap, not a tick.
+  if (waiting()) {
+    timeout = std::min(timeout, *nap);
+    *nap = std::min(*nap * 2, kLongestNap);
+  }
+  const bool polled = fabric_->wait_fd() < 0;
+  if (polled) {
+    // Sleep until a peer rings when every peer can and nothing of ours is
+    // in flight (our own operations only progress while we poll);
+    // otherwise poll, less and less often.
+    const bool rung = doorbell_fd_ >= 0 && all_peers_ring_ &&
+                      tx_inflight_ == 0 && rx_inflight_ == 0 &&
+                      retry_.empty() && !refused_;
+    if (rung) {
+      // Drain the rings, then look once more: a frame that arrives after
+      // this look rings again.
+      char rings[64];
+      while (::recv(doorbell_fd_, rings, sizeof(rings), MSG_DONTWAIT) > 0) {
+      }
+      if (poll_completions()) return false;
+    } else {
+      timeout = std::min(timeout, *poll_sleep);
+      *poll_sleep = std::min(*poll_sleep * 2, kPollSleepMax);
+    }
+  }
+  refused_ = false;
+  bool ran_out = false;
+  sleeping_.store(true);
+  if (!has_commands()) {
+    if (polled) {
+      pollfd wakeups[2] = {{event_fd_, POLLIN, 0}, {doorbell_fd_, POLLIN, 0}};
+      const timespec wait = absl::ToTimespec(timeout);
+      ran_out = ::ppoll(wakeups, doorbell_fd_ >= 0 ? 2 : 1, &wait, nullptr) == 0;
+    } else {
+      fid* fids[] = {&fabric_->cq()->fid};
+      if (fi_trywait(fabric_->fabric(), fids, 1) == FI_SUCCESS) {
+        epoll_event events[2];
+        const int ms = static_cast<int>(
+            absl::ToInt64Milliseconds(timeout + absl::Microseconds(999)));
+        ran_out = ::epoll_wait(epoll_fd_, events, 2, ms) == 0;
+      }
+    }
+  }
+  sleeping_.store(false);
+  uint64_t count = 0;
+  [[maybe_unused]] ssize_t got = ::read(event_fd_, &count, sizeof(count));
+  return ran_out;
+}
+
+bool State::waiting() {
+  return !queued_ranks_.empty() || !credit_due_.empty() ||
+         !transfers_.empty() || !inflight_.empty() ||
+         !pulls_waiting_.empty() || !sends_waiting_.empty() ||
+         pending_.size() > 0;
+}
+
+bool State::poll_completions() {
+  fi_cq_tagged_entry entries[kCompletionBatch];
+  const ssize_t n = fi_cq_read(fabric_->cq(), entries, kCompletionBatch);
+  if (n > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      on_completion(static_cast<OpContext*>(entries[i].op_context)->op,
+                    entries[i].len);
+    }
+    return true;
+  }
+  if (n == -FI_EAVAIL) {
+    fi_cq_err_entry error{};
+    if (fi_cq_readerr(fabric_->cq(), &error, 0) == 1) on_error(error);
+    return true;
+  }
+  if (n != -FI_EAGAIN) {
+    LOG(WARNING) << "libfabric agent of worker '" << self_.name
+                 << "': fi_cq_read failed: "
+                 << libfabric::internal::fi_error_text(static_cast<int>(-n));
+  }
+  return false;
+}
+
+int State::issue(Op* op) {
+  fid_ep* ep = fabric_->ep();
+  const fi_addr_t address =
+      op->rank >= 0 ? peers_[op->rank].address : FI_ADDR_UNSPEC;
+  ssize_t rc = 0;
+  switch (op->kind) {
+    case OpKind::kEagerReceive:
+      rc = fi_trecv(ep, op->buffer, op->length, op->desc, FI_ADDR_UNSPEC,
+                    op->tag, frame::kEagerIgnore, &op->context);
+      break;
+    case OpKind::kEagerSend:
+    case OpKind::kBulkSend:
+      rc = fi_tsend(ep, op->buffer, op->length, op->desc, address, op->tag,
+                    &op->context);
+      break;
+    case OpKind::kRead:
+      rc = fi_read(ep, op->buffer, op->length, op->desc, address,
+                   op->remote_address, op->key, &op->context);
+      break;
+    case OpKind::kBulkReceive:
+      rc = fi_trecv(ep, op->buffer, op->length, op->desc, FI_ADDR_UNSPEC,
+                    op->tag, 0, &op->context);
+      break;
+  }
+  return static_cast<int>(rc);
+}
+
+void State::post_receive(Op* op) {
+  const int rc = issue(op);
+  if (rc == -FI_EAGAIN) {
+    refused_ = true;
+    retry_.push_back(op);
+  } else if (rc != 0) {
+    LOG(ERROR) << "libfabric agent of worker '" << self_.name
+               << "' cannot re-post an eager buffer: "
+               << libfabric::internal::fi_error_text(-rc);
+  }
+}
+
+void State::on_completion(Op* op, size_t length) {
+  switch (op->kind) {
+    case OpKind::kEagerReceive:
+      on_frame(op, length);
+      post_receive(op);
+      return;
+    case OpKind::kEagerSend:
+      --tx_inflight_;
+      free_send_buffers_.push_back(op->slot);
+      return;
+    case OpKind::kRead:
+    case OpKind::kBulkReceive:
+      on_pulled(op, absl::OkStatus());
+      return;
+    case OpKind::kBulkSend:
+      --tx_inflight_;
+      inflight_.erase(op);
+      delete op;
+      return;
+  }
+}
+
+void State::on_error(const fi_cq_err_entry& error) {
+  Op* op = static_cast<OpContext*>(error.op_context)->op;
+  char text[256] = {0};
+  const char* detail = fi_cq_strerror(fabric_->cq(), error.prov_errno,
+                                      error.err_data, text, sizeof(text));
+  const std::string reason =
+      absl::StrCat(libfabric::internal::fi_error_text(error.err),
+                   detail != nullptr && detail[0] != '\0'
+                       ? absl::StrCat(": ", detail)
+                       : std::string());
+  switch (op->kind) {
+    case OpKind::kEagerReceive:
+      if (error.err != FI_ECANCELED) {
+        LOG(WARNING) << "libfabric agent of worker '" << self_.name
+                     << "': an eager receive failed: " << reason;
+      }
+      post_receive(op);
+      return;
+    case OpKind::kEagerSend: {
+      --tx_inflight_;
+      free_send_buffers_.push_back(op->slot);
+      fail_peer(op->rank,
+                absl::UnavailableError(absl::StrCat(
+                    "libfabric send from worker '", self_.name, "' to ",
+                    describe(op->rank), " failed: ", reason)));
+      return;
+    }
+    case OpKind::kRead:
+    case OpKind::kBulkReceive:
+      on_pulled(op, absl::UnavailableError(absl::StrCat(
+                        "libfabric ",
+                        op->kind == OpKind::kRead ? "read" : "bulk receive",
+                        " by worker '", self_.name, "' from ",
+                        describe(op->rank), " failed: ", reason)));
+      return;
+    case OpKind::kBulkSend: {
+      --tx_inflight_;
+      const int rank = op->rank;
+      inflight_.erase(op);
+      delete op;
+      fail_peer(rank, absl::UnavailableError(absl::StrCat(
+                          "libfabric bulk send from worker '", self_.name,
+                          "' to ", describe(rank), " failed: ", reason)));
+      return;
+    }
+  }
+}
+
+bool State::pump() {
+  bool worked = false;
+  while (!retry_.empty()) {
+    Op* op = retry_.front();
+    const int rc = issue(op);
+    if (rc == -FI_EAGAIN) {
+      refused_ = true;
+      break;
+    }
+    retry_.pop_front();
+    worked = true;
+    if (rc != 0) {
+      LOG(ERROR) << "libfabric agent of worker '" << self_.name
+                 << "' cannot re-post an eager buffer: "
+                 << libfabric::internal::fi_error_text(-rc);
+    }
+  }
+  if (!sends_waiting_.empty()) worked |= pump_sends();
+  for (size_t n = pulls_waiting_.size(); n > 0 && retry_.empty(); --n) {
+    std::shared_ptr<Incoming> in = std::move(pulls_waiting_.front());
+    pulls_waiting_.pop_front();
+    const size_t before = in->next_chunk;
+    pump_pull(in);
+    worked |= in->next_chunk != before;
+  }
+  if (!queued_ranks_.empty()) {
+    std::vector<int> ranks;
+    ranks.swap(queued_ranks_);
+    for (int rank : ranks) {
+      Peer& peer = peers_[rank];
+      peer.queued_listed = false;
+      worked |= flush(peer);
+      if (!peer.queue.empty() && !peer.queued_listed) {
+        peer.queued_listed = true;
+        queued_ranks_.push_back(rank);
+      }
+    }
+  }
+  if (!credit_due_.empty()) worked |= send_due_credits();
+  return worked;
+}
+
+void State::teardown() {
+  if (fabric_ != nullptr && fabric_->ep() != nullptr && !peers_.empty() &&
+      !send_ops_.empty()) {
+    // Goodbyes, so that peers fail what waits for us at once.
+    size_t said = 0;
+    for (Peer& peer : peers_) {
+      if (absent(peer) || peer.rank == self_.id || !peer.talked || peer.lost) {
+        continue;
+      }
+      OutFrame out;
+      out.header.kind = FrameKind::kGoodbye;
+      if (transmit(peer, out, /*control=*/peer.control_slot_free) ==
+          Sent::kSent) {
+        ++said;
+      }
+    }
+    const absl::Time deadline = absl::Now() + kGoodbyeBound;
+    while (said > 0 && free_send_buffers_.size() < kSendBuffers &&
+           absl::Now() < deadline) {
+      fi_cq_tagged_entry entries[kCompletionBatch];
+      const ssize_t n = fi_cq_read(fabric_->cq(), entries, kCompletionBatch);
+      for (ssize_t i = 0; i < n; ++i) {
+        Op* op = static_cast<OpContext*>(entries[i].op_context)->op;
+        if (op->kind == OpKind::kEagerSend) free_send_buffers_.push_back(op->slot);
+      }
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry error{};
+        fi_cq_readerr(fabric_->cq(), &error, 0);
+        Op* op = static_cast<OpContext*>(error.op_context)->op;
+        if (op->kind == OpKind::kEagerSend) free_send_buffers_.push_back(op->slot);
+      }
+    }
+  }
+  // shm endpoints of one process use each other's memory: ours may have to
+  // stay open, idle, until the process's last one closes.
+  const bool shared =
+      fabric_ != nullptr && fabric_->provider_name() == "shm";
+  const bool park = shared && SharedEndpoints::get().others_open();
+  // Unless parked, libfabric holds none of our buffers from here on; if
+  // parked, it never looks at them again (nobody progresses the endpoint).
+  if (fabric_ != nullptr && !park) fabric_->close_endpoint();
+  for (Op* op : inflight_) delete op;
+  inflight_.clear();
+  retry_.clear();  // eager buffers only, owned by receive_ops_
+  pulls_waiting_.clear();
+  sends_waiting_.clear();
+  deferred_.clear();
+  for (Peer& peer : peers_) {
+    peer.queue.clear();
+    peer.transfers.clear();
+    peer.incoming.clear();
+  }
+  transfers_.clear();
+  mr_cache_.reset();
+  auto endpoint = std::make_unique<ClosedEndpoint>();
+  endpoint->receive_ops = std::move(receive_ops_);
+  endpoint->send_ops = std::move(send_ops_);
+  endpoint->receive_regions = std::move(receive_regions_);
+  endpoint->send_region = std::move(send_region_);
+  endpoint->receive_slabs = std::move(receive_slabs_);
+  endpoint->send_slab = std::move(send_slab_);
+  endpoint->fabric = std::move(fabric_);
+  if (shared) {
+    SharedEndpoints::get().close(std::move(endpoint));
+  } else {
+    endpoint->close();
+  }
+}
+
+}  // namespace tether::backends::libfabric::internal
