@@ -14,9 +14,12 @@
 //
 // Callbacks and threads: the Future returned by send() completes exactly once,
 // never inline inside send(), on an agent thread; its callbacks must not
-// block. The request handler is called on an agent thread for each incoming
-// request and must not block either: it returns a Future of the response,
-// and the agent sends that response back when the future completes.
+// block. That holds for refusals too (after shutdown, unknown peer, over a
+// limit): they complete on the process's refusal thread, one helper and one
+// wording for every backend (backends/common/refusals.h). The request
+// handler is called on an agent thread for each incoming request and must
+// not block either: it returns a Future of the response, and the agent
+// sends that response back when the future completes.
 #ifndef TETHER_CORE_AGENT_H_
 #define TETHER_CORE_AGENT_H_
 

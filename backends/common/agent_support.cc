@@ -120,13 +120,6 @@ absl::Status check_alive(const Liveness& liveness,
   return absl::OkStatus();
 }
 
-absl::Status sent_after_shutdown(absl::string_view self_name, MessageType type,
-                                 absl::string_view to) {
-  return absl::CancelledError(
-      absl::StrCat("worker '", self_name, "' has shut down; cannot send ",
-                   message_type_name(type), " to '", to, "'"));
-}
-
 Future<Message> call_handler(const RequestHandler& handler, Message request,
                              absl::string_view self_name) {
   Future<Message> response;

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/common/refusals.h"  // sent_after_shutdown, for libfabric
 #include "core/agent.h"
 #include "core/future.h"
 #include "core/internal/pending_requests.h"
@@ -143,10 +144,6 @@ Liveness liveness_of(State* state, absl::Duration peer_timeout) {
 // (CANCELLED if this agent shut down meanwhile).
 [[nodiscard]] absl::Status check_alive(const Liveness& liveness,
                                        const std::vector<int>& ranks);
-
-// The error of a send() after shutdown (CANCELLED), naming both workers.
-absl::Status sent_after_shutdown(absl::string_view self_name, MessageType type,
-                                 absl::string_view to);
 
 // Calls `handler`; a throw or an invalid future becomes a future failed with
 // INTERNAL naming worker `self_name`.

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "backends/common/refusals.h"
+#include "core/internal/check.h"
 #include "core/internal/timer.h"
 
 namespace tether::backends {
@@ -190,9 +192,8 @@ class FaultyAgent final : public Agent {
     {
       absl::MutexLock lock(&mu_);
       if (closed_) {
-        return Future<Message>::ready(absl::CancelledError(absl::StrCat(
-            "worker '", inner_->self().name, "' has shut down; cannot send ",
-            message_type_name(type), " to '", to.name, "'")));
+        return common::refused(
+            common::sent_after_shutdown(inner_->self().name, type, to.name));
       }
       if (take_one(fail_, type)) {
         fault = Fault::kFail;
@@ -212,17 +213,18 @@ class FaultyAgent final : public Agent {
         return inner_->send(to, std::move(request), timeout);
       case Fault::kFail:
         g_failed.fetch_add(1, std::memory_order_relaxed);
-        return Future<Message>::ready(absl::UnavailableError(
+        return common::refused(absl::UnavailableError(
             absl::StrCat(message_type_name(type), " to '", to.name,
                          "' failed by the faulty agent (", kFailKey, ")")));
       case Fault::kDrop:
         g_dropped.fetch_add(1, std::memory_order_relaxed);
-        return drop(to, timeout);
+        return drop(to, type, timeout);
       case Fault::kDelay:
         g_delayed.fetch_add(1, std::memory_order_relaxed);
         return hold_then_send(to, std::move(request), timeout, delay);
     }
-    return Future<Message>::ready(absl::InternalError("unreachable"));
+    TETHER_CHECK(false, "unknown fault");
+    return {};
   }
 
   const WorkerInfo& self() const override { return inner_->self(); }
@@ -264,9 +266,8 @@ class FaultyAgent final : public Agent {
     }
     for (auto& [id, entry] : held) {
       timers_.cancel(entry.timer);
-      entry.promise.set(absl::CancelledError(
-          absl::StrCat("worker '", inner_->self().name,
-                       "' shut down with the request pending")));
+      entry.promise.set(
+          common::shut_down_with_request_pending(inner_->self().name));
     }
     inner_->shutdown();
   }
@@ -279,6 +280,7 @@ class FaultyAgent final : public Agent {
     internal::TimerQueue::Id timer = 0;
     std::optional<Message> message;  // delayed sends only
     WorkerInfo to;
+    MessageType type = MessageType::kUnknown;
     absl::Duration timeout;  // the sender's
     absl::Time deadline;     // the sender's, for a delayed send
     std::string why;         // for the error of a send that never left
@@ -309,9 +311,9 @@ class FaultyAgent final : public Agent {
         return future;
       }
     }
-    entry.promise.set(absl::CancelledError(
-        absl::StrCat("worker '", inner_->self().name, "' has shut down")));
-    return future;
+    // Not inside send() (core/agent.h).
+    return common::refused(common::sent_after_shutdown(
+        inner_->self().name, entry.type, entry.to.name));
   }
 
   std::optional<Held> take(int64_t id) {
@@ -323,9 +325,11 @@ class FaultyAgent final : public Agent {
     return entry;
   }
 
-  Future<Message> drop(const WorkerInfo& to, absl::Duration timeout) {
+  Future<Message> drop(const WorkerInfo& to, MessageType type,
+                       absl::Duration timeout) {
     Held entry;
     entry.to = to;
+    entry.type = type;
     entry.timeout = timeout;
     entry.why = "dropped by the faulty agent";
     const absl::Duration wait =
@@ -354,6 +358,7 @@ class FaultyAgent final : public Agent {
                                  absl::Duration timeout, absl::Duration delay) {
     Held entry;
     entry.to = to;
+    entry.type = request.type;
     if (timeout != absl::InfiniteDuration() && delay >= timeout) {
       // The sender gives up before the message would leave.
       entry.timeout = timeout;

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/common/refusals.h"
 #include "core/internal/check.h"
 #include "core/internal/pending_requests.h"
 #include "core/internal/timer.h"
@@ -157,20 +158,17 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
     {
       absl::MutexLock lock(&mu_);
       if (closed_) {
-        return Future<Message>::ready(absl::CancelledError(absl::StrCat(
-            "worker '", self_.name, "' has shut down; cannot send ",
-            message_type_name(request.type), " to '", to.name, "'")));
+        return common::refused(
+            common::sent_after_shutdown(self_.name, request.type, to.name));
       }
       if (target == nullptr) {
-        return Future<Message>::ready(absl::UnavailableError(
-            absl::StrCat("worker '", to.name, "' is not reachable from '",
-                         self_.name, "' over loopback")));
+        return common::refused(common::not_in_group(self_.name, to.name));
       }
       // Under mu_, so that close() fails it.
       pending =
           pending_.add(timeout, absl::StrCat("request to '", to.name, "'"));
     }
-    if (!pending.ok()) return Future<Message>::ready(pending.status());
+    if (!pending.ok()) return common::refused(pending.status());
     const int64_t id = pending->id;
     request.id = id;
     hub_->request_started();
@@ -200,8 +198,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
       closed_ = true;
     }
     hub_->remove(self_.name);
-    pending_.cancel_all(absl::CancelledError(absl::StrCat(
-        "worker '", self_.name, "' shut down with the request pending")));
+    pending_.cancel_all(common::shut_down_with_request_pending(self_.name));
   }
 
  private:

@@ -8,49 +8,33 @@
 #include <limits>
 #include <new>
 
+#include "backends/common/bytes.h"
 #include "backends/grpc/internal/settings.h"
 #include "core/internal/receive_buffers.h"
 
 namespace tether::backends::grpc_internal {
 namespace {
 
+using common::get_le;
+using common::put_le;
+
 constexpr char kMagic[4] = {'T', 'G', 'F', '1'};
 constexpr uint8_t kFlagResponse = 1;
 // The highest absl::StatusCode.
 constexpr int32_t kMaxStatusCode = 16;
 
-template <typename T>
-void put(uint8_t*& out, T value) {
-  using U = std::make_unsigned_t<T>;
-  U bits = static_cast<U>(value);
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    *out++ = static_cast<uint8_t>((bits >> (8 * i)) & 0xff);
-  }
-}
-
-template <typename T>
-T get(const uint8_t* in) {
-  using U = std::make_unsigned_t<T>;
-  U bits = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    bits |= static_cast<U>(in[i]) << (8 * i);
-  }
-  return static_cast<T>(bits);
-}
-
 void put_prefix(uint8_t*& out, FrameKind kind, uint8_t flags,
                 uint64_t body_bytes) {
   std::memcpy(out, kMagic, sizeof(kMagic));
   out += sizeof(kMagic);
-  put<uint8_t>(out, static_cast<uint8_t>(kind));
-  put<uint8_t>(out, flags);
-  put<uint16_t>(out, 0);
-  put<uint64_t>(out, body_bytes);
+  put_le<uint8_t>(out, static_cast<uint8_t>(kind));
+  put_le<uint8_t>(out, flags);
+  put_le<uint16_t>(out, 0);
+  put_le<uint64_t>(out, body_bytes);
 }
 
 absl::Status malformed(absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("malformed gRPC agent frame: ", what));
+  return common::malformed("gRPC agent frame", what);
 }
 
 // Fills in the derived fields of `message`.
@@ -154,12 +138,12 @@ size_t OutgoingCursor::append_next_frame(size_t chunk_bytes,
     ::grpc::Slice slice(kPrefixBytes + body);
     auto* p = const_cast<uint8_t*>(slice.begin());
     put_prefix(p, message.kind, 0, body);
-    put<int32_t>(p, static_cast<int32_t>(message.type));
-    put<int32_t>(p, message.code);
-    put<int64_t>(p, message.id);
-    put<uint32_t>(p, static_cast<uint32_t>(message.sizes.size()));
-    put<uint32_t>(p, 0);
-    for (uint64_t size : message.sizes) put<uint64_t>(p, size);
+    put_le<int32_t>(p, static_cast<int32_t>(message.type));
+    put_le<int32_t>(p, message.code);
+    put_le<int64_t>(p, message.id);
+    put_le<uint32_t>(p, static_cast<uint32_t>(message.sizes.size()));
+    put_le<uint32_t>(p, 0);
+    for (uint64_t size : message.sizes) put_le<uint64_t>(p, size);
     for (size_t i = 0; i < message.sizes.size(); ++i) {
       if (!message.inline_buffer[i] || message.sizes[i] == 0) continue;
       std::memcpy(p, buffer_data(message, i), message.sizes[i]);
@@ -177,10 +161,10 @@ size_t OutgoingCursor::append_next_frame(size_t chunk_bytes,
   put_prefix(p, FrameKind::kChunk,
              message.kind == FrameKind::kRequest ? 0 : kFlagResponse,
              kChunkFixedBytes + length);
-  put<int64_t>(p, message.id);
-  put<uint32_t>(p, static_cast<uint32_t>(buffer_));
-  put<uint32_t>(p, 0);
-  put<uint64_t>(p, offset_);
+  put_le<int64_t>(p, message.id);
+  put_le<uint32_t>(p, static_cast<uint32_t>(buffer_));
+  put_le<uint32_t>(p, 0);
+  put_le<uint64_t>(p, offset_);
   out.push_back(std::move(header));
   // gRPC only reads through the slice; the message lives as long as it.
   auto* data = const_cast<uint8_t*>(buffer_data(message, buffer_)) + offset_;
@@ -199,10 +183,10 @@ size_t OutgoingCursor::append_next_frame(size_t chunk_bytes,
   ::grpc::Slice slice(kPrefixBytes + body);
   auto* p = const_cast<uint8_t*>(slice.begin());
   put_prefix(p, FrameKind::kAuth, 0, body);
-  put<uint8_t>(p, static_cast<uint8_t>(frame.step));
-  put<uint8_t>(p, 0);
-  put<uint16_t>(p, 0);
-  put<uint32_t>(p, static_cast<uint32_t>(frame.name.size()));
+  put_le<uint8_t>(p, static_cast<uint8_t>(frame.step));
+  put_le<uint8_t>(p, 0);
+  put_le<uint16_t>(p, 0);
+  put_le<uint32_t>(p, static_cast<uint32_t>(frame.name.size()));
   std::memcpy(p, frame.name.data(), frame.name.size());
   p += frame.name.size();
   std::memcpy(p, frame.data.data(), frame.data.size());
@@ -325,8 +309,10 @@ absl::Status Assembler::consume(const std::vector<::grpc::Slice>& slices,
     }
     const uint8_t kind = prefix[4];
     const uint8_t flags = prefix[5];
-    const uint64_t body_bytes = get<uint64_t>(prefix + 8);
-    if (get<uint16_t>(prefix + 6) != 0) return malformed("reserved bytes set");
+    const uint64_t body_bytes = get_le<uint64_t>(prefix + 8);
+    if (get_le<uint16_t>(prefix + 6) != 0) {
+      return malformed("reserved bytes set");
+    }
     if (body_bytes > reader.remaining()) {
       return malformed(absl::StrCat("a frame body of ", body_bytes,
                                     " bytes where ", reader.remaining(),
@@ -367,10 +353,10 @@ absl::StatusOr<AuthFrame> Assembler::read_auth(Reader& body) {
       step != static_cast<uint8_t>(AuthStep::kProof)) {
     return malformed(absl::StrCat("unknown authentication step ", step));
   }
-  if (fixed[1] != 0 || get<uint16_t>(fixed + 2) != 0) {
+  if (fixed[1] != 0 || get_le<uint16_t>(fixed + 2) != 0) {
     return malformed("reserved bytes set");
   }
-  const uint32_t name_bytes = get<uint32_t>(fixed + 4);
+  const uint32_t name_bytes = get_le<uint32_t>(fixed + 4);
   if (name_bytes > body.remaining() || name_bytes > kMaxAuthFieldBytes ||
       body.remaining() - name_bytes > kMaxAuthFieldBytes) {
     return malformed(absl::StrCat("an authentication frame of ",
@@ -392,11 +378,11 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
   if (!body.read(fixed, kHeadFixedBytes)) return malformed("a truncated head");
   auto partial = std::make_unique<Partial>();
   partial->kind = kind;
-  partial->type = static_cast<MessageType>(get<int32_t>(fixed));
-  partial->code = get<int32_t>(fixed + 4);
-  partial->id = get<int64_t>(fixed + 8);
-  const uint32_t count = get<uint32_t>(fixed + 16);
-  if (get<uint32_t>(fixed + 20) != 0) return malformed("reserved bytes set");
+  partial->type = static_cast<MessageType>(get_le<int32_t>(fixed));
+  partial->code = get_le<int32_t>(fixed + 4);
+  partial->id = get_le<int64_t>(fixed + 8);
+  const uint32_t count = get_le<uint32_t>(fixed + 16);
+  if (get_le<uint32_t>(fixed + 20) != 0) return malformed("reserved bytes set");
   const bool is_error = kind == FrameKind::kError;
   if (is_error != (partial->code != 0) || partial->code < 0 ||
       partial->code > kMaxStatusCode) {
@@ -417,7 +403,7 @@ absl::Status Assembler::consume_head(FrameKind kind, Reader& body,
   for (uint32_t i = 0; i < count; ++i) {
     uint8_t size[8];
     if (!body.read(size, 8)) return malformed("a truncated head");
-    const uint64_t bytes = get<uint64_t>(size);
+    const uint64_t bytes = get_le<uint64_t>(size);
     // No agent sends more (it may not be configured to): a stranger's
     // numbers, which no skipping would ever see the end of. (Checked one
     // by one, the sum cannot overflow.)
@@ -501,10 +487,10 @@ absl::Status Assembler::consume_chunk(bool is_response, Reader& body,
   if (!body.read(fixed, kChunkFixedBytes)) {
     return malformed("a truncated chunk");
   }
-  const int64_t id = get<int64_t>(fixed);
-  const uint32_t index = get<uint32_t>(fixed + 8);
-  const uint64_t offset = get<uint64_t>(fixed + 16);
-  if (get<uint32_t>(fixed + 12) != 0) return malformed("reserved bytes set");
+  const int64_t id = get_le<int64_t>(fixed);
+  const uint32_t index = get_le<uint32_t>(fixed + 8);
+  const uint64_t offset = get_le<uint64_t>(fixed + 16);
+  if (get_le<uint32_t>(fixed + 12) != 0) return malformed("reserved bytes set");
   auto it = partial_.find(std::make_pair(is_response, id));
   if (it == partial_.end()) {
     return malformed(absl::StrCat("a chunk of message ", id,

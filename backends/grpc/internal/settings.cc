@@ -1,12 +1,8 @@
 #include "backends/grpc/internal/settings.h"
 
-#include <absl/strings/ascii.h>
 #include <absl/strings/match.h>
-#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
-#include <absl/strings/str_join.h>
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -16,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 #include <vector>
+
+#include "backends/common/settings_toolkit.h"
 
 namespace tether::backends::grpc_internal {
 namespace {
@@ -38,30 +36,9 @@ constexpr int kMaxCompletionThreads = 64;
 constexpr uint64_t kMinChunk = 4 << 10;
 constexpr uint64_t kMaxChunk = 64 << 20;
 
-absl::Status bad_value(absl::string_view key, absl::string_view value,
-                       absl::string_view expected) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("setting ", key, ": '", value, "' is not ", expected));
-}
-
-absl::StatusOr<int64_t> parse_int(absl::string_view key,
-                                  absl::string_view value, int64_t min,
-                                  int64_t max) {
-  int64_t number = 0;
-  if (!absl::SimpleAtoi(value, &number) || number < min || number > max) {
-    return bad_value(key, value,
-                     absl::StrCat("an integer in [", min, ", ", max, "]"));
-  }
-  return number;
-}
-
-absl::StatusOr<bool> parse_switch(absl::string_view key,
-                                  absl::string_view value) {
-  const std::string lower = absl::AsciiStrToLower(value);
-  if (lower == "on" || lower == "true" || lower == "1") return true;
-  if (lower == "off" || lower == "false" || lower == "0") return false;
-  return bad_value(key, value, "on or off");
-}
+using common::bad_value;
+using common::parse_int;
+using common::parse_switch;
 
 absl::StatusOr<std::string> read_file(absl::string_view key,
                                       const std::string& path) {
@@ -77,35 +54,6 @@ absl::StatusOr<std::string> read_file(absl::string_view key,
         absl::StrCat("setting ", key, ": '", path, "' holds no PEM block"));
   }
   return text.str();
-}
-
-// The first IPv4 address of network interface `name`, else its first IPv6
-// one (in brackets); NOT_FOUND if it has none.
-absl::StatusOr<std::string> interface_address(const std::string& name) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) {
-    return absl::NotFoundError(std::strerror(errno));
-  }
-  std::string v4;
-  std::string v6;
-  for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || name != entry->ifa_name) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (entry->ifa_addr->sa_family == AF_INET && v4.empty()) {
-      auto* in = reinterpret_cast<sockaddr_in*>(entry->ifa_addr);
-      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) v4 = text;
-    } else if (entry->ifa_addr->sa_family == AF_INET6 && v6.empty()) {
-      auto* in = reinterpret_cast<sockaddr_in6*>(entry->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&in->sin6_addr)) continue;  // needs a scope
-      if (::inet_ntop(AF_INET6, &in->sin6_addr, text, sizeof(text))) {
-        v6 = absl::StrCat("[", text, "]");
-      }
-    }
-  }
-  ::freeifaddrs(list);
-  if (!v4.empty()) return v4;
-  if (!v6.empty()) return v6;
-  return absl::NotFoundError("no such interface, or no address on it");
 }
 
 // "IP", "IP:port", "[IPv6]", "[IPv6]:port", "interface" or
@@ -152,13 +100,8 @@ absl::Status parse_address(const std::string& value, Settings& settings) {
     settings.host = absl::StrCat("[", host, "]");
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> address = interface_address(host);
-  if (!address.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "setting ", kAddressKey, ": '", value,
-        "' is neither an IP address nor a usable network interface (",
-        address.status().message(), ")"));
-  }
+  absl::StatusOr<std::string> address = common::resolve_host(kAddressKey, host);
+  if (!address.ok()) return address.status();
   settings.host = *std::move(address);
   return absl::OkStatus();
 }
@@ -192,23 +135,23 @@ absl::StatusOr<Settings> parse_settings(
       settings.tls.server_name = value;
     } else if (key == kKeepaliveKey || key == kKeepaliveTimeoutKey ||
                key == kInitTimeoutKey || key == kAuthTimeoutKey) {
-      const int64_t min = key == kKeepaliveKey ? 0 : 1;
-      absl::StatusOr<int64_t> ms = parse_int(key, value, min, int64_t{1} << 31);
-      if (!ms.ok()) return ms.status();
+      absl::StatusOr<absl::Duration> duration =
+          common::parse_milliseconds(key, value, key == kKeepaliveKey ? 0 : 1);
+      if (!duration.ok()) return duration.status();
       absl::Duration& target = key == kKeepaliveKey ? settings.keepalive
                                : key == kKeepaliveTimeoutKey
                                    ? settings.keepalive_timeout
-                                   : key == kInitTimeoutKey
-                                       ? settings.init_timeout
-                                       : settings.auth_timeout;
-      target = absl::Milliseconds(*ms);
+                               : key == kInitTimeoutKey ? settings.init_timeout
+                                                        : settings.auth_timeout;
+      target = *duration;
     } else if (key == kCompletionThreadsKey) {
       absl::StatusOr<int64_t> threads =
           parse_int(key, value, 1, kMaxCompletionThreads);
       if (!threads.ok()) return threads.status();
       settings.completion_threads = static_cast<int>(*threads);
     } else if (key == kMaxMessageKey) {
-      absl::StatusOr<int64_t> bytes = parse_int(key, value, 1, kMaxMessageLimit);
+      absl::StatusOr<int64_t> bytes =
+          parse_int(key, value, 1, kMaxMessageLimit);
       if (!bytes.ok()) return bytes.status();
       settings.max_message_bytes = static_cast<uint64_t>(*bytes);
     } else if (key == kChunkKey) {
@@ -217,14 +160,12 @@ absl::StatusOr<Settings> parse_settings(
       if (!bytes.ok()) return bytes.status();
       settings.chunk_bytes = static_cast<uint64_t>(*bytes);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown setting '", key, "'; the grpc backend knows ",
-          absl::StrJoin({kAddressKey, kTlsCertKey, kTlsKeyKey, kTlsCaKey,
-                         kTlsMutualKey, kTlsServerNameKey, kKeepaliveKey,
-                         kKeepaliveTimeoutKey, kCompletionThreadsKey,
-                         kMaxMessageKey, kChunkKey, kInitTimeoutKey,
-                         kAuthTimeoutKey},
-                        ", ")));
+      return common::unknown_setting(
+          key, "grpc",
+          {kAddressKey, kTlsCertKey, kTlsKeyKey, kTlsCaKey, kTlsMutualKey,
+           kTlsServerNameKey, kKeepaliveKey, kKeepaliveTimeoutKey,
+           kCompletionThreadsKey, kMaxMessageKey, kChunkKey, kInitTimeoutKey,
+           kAuthTimeoutKey});
     }
   }
   const bool any_tls =

@@ -9,37 +9,21 @@
 #include <exception>
 #include <utility>
 
+#include "backends/common/bytes.h"
 #include "core/internal/receive_buffers.h"
 
 namespace tether::backends::internal {
 namespace {
 
+using common::get_le;
+using common::put_le;
+
 constexpr char kMagic[4] = {'T', 'P', 'F', '1'};
 constexpr size_t kFixedSize = 4 + 1 + 3 + 4 + 4 + 8 + 8 + 4;
 constexpr uint8_t kFlagInline = 1;
 
-template <typename T>
-void put(std::string& out, T value) {
-  using U = std::make_unsigned_t<T>;
-  U bits = static_cast<U>(value);
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
-  }
-}
-
-template <typename T>
-T get(absl::string_view in, size_t offset) {
-  using U = std::make_unsigned_t<T>;
-  U bits = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    bits |= static_cast<U>(static_cast<uint8_t>(in[offset + i])) << (8 * i);
-  }
-  return static_cast<T>(bits);
-}
-
 absl::Status malformed(absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("malformed tensorpipe frame: ", what));
+  return common::malformed("tensorpipe frame", what);
 }
 
 bool is_cpu(const ::tensorpipe::Device& device) {
@@ -52,15 +36,15 @@ std::string encode_header(const FrameHeader& header) {
   std::string out;
   out.reserve(kFixedSize + 8 * header.storage_sizes.size());
   out.append(kMagic, sizeof(kMagic));
-  put<uint8_t>(out, static_cast<uint8_t>(header.kind));
-  put<uint8_t>(out, header.inline_data ? kFlagInline : 0);
+  put_le<uint8_t>(out, static_cast<uint8_t>(header.kind));
+  put_le<uint8_t>(out, header.inline_data ? kFlagInline : 0);
   out.append(2, '\0');
-  put<int32_t>(out, static_cast<int32_t>(header.type));
-  put<int32_t>(out, header.code);
-  put<int64_t>(out, header.id);
-  put<uint64_t>(out, header.payload_size);
-  put<uint32_t>(out, static_cast<uint32_t>(header.storage_sizes.size()));
-  for (uint64_t size : header.storage_sizes) put<uint64_t>(out, size);
+  put_le<int32_t>(out, static_cast<int32_t>(header.type));
+  put_le<int32_t>(out, header.code);
+  put_le<int64_t>(out, header.id);
+  put_le<uint64_t>(out, header.payload_size);
+  put_le<uint32_t>(out, static_cast<uint32_t>(header.storage_sizes.size()));
+  for (uint64_t size : header.storage_sizes) put_le<uint64_t>(out, size);
   return out;
 }
 
@@ -72,22 +56,22 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
     return malformed("bad magic");
   }
   FrameHeader header;
-  const uint8_t kind = get<uint8_t>(metadata, 4);
+  const uint8_t kind = get_le<uint8_t>(metadata, 4);
   if (kind < static_cast<uint8_t>(FrameKind::kRequest) ||
       kind > static_cast<uint8_t>(FrameKind::kAuth)) {
     return malformed(absl::StrCat("unknown kind ", kind));
   }
   header.kind = static_cast<FrameKind>(kind);
-  const uint8_t flags = get<uint8_t>(metadata, 5);
+  const uint8_t flags = get_le<uint8_t>(metadata, 5);
   if ((flags & ~kFlagInline) != 0) {
     return malformed(absl::StrCat("unknown flags ", flags));
   }
   header.inline_data = (flags & kFlagInline) != 0;
-  header.type = static_cast<MessageType>(get<int32_t>(metadata, 8));
-  header.code = get<int32_t>(metadata, 12);
-  header.id = get<int64_t>(metadata, 16);
-  header.payload_size = get<uint64_t>(metadata, 24);
-  const uint32_t count = get<uint32_t>(metadata, 32);
+  header.type = static_cast<MessageType>(get_le<int32_t>(metadata, 8));
+  header.code = get_le<int32_t>(metadata, 12);
+  header.id = get_le<int64_t>(metadata, 16);
+  header.payload_size = get_le<uint64_t>(metadata, 24);
+  const uint32_t count = get_le<uint32_t>(metadata, 32);
   if (count > kMaxStorages) {
     return malformed(absl::StrCat(count, " storages"));
   }
@@ -110,7 +94,8 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   header.storage_sizes.reserve(count);
   uint64_t inline_bytes = header.payload_size;
   for (uint32_t i = 0; i < count; ++i) {
-    header.storage_sizes.push_back(get<uint64_t>(metadata, kFixedSize + 8 * i));
+    header.storage_sizes.push_back(
+        get_le<uint64_t>(metadata, kFixedSize + 8 * i));
     if (header.inline_data) {
       if (header.storage_sizes.back() > kInlineLimit) {
         return malformed("an inline storage over the inline limit");
@@ -210,8 +195,8 @@ std::shared_ptr<OutgoingFrame> make_response_frame(
 std::shared_ptr<OutgoingFrame> make_auth_frame(const AuthFrame& auth) {
   auto frame = std::make_shared<OutgoingFrame>();
   frame->header.kind = FrameKind::kAuth;
-  put<uint8_t>(frame->payload, static_cast<uint8_t>(auth.step));
-  put<uint32_t>(frame->payload, static_cast<uint32_t>(auth.name.size()));
+  put_le<uint8_t>(frame->payload, static_cast<uint8_t>(auth.step));
+  put_le<uint32_t>(frame->payload, static_cast<uint32_t>(auth.name.size()));
   frame->payload.append(auth.name);
   frame->payload.append(auth.data);
   frame->header.payload_size = frame->payload.size();
@@ -223,8 +208,8 @@ absl::StatusOr<AuthFrame> IncomingFrame::take_auth() const {
   if (header.kind != FrameKind::kAuth || payload.size() < 5) {
     return malformed("not an authentication frame");
   }
-  const uint8_t step = get<uint8_t>(payload, 0);
-  const uint32_t name_size = get<uint32_t>(payload, 1);
+  const uint8_t step = get_le<uint8_t>(payload, 0);
+  const uint32_t name_size = get_le<uint32_t>(payload, 1);
   if (step < static_cast<uint8_t>(AuthStep::kHello) ||
       step > static_cast<uint8_t>(AuthStep::kRefused) ||
       name_size > payload.size() - 5) {

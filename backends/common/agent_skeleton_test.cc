@@ -1,0 +1,311 @@
+// The agent skeleton under a tiny in-test transport ("mailbox": requests
+// and responses posted between agents of this process, one io thread per
+// agent). The transport is only hooks; everything the skeleton owns (send's
+// prologue, start, join, the shutdown order, creation) passes the agent
+// conformance suite, and the tests below check what it adds on its own.
+#include "backends/common/agent_skeleton.h"
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/status/status.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/synchronization/mutex.h>
+#include <absl/synchronization/notification.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "backends/common/refusals.h"
+#include "core/internal/serial_executor.h"
+#include "testing/agent_conformance.h"
+#include "testing/agent_testing.h"
+#include "testing/status_matchers.h"
+
+namespace tether::backends::common {
+namespace {
+
+using ::testing::HasSubstr;
+using tether::internal::SerialExecutor;
+using tether::testing::AgentGroup;
+using tether::testing::kBound;
+using tether::testing::StatusIs;
+
+constexpr BackendNames kNames{"mailbox", "Mailbox", "tether/mailbox/"};
+// The worker of this rank publishes an address no peer can use.
+constexpr char kUnreachableKey[] = "mailbox.unreachable_rank";
+
+struct Settings {
+  int unreachable_rank = -1;
+};
+
+absl::StatusOr<Settings> parse_settings(
+    const absl::flat_hash_map<std::string, std::string>& raw) {
+  Settings settings;
+  for (const auto& [key, value] : raw) {
+    if (key != kUnreachableKey) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown mailbox setting '", key, "'"));
+    }
+    if (!absl::SimpleAtoi(value, &settings.unreachable_rank)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, " is not a rank: '", value, "'"));
+    }
+  }
+  return settings;
+}
+
+thread_local const void* t_io_of = nullptr;
+
+class Mailbox;
+
+// The process's mailboxes by address.
+class Directory {
+ public:
+  static Directory& get() {
+    static auto* const directory = new Directory();
+    return *directory;
+  }
+  std::string add(std::weak_ptr<Mailbox> box) {
+    absl::MutexLock lock(&mu_);
+    std::string address = absl::StrCat("box-", next_++);
+    boxes_[address] = std::move(box);
+    return address;
+  }
+  void remove(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    boxes_.erase(address);
+  }
+  std::shared_ptr<Mailbox> find(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto it = boxes_.find(address);
+    return it == boxes_.end() ? nullptr : it->second.lock();
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, std::weak_ptr<Mailbox>> boxes_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// A response's way back: the agent that sent the request.
+using Route = std::weak_ptr<Mailbox>;
+
+class Mailbox : public AgentSkeleton<Mailbox, Route> {
+ public:
+  Mailbox(AgentSetup setup, Settings settings)
+      : AgentSkeleton(setup, kNames),
+        settings_(settings),
+        io_(std::make_unique<SerialExecutor>()) {}
+
+  absl::Status init() {
+    address_ = Directory::get().add(weak_from_this());
+    return publish_addresses(
+        self_.id == settings_.unreachable_rank ? "" : address_, kBound);
+  }
+  void remove_peer(const WorkerInfo& worker) { peers_.remove(worker); }
+
+ private:
+  friend class AgentSkeleton<Mailbox, Route>;
+
+  struct Resources {
+    std::unique_ptr<SerialExecutor> io;
+  };
+
+  bool on_own_thread() const { return t_io_of == this; }
+  void take_resources(Resources& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    out.io = std::move(io_);
+  }
+  void close_resources(Resources& /*resources*/) {
+    Directory::get().remove(address_);
+  }
+  void join_resources(Resources& resources) {
+    if (resources.io != nullptr) resources.io->stop();
+  }
+  absl::StatusOr<std::string> address_of(const std::string& published) {
+    return published;
+  }
+
+  Future<Message> start_send(const Peer& peer, Message request,
+                             PendingRequests::Request pending) {
+    const int64_t id = pending.id;
+    std::shared_ptr<Mailbox> target = Directory::get().find(peer.address);
+    const bool posted =
+        target != nullptr &&
+        target->post([route = weak_from_this(),
+                      request = std::move(request)](Mailbox& callee) mutable {
+          callee.arrived(route, std::move(request));
+        });
+    if (!posted) {
+      fail_later(id, absl::UnavailableError(absl::StrCat(
+                         "worker '", peer.info.name, "' is gone")));
+    }
+    return std::move(pending.response);
+  }
+
+  void arrived(const Route& route, Message request) {
+    std::vector<uint64_t> storage_bytes;
+    for (const c10::Storage& storage : request.storages) {
+      storage_bytes.push_back(storage.nbytes());
+    }
+    absl::Status within =
+        check_message_limits(request.payload.size(), storage_bytes, limits_);
+    if (!within.ok()) {
+      deliver(route, request.id, within);
+      return;
+    }
+    incoming_.arrived(route, std::move(request));
+  }
+
+  void send_response(const Route& route, int64_t id,
+                     const absl::StatusOr<Message>& result) {
+    deliver(route, id, result);
+    incoming_.answered();
+  }
+
+  void deliver(const Route& route, int64_t id,
+               const absl::StatusOr<Message>& result) {
+    if (std::shared_ptr<Mailbox> sender = route.lock()) {
+      sender->post(
+          [id, result](Mailbox& self) { self.pending_.complete(id, result); });
+    }
+  }
+
+  void run_deferred_later(Incoming::Deferred deferred) {
+    post([deferred = std::move(deferred)](Mailbox& self) mutable {
+      self.incoming_.run_deferred(std::move(deferred));
+    });
+  }
+
+  // Runs `task` on the io thread; false once shut down.
+  bool post(std::function<void(Mailbox&)> task) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return false;
+    return io_->post([weak = weak_from_this(), task = std::move(task)] {
+      std::shared_ptr<Mailbox> self = weak.lock();
+      if (self == nullptr) return;
+      ScopedMark mark(t_io_of, self.get());
+      task(*self);
+    });
+  }
+
+  const Settings settings_;
+  std::string address_;  // set by init(), then const
+  std::unique_ptr<SerialExecutor> io_ ABSL_GUARDED_BY(mu_);
+};
+
+Backend mailbox_backend() {
+  Backend backend;
+  backend.name = kNames.name;
+  backend.viable = [] { return absl::OkStatus(); };
+  backend.create = [](AgentSetup setup) {
+    return create_agent<Mailbox>(kNames, std::move(setup), parse_settings);
+  };
+  return backend;
+}
+
+// Holds the refusal thread until released, so that a test can see that a
+// refused send has not completed inside send().
+class RefusalThreadHeld {
+ public:
+  RefusalThreadHeld() {
+    on_refusal_thread([release = release_] { release->WaitForNotification(); });
+  }
+  ~RefusalThreadHeld() { release(); }
+  void release() {
+    if (!release_->HasBeenNotified()) release_->Notify();
+  }
+
+ private:
+  std::shared_ptr<absl::Notification> release_ =
+      std::make_shared<absl::Notification>();
+};
+
+TEST(AgentSkeleton, SendAfterShutdownIsCancelledOffTheCallersThread) {
+  AgentGroup group(mailbox_backend(), 2);
+  ASSERT_TRUE(group.ok());
+  group.start_all(tether::testing::echo);
+  group[0].shutdown();
+  RefusalThreadHeld held;
+  Future<Message> refused =
+      group[0].send(group[1].self(), tether::testing::ping("late"), kBound);
+  EXPECT_FALSE(refused.is_ready());
+  held.release();
+  EXPECT_THAT(refused.get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr("worker 'agent0' has shut down; cannot "
+                                 "send PING to 'agent1'")));
+}
+
+TEST(AgentSkeleton, UnknownPeerIsUnavailableOffTheCallersThread) {
+  AgentGroup group(mailbox_backend(), 1);
+  ASSERT_TRUE(group.ok());
+  group.start_all(tether::testing::echo);
+  RefusalThreadHeld held;
+  Future<Message> refused = group[0].send(WorkerInfo{"stranger", 7},
+                                          tether::testing::ping("x"), kBound);
+  EXPECT_FALSE(refused.is_ready());
+  held.release();
+  EXPECT_THAT(refused.get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("worker 'stranger' is not in the group of "
+                                 "worker 'agent0'")));
+}
+
+TEST(AgentSkeleton, PeerWithoutASharedTransportIsUnavailable) {
+  AgentGroup group(mailbox_backend(), 2, {{kUnreachableKey, "1"}});
+  ASSERT_TRUE(group.ok());
+  group.start_all(tether::testing::echo);
+  EXPECT_THAT(
+      group[0]
+          .send(group[1].self(), tether::testing::ping("x"), kBound)
+          .get(absl::Now() + kBound),
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr("worker 'agent1' shares no mailbox transport with "
+                         "'agent0'")));
+  // The other way works.
+  EXPECT_THAT(group[1]
+                  .send(group[0].self(), tether::testing::ping("y"), kBound)
+                  .get(absl::Now() + kBound),
+              tether::testing::IsOk());
+}
+
+TEST(AgentSkeleton, CreationNeedsTheStoreAndKnownSettings) {
+  AgentSetup setup;
+  setup.self = {"w", 0};
+  setup.workers = {setup.self};
+  EXPECT_THAT(mailbox_backend().create(setup),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the mailbox backend needs the group's "
+                                 "rendezvous store")));
+  AgentGroup group(mailbox_backend(), 1, {{"mailbox.colour", "red"}});
+  EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("mailbox.colour")));
+}
+
+TEST(AgentSkeleton, PendingRequestFailsWithTheSharedShutdownText) {
+  AgentGroup group(mailbox_backend(), 2);
+  ASSERT_TRUE(group.ok());
+  auto held = std::make_shared<tether::testing::HeldResponses>();
+  group.start_all(
+      [held](Message request) { return held->hold(std::move(request)); });
+  Future<Message> pending =
+      group[0].send(group[1].self(), tether::testing::ping("held"), kBound);
+  held->wait_for(1);
+  group[0].shutdown();
+  EXPECT_THAT(pending.get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr("worker 'agent0' shut down with the "
+                                 "request pending")));
+  held->release_all();
+}
+
+}  // namespace
+}  // namespace tether::backends::common
+
+TETHER_AGENT_CONFORMANCE_TEST(Skeleton,
+                              tether::backends::common::mailbox_backend());

@@ -1,0 +1,383 @@
+// The client side of the tensorpipe agent: requests out on a pipe per
+// peer (opened on first use, authenticated when a secret is set),
+// responses in.
+#include <absl/strings/str_cat.h>
+#include <absl/synchronization/mutex.h>
+#include <c10/util/Logging.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "backends/tensorpipe/internal/agent_state.h"
+#include "backends/tensorpipe/internal/tcp_transport.h"
+#include "core/auth/auth.h"
+
+namespace tether::backends::internal {
+
+// ------------------------------------------------------------- client side
+
+Future<Message> AgentState::start_send(const common::Peer& peer,
+                                       Message request,
+                                       PendingRequests::Request pending) {
+  const int64_t id = pending.id;
+  std::shared_ptr<OutgoingFrame> frame =
+      internal::make_request_frame(std::move(request));
+  const int rank = peer.info.id;
+  if (in_tp_callback()) {
+    write_request(rank, id, std::move(frame));
+  } else if (!write_request_directly(rank, id, frame)) {
+    // Refused only once shut down, which has failed the request already.
+    post_io([rank, id, frame = std::move(frame)](AgentState& state) mutable {
+      state.write_request(rank, id, std::move(frame));
+      absl::MutexLock lock(&state.mu_);
+      --state.queued_io_writes_;
+    });
+  }
+  return std::move(pending.response);
+}
+
+bool AgentState::write_directly(const std::function<void()>& write) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return false;
+    ++direct_writes_;
+  }
+  {
+    ScopedMark mark(t_direct_write_of, this);
+    write();
+  }
+  absl::MutexLock lock(&mu_);
+  --direct_writes_;
+  return true;
+}
+
+bool AgentState::write_request_directly(int rank, int64_t id,
+                                        std::shared_ptr<OutgoingFrame>& frame) {
+  std::shared_ptr<ClientPipe> client;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return true;  // shutdown() has failed the request
+    auto it = client_pipes_.find(rank);
+    if (queued_io_writes_ > 0 || it == client_pipes_.end() ||
+        !it->second->ready) {
+      ++queued_io_writes_;
+      return false;
+    }
+    if (!pending_.set_connection(id, it->second->connection)) {
+      return true;  // timed out before it left
+    }
+    client = it->second;
+  }
+  write_directly(
+      [this, &client, &frame] { write_on_client(client, std::move(frame)); });
+  return true;
+}
+
+// Runs in one of our tensorpipe callbacks or on the io thread; only the io
+// thread opens pipes.
+void AgentState::write_request(int rank, int64_t id,
+                               std::shared_ptr<OutgoingFrame> frame) {
+  std::shared_ptr<ClientPipe> client;
+  std::shared_ptr<::tensorpipe::Context> context;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    auto it = client_pipes_.find(rank);
+    if (it != client_pipes_.end()) {
+      if (!pending_.set_connection(id, it->second->connection)) {
+        return;  // timed out before it left
+      }
+      client = it->second;
+      if (!client->ready) {
+        client->queued.emplace_back(id, std::move(frame));
+        return;
+      }
+    } else {
+      if (!pending_.contains(id)) return;  // timed out before it left
+      context = context_;
+    }
+  }
+  if (client == nullptr) {
+    // Pipes are opened by top-level io tasks only, one at a time, so a peer
+    // never gets two. (tensorpipe may run our callbacks on the io thread while
+    // it connects: those must not connect again.) WARNING: closing a pipe
+    // that is still connecting can break the peer's listener (tensorpipe
+    // fails the listener when an accepted connection dies before its hello).
+    if (t_io_task_of != this || t_tp_callback_of == this) {
+      post_io([rank, id, frame = std::move(frame)](AgentState& state) mutable {
+        state.write_request(rank, id, std::move(frame));
+      });
+      return;
+    }
+    std::optional<common::Peer> peer = peers_.by_rank(rank);
+    if (!peer.has_value()) {
+      pending_.complete(
+          id, absl::UnavailableError(absl::StrCat(
+                  "worker of rank ", rank, " has left the group of worker '",
+                  self_.name, "'")));
+      return;
+    }
+    std::shared_ptr<::tensorpipe::Pipe> pipe;
+    try {
+      pipe = context->connect(
+          peer->address,
+          ::tensorpipe::PipeOptions().remoteName(peer->info.name));
+    } catch (const std::exception& e) {
+      pending_.complete(id, absl::UnavailableError(absl::StrCat(
+                                "cannot connect to worker '", peer->info.name,
+                                "' at ", peer->address, ": ", e.what())));
+      return;
+    }
+    bool inserted = false;
+    bool still_pending = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closed_) {
+        auto [it, added] = client_pipes_.emplace(rank, nullptr);
+        if (added) {
+          it->second = std::make_shared<ClientPipe>(
+              rank, pipe, next_connection_++, auth_.has_value());
+          if (auth_) it->second->own_challenge = auth_->challenge();
+        }
+        inserted = added;
+        client = it->second;
+        still_pending = pending_.set_connection(id, client->connection);
+      }
+    }
+    if (!inserted) pipe->close();
+    if (client == nullptr) return;  // shut down meanwhile
+    if (inserted) {
+      read_responses(client);
+      if (auth_) {
+        // Our challenge goes first; the requests wait for the server's.
+        std::string challenge;
+        {
+          absl::MutexLock lock(&mu_);
+          challenge = client->own_challenge;
+        }
+        write_on_client(client, internal::make_auth_frame(
+                                    {internal::AuthStep::kHello, self_.name,
+                                     std::move(challenge)}));
+      }
+    }
+    if (!still_pending) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!client->ready) {
+        client->queued.emplace_back(id, std::move(frame));
+        return;
+      }
+    }
+  }
+  write_on_client(client, std::move(frame));
+}
+
+void AgentState::write_on_client(const std::shared_ptr<ClientPipe>& client,
+                                 std::shared_ptr<OutgoingFrame> frame) {
+  ::tensorpipe::Message message = frame->to_tensorpipe();
+  client->pipe->write(std::move(message),
+                      [weak = weak_from_this(), client,
+                       frame](const ::tensorpipe::Error& error) {
+                        if (!error) return;
+                        on_callback(weak, [client, error](AgentState& state) {
+                          state.on_client_pipe_error(client, error);
+                        });
+                      });
+}
+
+void AgentState::on_client_auth(const std::shared_ptr<ClientPipe>& client,
+                                const internal::AuthFrame& auth) {
+  const std::string peer = peers_.name_of(client->rank);
+  auto fail = [&](const std::string& why) {
+    on_client_pipe_error(client, why, absl::StatusCode::kUnauthenticated);
+  };
+  switch (auth.step) {
+    case internal::AuthStep::kRefused:
+      fail(absl::StrCat("worker '", peer,
+                        "' refused the connection: ", auth.data));
+      return;
+    case internal::AuthStep::kHello: {
+      if (!auth_) {
+        fail(absl::StrCat("worker '", peer,
+                          "' requires authentication and worker '", self_.name,
+                          "' has no secret (RpcOptions::auth_secret or ",
+                          auth::kSecretEnv, ")"));
+        return;
+      }
+      if (auth.name != peer) {
+        fail(absl::StrCat("the server at worker '", peer, "' says it is '",
+                          auth.name, "'"));
+        return;
+      }
+      std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+      std::string own;
+      {
+        absl::MutexLock lock(&mu_);
+        if (client->ready) {
+          fail(absl::StrCat("worker '", peer, "' sent a second challenge"));
+          return;
+        }
+        client->server_challenge = auth.data;
+        own = client->own_challenge;
+      }
+      write_on_client(client, internal::make_auth_frame(
+                                  {internal::AuthStep::kProof, self_.name,
+                                   auth_->prove(auth::Role::kClient, self_.name,
+                                                peer, auth.data, own)}));
+      // `ready` only once nothing is queued: a direct write (which needs
+      // it) never overtakes a queued request.
+      while (true) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (client->queued.empty()) {
+            client->ready = true;
+            break;
+          }
+          queued.clear();
+          queued.swap(client->queued);
+        }
+        for (auto& [id, frame] : queued) {
+          write_on_client(client, std::move(frame));
+        }
+      }
+      return;
+    }
+    case internal::AuthStep::kProof: {
+      std::string own, theirs;
+      {
+        absl::MutexLock lock(&mu_);
+        own = client->own_challenge;
+        theirs = client->server_challenge;
+      }
+      if (!auth_ || theirs.empty() ||
+          !auth_->verify(auth.data, auth::Role::kServer, peer, self_.name, own,
+                         theirs)) {
+        fail(absl::StrCat("worker '", peer,
+                          "' failed to authenticate (a different secret?)"));
+        return;
+      }
+      absl::MutexLock lock(&mu_);
+      client->server_verified = true;
+      return;
+    }
+  }
+}
+
+void AgentState::read_responses(std::shared_ptr<ClientPipe> client) {
+  std::shared_ptr<::tensorpipe::Pipe> pipe = client->pipe;
+  pipe->readDescriptor([weak = weak_from_this(), client = std::move(client)](
+                           const ::tensorpipe::Error& error,
+                           ::tensorpipe::Descriptor descriptor) {
+    on_callback(weak, [client, error,
+                       descriptor = std::move(descriptor)](AgentState& state) {
+      state.on_response_descriptor(client, error, descriptor);
+    });
+  });
+}
+
+void AgentState::on_response_descriptor(
+    const std::shared_ptr<ClientPipe>& client, const ::tensorpipe::Error& error,
+    const ::tensorpipe::Descriptor& descriptor) {
+  if (error) {
+    on_client_pipe_error(client, error);
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
+      internal::allocate_frame(descriptor, limits_);
+  if (allocated.ok() && (*allocated)->header.kind == FrameKind::kRequest) {
+    allocated = absl::InvalidArgumentError("a request on a client pipe");
+  }
+  if (!allocated.ok()) {
+    on_client_pipe_error(client, allocated.status().ToString());
+    return;
+  }
+  std::shared_ptr<IncomingFrame> frame = *std::move(allocated);
+  client->pipe->read(
+      frame->allocation, [weak = weak_from_this(), client,
+                          frame](const ::tensorpipe::Error& error) {
+        on_callback(weak, [client, frame, error](AgentState& state) {
+          state.on_response(client, frame, error);
+        });
+      });
+}
+
+void AgentState::on_response(const std::shared_ptr<ClientPipe>& client,
+                             const std::shared_ptr<IncomingFrame>& frame,
+                             const ::tensorpipe::Error& error) {
+  if (error) {
+    on_client_pipe_error(client, error);
+    return;
+  }
+  if (frame->header.kind == FrameKind::kAuth) {
+    absl::StatusOr<internal::AuthFrame> auth = frame->take_auth();
+    if (!auth.ok()) {
+      on_client_pipe_error(client, auth.status().ToString());
+      return;
+    }
+    read_responses(client);
+    on_client_auth(client, *auth);
+    return;
+  }
+  bool verified;
+  {
+    absl::MutexLock lock(&mu_);
+    verified = client->server_verified;
+  }
+  if (!verified) {
+    on_client_pipe_error(client, "a response before the server authenticated",
+                         absl::StatusCode::kUnauthenticated);
+    return;
+  }
+  read_responses(client);
+  absl::StatusOr<Message> result = frame->take_result();
+  if (!frame->refused.ok()) {
+    // Over this worker's limits: read and dropped; the pipe goes on.
+    result = absl::Status(
+        frame->refused.code(),
+        absl::StrCat("worker '", self_.name, "' refuses the response of '",
+                     peers_.name_of(client->rank),
+                     "': ", frame->refused.message()));
+  }
+  // A response for an id no longer pending (timed out) is dropped.
+  pending_.complete(frame->header.id, std::move(result));
+}
+
+void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
+                                      absl::string_view what,
+                                      absl::StatusCode code) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;  // shutdown() has failed everything
+    auto it = client_pipes_.find(client->rank);
+    if (it != client_pipes_.end() && it->second == client) {
+      client_pipes_.erase(it);
+    }
+  }
+  client->pipe->close();
+  pending_.fail_connection(
+      client->connection,
+      absl::Status(code, absl::StrCat(code == absl::StatusCode::kUnauthenticated
+                                          ? "worker '"
+                                          : "lost the connection from worker '",
+                                      self_.name,
+                                      code == absl::StatusCode::kUnauthenticated
+                                          ? "' may not connect to worker '"
+                                          : "' to worker '",
+                                      peers_.name_of(client->rank), "' (rank ",
+                                      client->rank, "): ", what)));
+}
+
+void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
+                                      const ::tensorpipe::Error& error) {
+  if (std::shared_ptr<internal::RefusedError> refused =
+          error.castToType<internal::RefusedError>()) {
+    on_client_pipe_error(client, refused->what(),
+                         absl::StatusCode::kUnauthenticated);
+    return;
+  }
+  on_client_pipe_error(client, error.what());
+}
+
+}  // namespace tether::backends::internal

@@ -1,0 +1,333 @@
+// The server side of the tensorpipe agent: its listener (replaced when it
+// fails), requests in on the pipes peers open (authenticated when a secret
+// is set), responses out.
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+#include <absl/synchronization/mutex.h>
+#include <c10/util/Logging.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "backends/tensorpipe/internal/agent_state.h"
+#include "core/auth/auth.h"
+
+namespace tether::backends::internal {
+namespace {
+
+// How long a failed listener is given to free its addresses.
+constexpr int kListenAgainAttempts = 100;
+constexpr absl::Duration kListenAgainPause = absl::Milliseconds(20);
+
+}  // namespace
+
+// ------------------------------------------------------------- server side
+
+void AgentState::accept_next(std::shared_ptr<::tensorpipe::Listener> listener) {
+  ::tensorpipe::Listener& target = *listener;
+  target.accept([weak = weak_from_this(), listener = std::move(listener)](
+                    const ::tensorpipe::Error& error,
+                    std::shared_ptr<::tensorpipe::Pipe> pipe) {
+    on_callback(weak,
+                [listener, error, pipe = std::move(pipe)](AgentState& state) {
+                  state.on_accept(listener, error, pipe);
+                });
+  });
+}
+
+void AgentState::on_accept(
+    const std::shared_ptr<::tensorpipe::Listener>& listener,
+    const ::tensorpipe::Error& error,
+    std::shared_ptr<::tensorpipe::Pipe> pipe) {
+  std::shared_ptr<OutgoingFrame> hello;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_ || listener != listener_) {
+      if (pipe != nullptr) pipe->close();
+      return;
+    }
+    if (!error) server_pipes_.insert(pipe);
+    if (!error && auth_) {
+      ServerAuth& auth = server_auth_[pipe.get()];
+      auth.own_challenge = auth_->challenge();
+      hello = internal::make_auth_frame(
+          {internal::AuthStep::kHello, self_.name, auth.own_challenge});
+    }
+  }
+  if (hello != nullptr) {
+    pipe->write(hello->to_tensorpipe(),
+                [hello](const ::tensorpipe::Error& /*error*/) {});
+  }
+  if (error) {
+    // tensorpipe fails the whole listener when one incoming connection dies
+    // before its first packet (a peer that crashed or shut down while
+    // connecting). Peers know our addresses: listen on them again.
+    LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
+                 << "': the listener failed (" << error.what()
+                 << "); listening again";
+    post_io([](AgentState& state) { state.listen_again(0); });
+    return;
+  }
+  accept_next(listener);
+  read_requests(std::move(pipe));
+}
+
+void AgentState::listen_again(int attempt) {
+  std::shared_ptr<::tensorpipe::Context> context;
+  std::shared_ptr<::tensorpipe::Listener> old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    context = context_;
+    old = listener_;
+  }
+  old->close();
+  for (const std::string& url : listening_urls_) {
+    absl::Status usable = check_can_listen(url);
+    if (usable.ok()) continue;
+    // The old listener frees its sockets on tensorpipe's threads, soon.
+    if (attempt < kListenAgainAttempts) {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      timers_->schedule(absl::Now() + kListenAgainPause,
+                        [weak = weak_from_this(), attempt] {
+                          std::shared_ptr<AgentState> state = weak.lock();
+                          if (state == nullptr) return;
+                          state->post_io([attempt](AgentState& state) {
+                            state.listen_again(attempt + 1);
+                          });
+                        });
+      return;
+    }
+    LOG(ERROR) << "tensorpipe agent of worker '" << self_.name
+               << "' no longer accepts connections: " << usable.message();
+    return;
+  }
+  std::shared_ptr<::tensorpipe::Listener> listener;
+  try {
+    listener = context->listen(listening_urls_);
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "tensorpipe agent of worker '" << self_.name
+               << "' cannot listen again on "
+               << absl::StrJoin(listening_urls_, ", ") << ": " << e.what()
+               << "; it no longer accepts connections";
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) {
+      listener->close();
+      return;
+    }
+    listener_ = listener;
+  }
+  accept_next(std::move(listener));
+}
+
+void AgentState::read_requests(std::shared_ptr<::tensorpipe::Pipe> pipe) {
+  ::tensorpipe::Pipe& target = *pipe;
+  target.readDescriptor([weak = weak_from_this(), pipe = std::move(pipe)](
+                            const ::tensorpipe::Error& error,
+                            ::tensorpipe::Descriptor descriptor) {
+    on_callback(weak, [pipe, error,
+                       descriptor = std::move(descriptor)](AgentState& state) {
+      state.on_request_descriptor(pipe, error, descriptor);
+    });
+  });
+}
+
+void AgentState::on_request_descriptor(
+    const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+    const ::tensorpipe::Error& error,
+    const ::tensorpipe::Descriptor& descriptor) {
+  if (error) {
+    // The peer went away or closed the pipe; its pending requests fail there.
+    drop_server_pipe(pipe);
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
+      internal::allocate_frame(descriptor, limits_);
+  if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest &&
+      (*allocated)->header.kind != FrameKind::kAuth) {
+    allocated = absl::InvalidArgumentError("a response on a server pipe");
+  }
+  if (!allocated.ok()) {
+    // Broken or beyond any limit: the pipe is unusable from here on. (A
+    // message merely over this worker's limits is refused alone, below.)
+    LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
+                 << "' drops a connection from '" << pipe->getRemoteName()
+                 << "': " << allocated.status().ToString();
+    drop_server_pipe(pipe);
+    return;
+  }
+  std::shared_ptr<IncomingFrame> frame = *std::move(allocated);
+  pipe->read(frame->allocation, [weak = weak_from_this(), pipe,
+                                 frame](const ::tensorpipe::Error& error) {
+    on_callback(weak, [pipe, frame, error](AgentState& state) {
+      if (error) {
+        state.drop_server_pipe(pipe);
+        return;
+      }
+      if (!state.on_server_auth(pipe, *frame)) return;
+      if (frame->header.kind == FrameKind::kAuth) {
+        state.read_requests(pipe);  // the handshake goes on
+        return;
+      }
+      state.read_requests(pipe);
+      if (!frame->refused.ok()) {
+        // Over this worker's limits: its bytes were read and dropped; the
+        // sender learns why, and the pipe serves on.
+        std::shared_ptr<OutgoingFrame> answer = internal::make_response_frame(
+            frame->header.id,
+            absl::Status(
+                frame->refused.code(),
+                absl::StrCat("worker '", state.self_.name, "' refuses a ",
+                             message_type_name(frame->header.type), ": ",
+                             frame->refused.message())));
+        pipe->write(answer->to_tensorpipe(),
+                    [answer](const ::tensorpipe::Error& /*error*/) {});
+        return;
+      }
+      absl::StatusOr<Message> request = frame->take_result();
+      state.incoming_.arrived(pipe, *std::move(request));
+    });
+  });
+}
+
+void AgentState::drop_server_pipe(
+    const std::shared_ptr<::tensorpipe::Pipe>& pipe) {
+  {
+    absl::MutexLock lock(&mu_);
+    server_pipes_.erase(pipe);
+    server_auth_.erase(pipe.get());
+  }
+  pipe->close();
+}
+
+bool AgentState::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                                IncomingFrame& frame) {
+  const bool is_auth = frame.header.kind == FrameKind::kAuth;
+  absl::StatusOr<internal::AuthFrame> auth =
+      is_auth ? frame.take_auth() : absl::StatusOr<internal::AuthFrame>();
+  ServerAuth state;
+  bool authenticating = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = server_auth_.find(pipe.get());
+    if (it != server_auth_.end()) {
+      authenticating = true;
+      state = it->second;
+    }
+  }
+  if (!authenticating) {
+    if (!is_auth) return true;  // authenticated, or no authentication
+    if (auth_) {
+      refuse(pipe, "?", "an authentication frame after the handshake");
+    } else {
+      refuse(pipe, auth.ok() ? auth->name : "?",
+             absl::StrCat("worker '", self_.name,
+                          "' does not authenticate peers (it has no "
+                          "secret); the group must agree on one"));
+    }
+    return false;
+  }
+  if (!is_auth) {
+    refuse(pipe, "?",
+           absl::StrCat("worker '", self_.name,
+                        "' requires authentication and the peer "
+                        "sent a request without it"));
+    return false;
+  }
+  if (!auth.ok()) {
+    refuse(pipe, "?", auth.status().message());
+    return false;
+  }
+  if (state.stage == ServerAuth::Stage::kAwaitHello &&
+      auth->step == internal::AuthStep::kHello) {
+    // A dynamic group's joiner connects before the members know it.
+    if (!dynamic_ && !peers_.by_name(auth->name).has_value()) {
+      refuse(pipe, auth->name, "not a worker of this group");
+      return false;
+    }
+    std::shared_ptr<OutgoingFrame> proof = internal::make_auth_frame(
+        {internal::AuthStep::kProof, self_.name,
+         auth_->prove(auth::Role::kServer, self_.name, auth->name, auth->data,
+                      state.own_challenge)});
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = server_auth_.find(pipe.get());
+      if (it == server_auth_.end()) return false;
+      it->second.stage = ServerAuth::Stage::kAwaitProof;
+      it->second.peer = auth->name;
+      it->second.peer_challenge = auth->data;
+    }
+    pipe->write(proof->to_tensorpipe(),
+                [proof](const ::tensorpipe::Error& /*error*/) {});
+    return true;
+  }
+  if (state.stage == ServerAuth::Stage::kAwaitProof &&
+      auth->step == internal::AuthStep::kProof) {
+    if (!auth_->verify(auth->data, auth::Role::kClient, state.peer, self_.name,
+                       state.own_challenge, state.peer_challenge)) {
+      refuse(pipe, state.peer, "authentication failed (a different secret?)");
+      return false;
+    }
+    absl::MutexLock lock(&mu_);
+    server_auth_.erase(pipe.get());
+    return true;
+  }
+  refuse(pipe, state.peer, "an unexpected authentication step");
+  return false;
+}
+
+void AgentState::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                        absl::string_view peer, absl::string_view why) {
+  LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
+               << "' refused a connection from '" << peer << "': " << why;
+  {
+    absl::MutexLock lock(&mu_);
+    server_pipes_.erase(pipe);
+    server_auth_.erase(pipe.get());
+  }
+  std::shared_ptr<OutgoingFrame> refusal = internal::make_auth_frame(
+      {internal::AuthStep::kRefused, self_.name, std::string(why)});
+  pipe->write(
+      refusal->to_tensorpipe(),
+      [pipe, refusal](const ::tensorpipe::Error& /*error*/) { pipe->close(); });
+}
+
+void AgentState::send_response(std::weak_ptr<::tensorpipe::Pipe> pipe,
+                               int64_t id,
+                               const absl::StatusOr<Message>& result) {
+  std::shared_ptr<OutgoingFrame> frame =
+      internal::make_response_frame(id, result);
+  if (in_tp_callback()) {
+    write_response(pipe, std::move(frame));
+    return;
+  }
+  // Refused only once shut down: then nobody waits for the answer.
+  write_directly([this, &pipe, &frame] { write_response(pipe, frame); });
+}
+
+void AgentState::write_response(
+    const std::weak_ptr<::tensorpipe::Pipe>& weak_pipe,
+    std::shared_ptr<OutgoingFrame> frame) {
+  std::shared_ptr<::tensorpipe::Pipe> pipe = weak_pipe.lock();
+  if (pipe == nullptr) {
+    // The pipe broke; the sender has failed the request already.
+    incoming_.answered();
+    return;
+  }
+  ::tensorpipe::Message message = frame->to_tensorpipe();
+  pipe->write(std::move(message), [weak = weak_from_this(), frame](
+                                      const ::tensorpipe::Error& /*error*/) {
+    // On error the pipe is broken: its read loop notices and drops it.
+    // Counted here even inside a direct write (answered() only takes its
+    // counter's lock): saves waking the io thread once per response.
+    if (auto state = weak.lock()) state->incoming_.answered();
+  });
+}
+
+}  // namespace tether::backends::internal
