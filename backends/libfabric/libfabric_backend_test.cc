@@ -1,7 +1,7 @@
-// What is specific to the libfabric backend: settings, providers, both
-// rendezvous modes, flow control, the registration cache, lost peers. The
-// Agent contract itself is checked by the conformance suites
-// (libfabric_*_agent_test.cc). Every test runs on real endpoints of both
+// What is specific to the libfabric backend: providers, both rendezvous
+// modes, flow control, the registration cache, limits before pulling,
+// liveness. The Agent contract, creation and settings are checked by the
+// conformance suites (libfabric_*_agent_test.cc, libfabric_creation_test.cc). Every test runs on real endpoints of both
 // providers that run here (tcp;ofi_rxm and shm), and is skipped, saying why,
 // for a provider this machine lacks.
 #include <absl/strings/str_cat.h>
@@ -25,7 +25,6 @@
 
 #include "backends/libfabric/libfabric_agent.h"
 #include "core/agent.h"
-#include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
@@ -104,12 +103,6 @@ void expect_round_trip(Group& group, size_t payload,
   }
 }
 
-TEST(LibfabricBackend, IsNamedLibfabricAndViableHere) {
-  Backend backend = libfabric_backend();
-  EXPECT_EQ(backend.name, "libfabric");
-  EXPECT_THAT(backend.viable(), IsOk());
-}
-
 TEST(LibfabricBackend, UnknownProviderIsNotViableNamingIt) {
   EXPECT_THAT(
       libfabric_backend({{"libfabric.provider", "carrier_pigeon"}}).viable(),
@@ -118,34 +111,6 @@ TEST(LibfabricBackend, UnknownProviderIsNotViableNamingIt) {
   EXPECT_THAT(create_status({{"libfabric.provider", "carrier_pigeon"}}),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("'carrier_pigeon' is not available")));
-}
-
-TEST(LibfabricBackend, BadSettingsAreInvalidArgumentNamingTheKey) {
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"libfabric.rendezvous_threshold", "lots"},
-           {"libfabric.rendezvous_threshold", "16"},
-           {"libfabric.rendezvous_threshold", "-1"},
-           {"libfabric.rendezvous", "dma"},
-           {"libfabric.credits", "0"},
-           {"libfabric.peer_timeout_ms", "5"},
-           {"libfabric.init_timeout_ms", "soon"},
-           {"libfabric.mr_cache_entries", "-3"},
-           {"libfabric.spin_us", "1e3"},
-           {"libfabric.provider", " "},
-           {"libfabric.address", "no-such-interface0"},
-       }) {
-    EXPECT_THAT(create_status({{key, value}}),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)))
-        << key << "=" << value;
-  }
-  EXPECT_THAT(create_status({{"libfabric.threshold", "4096"}}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("libfabric.threshold"),
-                             HasSubstr("libfabric.rendezvous_threshold"))));
-}
-
-TEST(LibfabricBackend, IgnoresOtherBackendsSettings) {
-  EXPECT_THAT(create_status({{"tensorpipe.transports", "uv"}}), IsOk());
 }
 
 TEST(LibfabricBackend, ProvidersOfAGroupMustMatch) {
@@ -202,23 +167,6 @@ TEST(LibfabricBackend, ShmRemovesRegionsOfDeadProcesses) {
   EXPECT_EQ(::access(foreign.c_str(), F_OK), 0);
   std::remove(alive.c_str());
   std::remove(foreign.c_str());
-}
-
-TEST(LibfabricBackend, CreationTimesOutNamingMissingRanks) {
-  Group group("tcp;ofi_rxm", 3, {{"libfabric.init_timeout_ms", "200"}},
-              /*create=*/{0});
-  EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                       HasSubstr("rank(s) 1, 2")));
-}
-
-TEST(LibfabricBackend, PublishesItsAddressRecordInTheStore) {
-  Group group("tcp;ofi_rxm", 2);
-  ASSERT_TRUE(group.ok());
-  std::vector<uint8_t> bytes = group.store().get("tether/libfabric/1");
-  const std::string text(bytes.begin(), bytes.end());
-  EXPECT_THAT(text, HasSubstr("provider=tcp;ofi_rxm\n"));
-  EXPECT_THAT(text, HasSubstr("address="));
-  EXPECT_THAT(text, HasSubstr("credits=16\n"));
 }
 
 TEST_P(Provider, ReportsWhatItRunsOn) {
@@ -443,22 +391,6 @@ TEST(LibfabricBackend, OwnStallIsNotTakenForALostPeer) {
   });
 }
 
-TEST_P(Provider, PeerShutdownFailsPendingRequestsWithUnavailable) {
-  Group group(GetParam(), 2);
-  ASSERT_TRUE(group.ok());
-  auto held = std::make_shared<HeldResponses>();
-  group.start_all(
-      [held](Message request) { return held->hold(std::move(request)); });
-  ::tether::testing::expect_peer_shutdown_fails_pending(group[0], group[1],
-                                                        *held);
-}
-
-TEST_P(Provider, RequestsArrivingBeforeStartAreServedAfterIt) {
-  Group group(GetParam(), 2);
-  ASSERT_TRUE(group.ok());
-  ::tether::testing::expect_served_after_start(group[0], group[1]);
-}
-
 // The backend on `provider` whose agents all have `limits`.
 Backend limited_backend(const std::string& provider, MessageLimits limits) {
   Backend backend = libfabric_backend({{"libfabric.provider", provider}});
@@ -580,13 +512,6 @@ TEST_P(Provider, RemoteBodiesOverTheLimitsAreRefusedBeforePulling) {
                        HasSubstr("over what the limits allow")));
   EXPECT_EQ(stats_of(group[1]).bytes_pulled, 0u);
   EXPECT_THAT(send_sized(group[0], group[1], 10, {10}), IsOk());
-}
-
-TEST_P(Provider, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
-  Group group(GetParam(), 2);
-  ASSERT_TRUE(group.ok());
-  ::tether::testing::expect_shutdown_inside_handler_is_safe(group[0],
-                                                            group[1]);
 }
 
 }  // namespace
