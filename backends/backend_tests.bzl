@@ -29,6 +29,19 @@ def _variant_name(name, variant, area):
         return "%s_%s_%s_test" % (name, variant, area)
     return "%s_%s_test" % (name, area)
 
+def _area_test(name, area, deps, size = "small", shard_count = None):
+    """A cc_test of one area of the conformance suite, from `<name>.cc`."""
+    native.cc_test(
+        name = name,
+        size = size,
+        shard_count = shard_count,
+        srcs = [name + ".cc"],
+        deps = deps + [
+            "//testing:" + area,
+            "//third_party:gtest_main",
+        ],
+    )
+
 def tether_backend_tests(
         name,
         backend,
@@ -64,66 +77,32 @@ def tether_backend_tests(
 
     for variant in variants:
         agent = _variant_name(name, variant, "agent")
-        native.cc_test(
-            name = agent,
-            size = agent_size,
-            srcs = [agent + ".cc"],
-            deps = [
-                backend,
-                "//testing:agent_conformance",
-                "//third_party:gtest_main",
-            ],
-        )
+        _area_test(agent, "agent_conformance", [backend], size = agent_size)
         multiprocess = _variant_name(name, variant, "agent_multiprocess")
-        native.cc_test(
-            name = multiprocess,
+        _area_test(
+            multiprocess,
+            "agent_conformance_multiprocess",
+            [backend],
             size = "medium",
             shard_count = multiprocess_shard_count,
-            srcs = [multiprocess + ".cc"],
-            deps = [
-                backend,
-                "//testing:agent_conformance_multiprocess",
-                "//third_party:gtest_main",
-            ],
         )
         tests += [agent, multiprocess]
 
     for variant in hostile_variants:
         hostile = _variant_name(name, variant, "hostile")
-        native.cc_test(
-            name = hostile,
+        _area_test(
+            hostile,
+            "hostile_peers",
+            [backend] + hostile_deps,
             size = "medium",
             shard_count = hostile_shard_count,
-            srcs = [hostile + ".cc"],
-            deps = [
-                backend,
-                "//testing:hostile_peers",
-                "//third_party:gtest_main",
-            ] + hostile_deps,
         )
         tests.append(hostile)
 
-    native.cc_test(
-        name = name + "_creation_test",
-        size = "small",
-        srcs = [name + "_creation_test.cc"],
-        deps = [
-            backend,
-            "//testing:creation_conformance",
-            "//third_party:gtest_main",
-        ],
-    )
+    _area_test(name + "_creation_test", "creation_conformance", [backend])
 
     # Workers made by name through the registry (//backends:builtin).
-    native.cc_test(
-        name = name + "_auth_test",
-        size = "small",
-        srcs = [name + "_auth_test.cc"],
-        deps = [
-            "//testing:auth_conformance",
-            "//third_party:gtest_main",
-        ] + auth_deps,
-    )
+    _area_test(name + "_auth_test", "auth_conformance", auth_deps)
     tests += [name + "_creation_test", name + "_auth_test"]
 
     native.test_suite(

@@ -173,6 +173,12 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(
   return backend.create(std::move(setup));
 }
 
+absl::Status create_status(const Backend& backend,
+                           const AgentSettings& settings) {
+  AgentGroup group(backend, 1, settings);
+  return group.error(0);
+}
+
 AgentGroup::AgentGroup(const Backend& backend, int size, Settings settings,
                        std::vector<int> create,
                        std::vector<MessageLimits> limits) {

@@ -171,6 +171,11 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(
     const AgentSettings& settings = {},
     const MessageLimits& limits = MessageLimits());
 
+// Why one agent of `backend` with `settings`, alone in a group of one in this
+// process, could not be created (OK if it was).
+absl::Status create_status(const Backend& backend,
+                           const AgentSettings& settings = {});
+
 // `size` agents of one backend in this process, named "agent<rank>", meeting
 // through rendezvous() on a fresh memory:// store. Every rank joins the
 // rendezvous; only the ranks in `create` (all when empty) get an agent, each

@@ -59,11 +59,13 @@ std::vector<AuthParam> auth_params(const AuthTraits& traits);
 
 }  // namespace tether::testing
 
-#define TETHER_AUTH_CONFORMANCE_TEST(suite, traits_expr)                    \
-  namespace tether::testing {                                               \
-  INSTANTIATE_TEST_SUITE_P(                                                 \
-      suite, AuthConformance, ::testing::ValuesIn(auth_params(traits_expr)), \
-      [](const auto& info) { return info.param.variant.label; });          \
+#define TETHER_AUTH_CONFORMANCE_TEST(suite, traits_expr)                  \
+  namespace tether::testing {                                             \
+  INSTANTIATE_TEST_SUITE_P(suite, AuthConformance,                        \
+                           ::testing::ValuesIn(auth_params(traits_expr)), \
+                           [](const auto& info) {                         \
+                             return info.param.variant.label;             \
+                           });                                            \
   }  // namespace tether::testing
 
 #endif  // TETHER_TESTING_AUTH_CONFORMANCE_H_

@@ -49,14 +49,6 @@ const std::vector<std::pair<std::string, std::string>>& others_settings() {
   return *settings;
 }
 
-// Why one agent of `backend` with `settings` could not be created (OK if
-// it was).
-absl::Status create_status(const Backend& backend,
-                           const AgentSettings& settings) {
-  AgentGroup group(backend, 1, settings);
-  return group.error(0);
-}
-
 TEST_P(CreationConformance, IsNamedAndViableHere) {
   const CreationTraits traits = GetParam().traits();
   const Backend backend = traits.backend();
@@ -68,8 +60,7 @@ TEST_P(CreationConformance, BadSettingsAreInvalidArgumentNamingWhatIsWrong) {
   const CreationTraits traits = GetParam().traits();
   const Backend backend = traits.backend();
   for (const BadSetting& bad : traits.bad_settings) {
-    const absl::Status status =
-        create_status(backend, {{bad.key, bad.value}});
+    const absl::Status status = create_status(backend, {{bad.key, bad.value}});
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument))
         << bad.key << "=" << bad.value;
     const std::vector<std::string> names =

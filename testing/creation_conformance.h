@@ -78,18 +78,16 @@ std::vector<CreationParam> listeners_only(CreationParam param);
 
 }  // namespace tether::testing
 
-#define TETHER_CREATION_CONFORMANCE_TEST(suite, traits_expr)                \
-  namespace tether::testing {                                               \
-  INSTANTIATE_TEST_SUITE_P(                                                 \
-      suite, CreationConformance,                                           \
-      ::testing::Values(                                                    \
-          CreationParam{#suite, [] { return (traits_expr); }}),             \
-      [](const auto& info) { return info.param.label; });                  \
-  INSTANTIATE_TEST_SUITE_P(                                                 \
-      suite, ListenerConformance,                                           \
-      ::testing::ValuesIn(listeners_only(                                   \
-          CreationParam{#suite, [] { return (traits_expr); }})),            \
-      [](const auto& info) { return info.param.label; });                  \
+#define TETHER_CREATION_CONFORMANCE_TEST(suite, traits_expr)                   \
+  namespace tether::testing {                                                  \
+  INSTANTIATE_TEST_SUITE_P(suite, CreationConformance,                         \
+                           ::testing::Values(CreationParam{                    \
+                               #suite, [] { return (traits_expr); }}),         \
+                           [](const auto& info) { return info.param.label; }); \
+  INSTANTIATE_TEST_SUITE_P(suite, ListenerConformance,                         \
+                           ::testing::ValuesIn(listeners_only(CreationParam{   \
+                               #suite, [] { return (traits_expr); }})),        \
+                           [](const auto& info) { return info.param.label; }); \
   }  // namespace tether::testing
 
 #endif  // TETHER_TESTING_CREATION_CONFORMANCE_H_

@@ -55,10 +55,9 @@ class Group : public ::tether::testing::AgentGroup {
   }
 };
 
-absl::Status create_status(Settings settings) {
-  ::tether::testing::AgentGroup group(faulty_backend(&inner_registry()), 1,
-                                      std::move(settings));
-  return group.error(0);
+absl::Status create_status(const Settings& settings) {
+  return ::tether::testing::create_status(faulty_backend(&inner_registry()),
+                                          settings);
 }
 
 // An echo handler that records what reached it, and when.

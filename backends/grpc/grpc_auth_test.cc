@@ -21,7 +21,9 @@ tether::testing::AuthTraits grpc_auth() {
   return {"grpc",
           {{"Default", nullptr},
            {"WithSmallChunks",
-            [] { return BackendSettings{{"grpc.chunk_bytes", "4096"}}; }},
+            [] {
+              return BackendSettings{{"grpc.chunk_bytes", "4096"}};
+            }},
            {"InsideMutualTls", mutual_tls}}};
 }
 

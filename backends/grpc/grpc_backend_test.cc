@@ -44,6 +44,8 @@ using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
 using ::tether::backends::grpc_testing::raw_stream;
 using ::tether::backends::grpc_testing::TcpProxy;
+using ::tether::testing::AgentGroup;
+using ::tether::testing::create_status;
 using ::tether::testing::echo;
 using ::tether::testing::HeldResponses;
 using ::tether::testing::IsOk;
@@ -53,19 +55,6 @@ using ::tether::testing::ping;
 using ::tether::testing::StatusIs;
 using ::tether::testing::storage_matches;
 using Settings = ::tether::testing::AgentGroup::Settings;
-
-// `size` gRPC agents meeting in this process.
-class Group : public ::tether::testing::AgentGroup {
- public:
-  Group(int size, Settings settings, std::vector<int> create = {})
-      : AgentGroup(grpc_backend(), size, std::move(settings),
-                   std::move(create)) {}
-};
-
-absl::Status create_status(const Settings& settings) {
-  Group group(1, settings);
-  return group.error(0);
-}
 
 absl::StatusOr<Message> call(Agent& from, const Agent& to, Message request,
                              absl::Duration timeout = kBound) {
@@ -95,14 +84,14 @@ TEST(GrpcBackend, APortInUseIsInvalidArgument) {
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length),
             0);
   const std::string taken = absl::StrCat("127.0.0.1:", ntohs(address.sin_port));
-  EXPECT_THAT(create_status({{"grpc.address", taken}}),
+  EXPECT_THAT(create_status(grpc_backend(), {{"grpc.address", taken}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(taken), HasSubstr("grpc.address"))));
   ::close(fd);
 }
 
 TEST(GrpcBackend, LargeMessageDoesNotHoldUpSmallOnes) {
-  Group group(2, {{"grpc.chunk_bytes", "65536"}});
+  AgentGroup group(grpc_backend(), 2, {{"grpc.chunk_bytes", "65536"}});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   Message big = ping("big");
@@ -130,7 +119,7 @@ TEST(GrpcBackend, LargeMessageDoesNotHoldUpSmallOnes) {
 }
 
 TEST(GrpcBackend, MessagesOverTheLimitAreResourceExhausted) {
-  Group group(2, {{"grpc.max_message_bytes", "1048576"}});
+  AgentGroup group(grpc_backend(), 2, {{"grpc.max_message_bytes", "1048576"}});
   ASSERT_TRUE(group.ok());
   group.start_all([](Message request) -> Future<Message> {
     if (request.payload != "grow") return echo(std::move(request));
@@ -279,7 +268,7 @@ TEST(GrpcBackend, SilentPeerIsLostWhenKeepaliveFails) {
 }
 
 TEST(GrpcBackend, StreamsFromStrangersAreRefused) {
-  Group group(2, {});
+  AgentGroup group(grpc_backend(), 2, {});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   std::vector<uint8_t> bytes = group.store().get("tether/grpc/1");
@@ -359,7 +348,7 @@ TEST(GrpcBackend, AStreamThatNeverAuthenticatesIsRefusedInTime) {
 }
 
 TEST(GrpcBackend, GarbageOnAStreamClosesItAndNothingElse) {
-  Group group(2, {});
+  AgentGroup group(grpc_backend(), 2, {});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   ASSERT_THAT(call(group[0], group[1], ping("before")), IsOk());

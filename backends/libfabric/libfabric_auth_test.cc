@@ -11,9 +11,12 @@ using ::tether::testing::BackendSettings;
 tether::testing::AuthTraits libfabric_auth() {
   return {"libfabric",
           {{"OverTcp",
-            [] { return BackendSettings{{"libfabric.provider", "tcp;ofi_rxm"}}; }},
-           {"OverShm",
-            [] { return BackendSettings{{"libfabric.provider", "shm"}}; }}}};
+            [] {
+              return BackendSettings{{"libfabric.provider", "tcp;ofi_rxm"}};
+            }},
+           {"OverShm", [] {
+              return BackendSettings{{"libfabric.provider", "shm"}};
+            }}}};
 }
 
 }  // namespace

@@ -1,25 +1,25 @@
 // What is specific to the libfabric backend: providers, both rendezvous
 // modes, flow control, the registration cache, limits before pulling,
 // liveness. The Agent contract, creation and settings are checked by the
-// conformance suites (libfabric_*_agent_test.cc, libfabric_creation_test.cc). Every test runs on real endpoints of both
-// providers that run here (tcp;ofi_rxm and shm), and is skipped, saying why,
-// for a provider this machine lacks.
+// conformance suites (libfabric_*_agent_test.cc, libfabric_creation_test.cc).
+// Every test runs on real endpoints of both providers that run here
+// (tcp;ofi_rxm and shm), and is skipped, saying why, for a provider this
+// machine lacks.
 #include <absl/strings/str_cat.h>
 #include <absl/time/clock.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <chrono>
 #include <memory>
 #include <string>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
@@ -52,11 +52,6 @@ class Group : public ::tether::testing::AgentGroup {
       : AgentGroup(libfabric_backend({{"libfabric.provider", provider}}), size,
                    std::move(settings), std::move(create)) {}
 };
-
-absl::Status create_status(const Settings& settings) {
-  ::tether::testing::AgentGroup group(libfabric_backend(), 1, settings);
-  return group.error(0);
-}
 
 LibfabricStats stats_of(Agent& agent) {
   absl::StatusOr<LibfabricStats> stats = libfabric_stats(agent);
@@ -108,9 +103,11 @@ TEST(LibfabricBackend, UnknownProviderIsNotViableNamingIt) {
       libfabric_backend({{"libfabric.provider", "carrier_pigeon"}}).viable(),
       StatusIs(absl::StatusCode::kFailedPrecondition,
                AllOf(HasSubstr("carrier_pigeon"), HasSubstr("tcp;ofi_rxm"))));
-  EXPECT_THAT(create_status({{"libfabric.provider", "carrier_pigeon"}}),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("'carrier_pigeon' is not available")));
+  EXPECT_THAT(
+      ::tether::testing::create_status(
+          libfabric_backend(), {{"libfabric.provider", "carrier_pigeon"}}),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("'carrier_pigeon' is not available")));
 }
 
 TEST(LibfabricBackend, ProvidersOfAGroupMustMatch) {
@@ -126,9 +123,10 @@ TEST(LibfabricBackend, ProvidersOfAGroupMustMatch) {
   };
   ::tether::testing::AgentGroup group(mixed, 2);
   for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_THAT(group.error(rank),
-                StatusIs(absl::StatusCode::kFailedPrecondition,
-                         AllOf(HasSubstr("'shm'"), HasSubstr("'tcp;ofi_rxm'"))));
+    EXPECT_THAT(
+        group.error(rank),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr("'shm'"), HasSubstr("'tcp;ofi_rxm'"))));
   }
 }
 
@@ -239,7 +237,8 @@ TEST_P(Provider, CreditsBoundFramesInFlight) {
   constexpr int kCalls = 64;
   std::vector<Future<Message>> calls;
   for (int i = 0; i < kCalls; ++i) {
-    calls.push_back(group[0].send(group[1].self(), ping(absl::StrCat(i)), kBound));
+    calls.push_back(
+        group[0].send(group[1].self(), ping(absl::StrCat(i)), kBound));
   }
   held->wait_for(kCalls);
   held->release_all();
@@ -344,10 +343,9 @@ TEST(LibfabricBackend, OwnStallIsNotTakenForALostPeer) {
         ::tether::testing::meet_as_agent("env://", rank, world);
     ASSERT_THAT(member, IsOk());
     absl::StatusOr<std::unique_ptr<Agent>> agent =
-        ::tether::testing::create_agent(
-            libfabric_backend(), *member,
-            {{"libfabric.provider", "tcp;ofi_rxm"},
-             {"libfabric.peer_timeout_ms", "500"}});
+        ::tether::testing::create_agent(libfabric_backend(), *member,
+                                        {{"libfabric.provider", "tcp;ofi_rxm"},
+                                         {"libfabric.peer_timeout_ms", "500"}});
     ASSERT_THAT(agent, IsOk());
     c10d::Store& store = *member->store;
     if (rank == 0) {
@@ -431,10 +429,10 @@ TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
     ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
     group.start_all(echo);
     // Inline payload, too many storages, storage bytes by rendezvous.
-    EXPECT_THAT(send_sized(group[0], group[1], 5000, {}),
-                StatusIs(absl::StatusCode::kResourceExhausted,
-                         AllOf(HasSubstr("max_payload_bytes"),
-                               HasSubstr("agent1"))));
+    EXPECT_THAT(
+        send_sized(group[0], group[1], 5000, {}),
+        StatusIs(absl::StatusCode::kResourceExhausted,
+                 AllOf(HasSubstr("max_payload_bytes"), HasSubstr("agent1"))));
     EXPECT_THAT(send_sized(group[0], group[1], 1, {1, 1, 1, 1, 1}),
                 StatusIs(absl::StatusCode::kResourceExhausted,
                          HasSubstr("max_storages")));
@@ -485,7 +483,8 @@ TEST_P(Provider, ResponsesOverTheCallersLimitsFailTheCall) {
              {"storages", "max_storages"},
              {"bytes", "max_storage_bytes"}}) {
       SCOPED_TRACE(ask);
-      EXPECT_THAT(group[0].send(group[1].self(), ping(ask), kBound)
+      EXPECT_THAT(group[0]
+                      .send(group[1].self(), ping(ask), kBound)
                       .get(absl::Now() + kBound),
                   StatusIs(absl::StatusCode::kResourceExhausted,
                            AllOf(HasSubstr(limit), HasSubstr("agent1"))));

@@ -25,13 +25,14 @@ tether::testing::CreationTraits libfabric_traits() {
       {"libfabric.provider", " "},
       {"libfabric.address", "no-such-interface0"},
       // A typo of a known key names the key it resembles.
-      {"libfabric.threshold", "4096",
+      {"libfabric.threshold",
+       "4096",
        {"libfabric.threshold", "libfabric.rendezvous_threshold"}},
   };
   traits.address_key = "libfabric.address";
   traits.init_timeout_key = "libfabric.init_timeout_ms";
-  traits.address_record = {"provider=tcp;ofi_rxm\n", "address=",
-                           "credits=16\n"};
+  traits.address_record = {"provider=tcp;ofi_rxm\n",
+                           "address=", "credits=16\n"};
   return traits;
 }
 

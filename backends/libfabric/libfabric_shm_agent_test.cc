@@ -3,7 +3,7 @@
 #include "backends/libfabric/libfabric_agent.h"
 #include "testing/agent_conformance.h"
 
-TETHER_AGENT_CONFORMANCE_TEST(LibfabricShm,
-                              tether::backends::libfabric_backend(
-                                  {{"libfabric.provider", "shm"}}),
-                              tether::testing::kRemotePeers);
+TETHER_AGENT_CONFORMANCE_TEST(
+    LibfabricShm,
+    tether::backends::libfabric_backend({{"libfabric.provider", "shm"}}),
+    tether::testing::kRemotePeers);

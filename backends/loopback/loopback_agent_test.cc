@@ -3,6 +3,7 @@
 // (testing/creation_conformance.h; it takes no settings and listens
 // nowhere).
 #include "backends/loopback/loopback_agent.h"
+
 #include "testing/agent_conformance.h"
 #include "testing/creation_conformance.h"
 

@@ -7,11 +7,10 @@ namespace {
 
 tether::testing::AuthTraits tensorpipe_auth() {
   return {"tensorpipe",
-          {{"Default", nullptr},
-           {"OverTcp", [] {
-              return tether::testing::BackendSettings{
-                  {"tensorpipe.transports", "uv"}};
-            }}}};
+          {{"Default", nullptr}, {"OverTcp", [] {
+                                    return tether::testing::BackendSettings{
+                                        {"tensorpipe.transports", "uv"}};
+                                  }}}};
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::tether::testing::AgentGroup;
 using ::tether::testing::echo;
 using ::tether::testing::IsOk;
 using ::tether::testing::kBound;
@@ -32,16 +33,8 @@ using ::tether::testing::ping;
 using ::tether::testing::storage_matches;
 using Settings = ::tether::testing::AgentGroup::Settings;
 
-// `size` tensorpipe agents meeting in this process.
-class Group : public ::tether::testing::AgentGroup {
- public:
-  Group(int size, Settings settings, std::vector<int> create = {})
-      : AgentGroup(tensorpipe_backend(), size, std::move(settings),
-                   std::move(create)) {}
-};
-
 // A round trip with a payload and storages of several sizes.
-void expect_round_trip(Group& group, size_t big) {
+void expect_round_trip(AgentGroup& group, size_t big) {
   Message request = ping("trip");
   request.storages.push_back(make_storage(big, 1));
   request.storages.push_back(make_storage(0, 2));
@@ -59,8 +52,9 @@ void expect_round_trip(Group& group, size_t big) {
 }
 
 TEST(TensorPipeBackend, UvAndBasicOnlyStillRoundTrip) {
-  Group group(
-      2, {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "basic"}});
+  AgentGroup group(
+      tensorpipe_backend(), 2,
+      {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "basic"}});
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   group.start_all(echo);
   expect_round_trip(group, 1 << 20);
@@ -69,8 +63,9 @@ TEST(TensorPipeBackend, UvAndBasicOnlyStillRoundTrip) {
 // The default transport is tether's guarded tcp; 8 MiB exercises reads
 // straight into the destination.
 TEST(TensorPipeBackend, TcpAndBasicOnlyRoundTrip) {
-  Group group(
-      2, {{"tensorpipe.transports", "tcp"}, {"tensorpipe.channels", "basic"}});
+  AgentGroup group(
+      tensorpipe_backend(), 2,
+      {{"tensorpipe.transports", "tcp"}, {"tensorpipe.channels", "basic"}});
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   group.start_all(echo);
   expect_round_trip(group, 8 << 20);
@@ -78,24 +73,27 @@ TEST(TensorPipeBackend, TcpAndBasicOnlyRoundTrip) {
 
 // The lanes are tether's tcp transport whatever carries the pipes.
 TEST(TensorPipeBackend, MptLanesRoundTrip) {
-  Group group(2, {{"tensorpipe.transports", "uv"},
-                  {"tensorpipe.channels", "mpt"},
-                  {"tensorpipe.mpt_lanes", "3"}});
+  AgentGroup group(tensorpipe_backend(), 2,
+                   {{"tensorpipe.transports", "uv"},
+                    {"tensorpipe.channels", "mpt"},
+                    {"tensorpipe.mpt_lanes", "3"}});
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   group.start_all(echo);
   expect_round_trip(group, 8 << 20);
 }
 
 TEST(TensorPipeBackend, ShmAndCmaOnlyRoundTrip) {
-  Group group(
-      2, {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "cma"}});
+  AgentGroup group(
+      tensorpipe_backend(), 2,
+      {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "cma"}});
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   group.start_all(echo);
   expect_round_trip(group, 4 << 20);
 }
 
 TEST(TensorPipeBackend, XthChannelRoundTripsWithinOneProcess) {
-  Group group(2, {{"tensorpipe.channels", "xth, basic"}});
+  AgentGroup group(tensorpipe_backend(), 2,
+                   {{"tensorpipe.channels", "xth, basic"}});
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   group.start_all(echo);
   expect_round_trip(group, 1 << 20);
@@ -105,7 +103,7 @@ TEST(TensorPipeBackend, XthChannelRoundTripsWithinOneProcess) {
 // address is published is checked by the creation area
 // (tensorpipe_creation_test.cc).
 TEST(TensorPipeBackend, OnlyTheGuardedTcpTransportListensByDefault) {
-  Group group(2, {});
+  AgentGroup group(tensorpipe_backend(), 2, {});
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   std::vector<uint8_t> bytes = group.store().get("tether/tensorpipe/1");
   const std::string text(bytes.begin(), bytes.end());
@@ -115,7 +113,8 @@ TEST(TensorPipeBackend, OnlyTheGuardedTcpTransportListensByDefault) {
 }
 
 TEST(TensorPipeBackend, TensorPipesOwnTransportsOnRequest) {
-  Group group(2, {{"tensorpipe.transports", "tcp,uv,shm"}});
+  AgentGroup group(tensorpipe_backend(), 2,
+                   {{"tensorpipe.transports", "tcp,uv,shm"}});
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   group.start_all(echo);
   std::vector<uint8_t> bytes = group.store().get("tether/tensorpipe/1");
@@ -132,7 +131,7 @@ TEST(TensorPipeBackend, TensorPipesOwnTransportsOnRequest) {
 // (TensorPipe's uv transport; tether's tcp never hands such a connection to
 // tensorpipe.)
 TEST(TensorPipeBackend, ListenerSurvivesAConnectionThatDiesEarly) {
-  Group group(3, {{"tensorpipe.transports", "uv"}});
+  AgentGroup group(tensorpipe_backend(), 3, {{"tensorpipe.transports", "uv"}});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   std::vector<uint8_t> bytes = group.store().get("tether/tensorpipe/1");

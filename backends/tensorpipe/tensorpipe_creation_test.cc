@@ -9,9 +9,11 @@ tether::testing::CreationTraits tensorpipe_traits() {
   traits.backend = [] { return tether::backends::tensorpipe_backend(); };
   traits.name = "tensorpipe";
   traits.bad_settings = {
-      {"tensorpipe.transports", "uv,carrier_pigeon",
+      {"tensorpipe.transports",
+       "uv,carrier_pigeon",
        {"tensorpipe.transports", "carrier_pigeon"}},
-      {"tensorpipe.channels", "basic,cuda_ipc",
+      {"tensorpipe.channels",
+       "basic,cuda_ipc",
        {"tensorpipe.channels", "cuda_ipc"}},
       {"tensorpipe.transports", " , "},
       {"tensorpipe.mpt_lanes", "0"},
