@@ -75,12 +75,18 @@ def target_names(build_file):
     `name = "..."` values, with a name a comprehension formats
     ("%s_scenarios_%s_test") matching any text in place of each %s. A name
     given by a variable (`name = test`) could be anything: then any name
-    matches."""
+    matches. The macros of backends/backend_tests.bzl declare more:
+    `tether_fuzz_test(name = "x")` also x_smoke_test, and
+    `tether_backend_tests(name = "x")` only targets x_..._test."""
     with open(build_file, encoding="utf-8") as f:
         text = f.read()
     if re.search(r"\bname\s*=\s*[A-Za-z_]", text):
         return [re.compile(".*")]
     names = re.findall(r"\bname\s*=\s*\"([^\"]+)\"", text)
+    names += [name + "_smoke_test" for name in re.findall(
+        r"\btether_fuzz_test\(\s*name\s*=\s*\"([^\"]+)\"", text)]
+    names += [name + "_%s_test" for name in re.findall(
+        r"\btether_backend_tests\(\s*name\s*=\s*\"([^\"]+)\"", text)]
     return [re.compile("^" + ".+".join(re.escape(part)
                                         for part in name.split("%s")) + "$")
             for name in names]

@@ -62,20 +62,22 @@ MessageLimits small_limits();
 void expect_over_limits_refused(Agent& from, const WorkerInfo& to,
                                 HeldControl& held);
 
-// Checks of the multi-process backends (tensorpipe, grpc, libfabric), whose
-// peers may reach an agent before it has started and see each other shut
-// down; not of the conformance suite (loopback does neither).
+// `caller` and `callee` have not started. `callee` shuts itself down from
+// inside its handler, serving a request of `caller` (which succeeds or fails
+// with UNAVAILABLE); later sends from `callee` fail with CANCELLED; nothing
+// deadlocks (the check shuts `callee` down again at the end, which waits
+// for the first).
+void expect_shutdown_inside_handler_is_safe(Agent& caller, Agent& callee);
+
+// Checks of the backends whose peers live apart (AgentTraits::remote_peers:
+// tensorpipe, grpc, libfabric), which may reach an agent before it has
+// started and see each other shut down (loopback does neither): the suite
+// RemotePeerConformance of testing/agent_conformance.h.
 
 // `sender` has started, `receiver` has not: a request with a 1 MiB storage
 // is held until receiver.start(echo), then answered; a second start() is
 // INVALID_ARGUMENT.
 void expect_served_after_start(Agent& sender, Agent& receiver);
-
-// Neither has started. `callee` shuts itself down from inside its handler,
-// serving a request of `caller` (which succeeds or fails with UNAVAILABLE);
-// later sends from `callee` fail with CANCELLED; nothing deadlocks (the
-// caller shuts `callee` down again at the end, which waits for the first).
-void expect_shutdown_inside_handler_is_safe(Agent& caller, Agent& callee);
 
 // Peer `to` holds requests (through `held`) and shuts down: the 3 requests
 // `from` sent without a timeout fail promptly with UNAVAILABLE naming it,

@@ -144,25 +144,7 @@ TEST_P(AgentConformance, HandlerMaySendNestedRequests) {
 TEST_P(AgentConformance, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
   AgentGroup group(GetParam().backend(), 2);
   ASSERT_TRUE(group.ok());
-  AgentGroup* g = &group;
-  ASSERT_THAT(group[0].start(echo), IsOk());
-  ASSERT_THAT(group[1].start([g](Message request) {
-    (*g)[1].shutdown();
-    return echo(std::move(request));
-  }),
-              IsOk());
-  absl::StatusOr<Message> response =
-      group[0]
-          .send(group[1].self(), ping("bye"), kBound)
-          .get(absl::Now() + kBound);
-  // The response may or may not have left before the agent closed.
-  if (!response.ok()) {
-    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable));
-  }
-  EXPECT_THAT(group[1]
-                  .send(group[0].self(), ping("x"), kBound)
-                  .get(absl::Now() + kBound),
-              StatusIs(absl::StatusCode::kCancelled));
+  expect_shutdown_inside_handler_is_safe(group[0], group[1]);
   // The group's destructor shuts agent1 down again: it waits for the first
   // shutdown's joins.
 }
@@ -199,6 +181,24 @@ TEST_P(AgentConformance, JoinTimesOutWhenAPeerNeverJoins) {
   group.start_all(echo);
   EXPECT_THAT(group[0].join(absl::Milliseconds(200)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+// Backends whose peers live apart (AgentTraits::remote_peers).
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(RemotePeerConformance);
+
+TEST_P(RemotePeerConformance, RequestsArrivingBeforeStartAreServedAfterIt) {
+  AgentGroup group(GetParam().backend(), 2);
+  ASSERT_TRUE(group.ok());
+  expect_served_after_start(group[0], group[1]);
+}
+
+TEST_P(RemotePeerConformance, PeerShutdownFailsPendingRequestsWithUnavailable) {
+  AgentGroup group(GetParam().backend(), 2);
+  ASSERT_TRUE(group.ok());
+  auto held = std::make_shared<HeldResponses>();
+  group.start_all(
+      [held](Message request) { return held->hold(std::move(request)); });
+  expect_peer_shutdown_fails_pending(group[0], group[1], *held);
 }
 
 }  // namespace

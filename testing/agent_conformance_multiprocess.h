@@ -30,6 +30,7 @@ class AgentConformanceMultiprocess : public ConformanceTest {};
 
 #define TETHER_AGENT_CONFORMANCE_MULTIPROCESS_TEST(suite, backend_expr) \
   TETHER_INTERNAL_INSTANTIATE_CONFORMANCE(AgentConformanceMultiprocess, \
-                                          suite, backend_expr)
+                                          suite, backend_expr,          \
+                                          ::tether::testing::AgentTraits{})
 
 #endif  // TETHER_TESTING_AGENT_CONFORMANCE_MULTIPROCESS_H_

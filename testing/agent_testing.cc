@@ -30,6 +30,12 @@ void ConformanceTest::SetUp() {
   }
 }
 
+std::vector<ConformanceParam> conformance_params_where(
+    bool (*wants)(const AgentTraits&), ConformanceParam param) {
+  if (!wants(param.traits)) return {};
+  return {std::move(param)};
+}
+
 c10::Storage make_storage(size_t nbytes, uint8_t seed) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                        c10::GetCPUAllocator(), /*resizable=*/false);
@@ -165,6 +171,12 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(
   setup.settings = settings;
   setup.limits = limits;
   return backend.create(std::move(setup));
+}
+
+absl::Status create_status(const Backend& backend,
+                           const AgentSettings& settings) {
+  AgentGroup group(backend, 1, settings);
+  return group.error(0);
 }
 
 AgentGroup::AgentGroup(const Backend& backend, int size, Settings settings,

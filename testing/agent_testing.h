@@ -38,30 +38,52 @@ namespace tether::testing {
 // How long one step of a test may take before it counts as hung.
 inline constexpr absl::Duration kBound = absl::Seconds(30);
 
+// Where backends differ in the agent area (testing/agent_conformance.h).
+struct AgentTraits {
+  // The agents' peers live apart, as in a multi-process backend, even when
+  // the test puts them in one process: a peer may reach an agent before it
+  // has started, and sees it shut down. Loopback does neither.
+  bool remote_peers = false;
+};
+
 // The parameter of the conformance suites: the backend under test.
 struct ConformanceParam {
   std::string label;
   std::function<Backend()> backend;
+  AgentTraits traits;
 };
 
 // The fixture of both conformance suites: skips every test, saying why,
 // when the backend is not viable on this machine (a provider or device
 // absent here), instead of failing it.
 class ConformanceTest : public ::testing::TestWithParam<ConformanceParam> {
+ public:
+  // Whether a backend with `traits` runs the suite (a suite of checks only
+  // some backends pass hides this with its own).
+  static bool wants(const AgentTraits&) { return true; }
+
  protected:
   void SetUp() override;
 };
 
-// Instantiates the conformance suite `fixture` for one backend: the body of
-// TETHER_AGENT_CONFORMANCE_TEST and its multi-process twin.
-#define TETHER_INTERNAL_INSTANTIATE_CONFORMANCE(fixture, suite, backend_expr) \
+// Instantiates the conformance suite `fixture` for one backend with the
+// traits `traits_expr`: the body of TETHER_AGENT_CONFORMANCE_TEST and its
+// multi-process twin.
+#define TETHER_INTERNAL_INSTANTIATE_CONFORMANCE(fixture, suite, backend_expr, \
+                                                traits_expr)                  \
   namespace tether::testing {                                                \
   INSTANTIATE_TEST_SUITE_P(                                                  \
       suite, fixture,                                                        \
-      ::testing::Values(ConformanceParam{                                    \
-          #suite, [] { return (backend_expr); }}),                           \
+      ::testing::ValuesIn(conformance_params_where(                          \
+          fixture::wants, {#suite, [] { return (backend_expr); },            \
+                           (traits_expr)})),                                 \
       [](const auto& info) { return info.param.label; });                   \
   }  // namespace tether::testing
+
+// `param` alone if `wants(param.traits)`, else nothing: a suite only some
+// backends run is instantiated for the others with no tests.
+std::vector<ConformanceParam> conformance_params_where(
+    bool (*wants)(const AgentTraits&), ConformanceParam param);
 
 // A byte storage whose contents follow from `seed`; storage_matches() checks
 // one against the same size and seed.
@@ -148,6 +170,11 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(
     const Backend& backend, const RendezvousResult& member,
     const AgentSettings& settings = {},
     const MessageLimits& limits = MessageLimits());
+
+// Why one agent of `backend` with `settings`, alone in a group of one in this
+// process, could not be created (OK if it was).
+absl::Status create_status(const Backend& backend,
+                           const AgentSettings& settings = {});
 
 // `size` agents of one backend in this process, named "agent<rank>", meeting
 // through rendezvous() on a fresh memory:// store. Every rank joins the

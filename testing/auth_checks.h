@@ -2,10 +2,9 @@
 // one process, made with Worker::create over a memory:// rendezvous on the
 // backend under test, with and without a shared secret.
 //
-// Use from a backend's test (see backends/tensorpipe/tensorpipe_auth_test.cc):
-//   TEST(TensorPipeAuth, SameSecretWorks) {
-//     testing::expect_same_secret_works("tensorpipe");
-//   }
+// The authentication area of the conformance suite
+// (testing/auth_conformance.h) runs them on each backend, once per
+// variant of its settings.
 #ifndef TETHER_TESTING_AUTH_CHECKS_H_
 #define TETHER_TESTING_AUTH_CHECKS_H_
 

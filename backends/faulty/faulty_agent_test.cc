@@ -1,14 +1,17 @@
-// The agent conformance suite on the faulty backend wrapping loopback with no
-// faults: everything is delegated, so the contract holds unchanged.
+// The conformance areas that apply to the faulty backend wrapping loopback
+// with no faults: the agent (testing/agent_conformance.h; everything is
+// delegated, so the contract holds unchanged) and creation
+// (testing/creation_conformance.h: its fault settings).
 #include "backends/faulty/faulty_agent.h"
 
 #include "backends/loopback/loopback_agent.h"
 #include "core/backend_registry.h"
 #include "testing/agent_conformance.h"
+#include "testing/creation_conformance.h"
 
 namespace {
 
-// "faulty" with faulty.inner=loopback (the suite passes no settings).
+// "faulty" with faulty.inner=loopback unless the settings name another.
 tether::Backend faulty_over_loopback() {
   static const tether::BackendRegistry* const inner = [] {
     auto* registry = new tether::BackendRegistry;
@@ -23,6 +26,28 @@ tether::Backend faulty_over_loopback() {
   return backend;
 }
 
+tether::testing::CreationTraits faulty_traits() {
+  tether::testing::CreationTraits traits;
+  traits.backend = faulty_over_loopback;
+  traits.name = "faulty";
+  traits.bad_settings = {
+      {"faulty.inner", "faulty"},
+      {"faulty.fail", "RREF_USER_DELETE"},
+      {"faulty.fail", "NO_SUCH_TYPE:1"},
+      {"faulty.fail", "PING:1,PING:2"},
+      {"faulty.fail", ""},
+      {"faulty.drop", "PING:-1"},
+      {"faulty.drop", "PING:x"},
+      {"faulty.delay", "PING:1:2"},
+      {"faulty.delay", "INVALID:5"},
+      {"faulty.drop_bound_ms", "0"},
+      {"faulty.dorp", "PING:1"},  // a typo of a known key
+  };
+  return traits;
+}
+
 }  // namespace
 
-TETHER_AGENT_CONFORMANCE_TEST(FaultyOverLoopback, faulty_over_loopback());
+TETHER_AGENT_CONFORMANCE_TEST(FaultyOverLoopback, faulty_over_loopback(),
+                              tether::testing::kLocalPeers);
+TETHER_CREATION_CONFORMANCE_TEST(FaultyOverLoopback, faulty_traits());

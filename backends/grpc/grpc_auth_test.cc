@@ -1,38 +1,32 @@
-// Peer authentication on gRPC: the shared checks of testing/auth_checks.h,
-// as every backend runs them, on plaintext streams and inside mutual TLS.
-#include <gtest/gtest.h>
-
+// Peer authentication (testing/auth_conformance.h) on gRPC: on plaintext
+// streams, with the 1 MiB tensors of the checks in 4 KiB chunks behind the
+// handshake, and inside mutual TLS (every worker with the same
+// certificate: the secret is checked on top of the certificates).
 #include "backends/grpc/grpc_testing.h"
-#include "testing/auth_checks.h"
+#include "testing/auth_conformance.h"
 
-namespace tether::testing {
 namespace {
 
-TEST(GrpcAuth, SameSecretWorks) { expect_same_secret_works("grpc"); }
+using ::tether::testing::BackendSettings;
 
-TEST(GrpcAuth, WrongSecretIsRefused) {
-  expect_wrong_secret_is_refused("grpc");
+BackendSettings mutual_tls() {
+  // Made once, by the first test that needs them; kept for the process.
+  static const auto* const certificates =
+      new tether::backends::grpc_testing::Certificates;
+  EXPECT_FALSE(certificates->directory().empty());
+  return certificates->settings("worker");
 }
 
-TEST(GrpcAuth, MissingSecretIsRefused) {
-  expect_missing_secret_is_refused("grpc");
-}
-
-// The 1 MiB tensors of the check in 4 KiB chunks, behind the handshake.
-TEST(GrpcAuth, WithSmallChunks) {
-  expect_same_secret_works("grpc", {{"grpc.chunk_bytes", "4096"}});
-}
-
-// Inside mutual TLS, every worker with the same certificate: the secret is
-// checked on top of the certificates.
-TEST(GrpcAuth, InsideMutualTls) {
-  const backends::grpc_testing::Certificates certificates;
-  ASSERT_FALSE(certificates.directory().empty());
-  const BackendSettings tls = certificates.settings("worker");
-  expect_same_secret_works("grpc", tls);
-  expect_wrong_secret_is_refused("grpc", tls);
-  expect_missing_secret_is_refused("grpc", tls);
+tether::testing::AuthTraits grpc_auth() {
+  return {"grpc",
+          {{"Default", nullptr},
+           {"WithSmallChunks",
+            [] {
+              return BackendSettings{{"grpc.chunk_bytes", "4096"}};
+            }},
+           {"InsideMutualTls", mutual_tls}}};
 }
 
 }  // namespace
-}  // namespace tether::testing
+
+TETHER_AUTH_CONFORMANCE_TEST(Grpc, grpc_auth());

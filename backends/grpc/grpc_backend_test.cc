@@ -1,5 +1,8 @@
-// What is specific to the gRPC backend; the Agent contract itself is checked
-// by the conformance suites (grpc_agent_test.cc, grpc_agent_multiprocess_test).
+// What is specific to the gRPC backend: a port in use, shared streams,
+// chunking, limits, broken and silent connections, strangers and garbage on
+// streams. The Agent contract, creation and settings are checked by the
+// conformance suites (grpc_agent_test.cc, grpc_agent_multiprocess_test.cc,
+// grpc_creation_test.cc).
 // Faults are real: a TCP proxy between two agents breaks or silences their
 // connection, a raw gRPC client sends what a stranger or a broken peer would.
 #include <absl/strings/match.h>
@@ -28,7 +31,6 @@
 #include "core/agent.h"
 #include "core/auth/auth.h"
 #include "core/rendezvous.h"
-#include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
@@ -42,6 +44,8 @@ using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
 using ::tether::backends::grpc_testing::raw_stream;
 using ::tether::backends::grpc_testing::TcpProxy;
+using ::tether::testing::AgentGroup;
+using ::tether::testing::create_status;
 using ::tether::testing::echo;
 using ::tether::testing::HeldResponses;
 using ::tether::testing::IsOk;
@@ -51,19 +55,6 @@ using ::tether::testing::ping;
 using ::tether::testing::StatusIs;
 using ::tether::testing::storage_matches;
 using Settings = ::tether::testing::AgentGroup::Settings;
-
-// `size` gRPC agents meeting in this process.
-class Group : public ::tether::testing::AgentGroup {
- public:
-  Group(int size, Settings settings, std::vector<int> create = {})
-      : AgentGroup(grpc_backend(), size, std::move(settings),
-                   std::move(create)) {}
-};
-
-absl::Status create_status(const Settings& settings) {
-  Group group(1, settings);
-  return group.error(0);
-}
 
 absl::StatusOr<Message> call(Agent& from, const Agent& to, Message request,
                              absl::Duration timeout = kBound) {
@@ -81,63 +72,6 @@ RequestHandler hold_some(std::shared_ptr<HeldResponses> held) {
   };
 }
 
-TEST(GrpcBackend, IsNamedGrpcAndViableHere) {
-  Backend backend = grpc_backend();
-  EXPECT_EQ(backend.name, "grpc");
-  EXPECT_THAT(backend.viable(), IsOk());
-}
-
-TEST(GrpcBackend, PublishesItsAddressInTheStore) {
-  Group group(2, {});
-  ASSERT_TRUE(group.ok());
-  std::vector<uint8_t> bytes = group.store().get("tether/grpc/1");
-  EXPECT_THAT(std::string(bytes.begin(), bytes.end()), HasSubstr("127.0.0.1:"));
-}
-
-TEST(GrpcBackend, ListensOnANamedInterface) {
-  Group group(2, {{"grpc.address", "lo"}});
-  ASSERT_TRUE(group.ok());
-  group.start_all(echo);
-  ASSERT_THAT(call(group[0], group[1], ping("lo")), IsOk());
-}
-
-TEST(GrpcBackend, BadSettingsAreInvalidArgumentNamingTheKey) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"grpc.address", "no-such-interface0"},
-      {"grpc.address", "0.0.0.0"},
-      {"grpc.address", "[::1"},
-      {"grpc.address", "127.0.0.1:70000"},
-      {"grpc.tls_cert", "/no/such/file.pem"},
-      {"grpc.tls_mutual", "maybe"},
-      {"grpc.tls_server_name", "worker"},  // without TLS
-      {"grpc.keepalive_ms", "-1"},
-      {"grpc.keepalive_timeout_ms", "0"},
-      {"grpc.completion_threads", "0"},
-      {"grpc.completion_threads", "65"},
-      {"grpc.max_message_bytes", "0"},
-      {"grpc.max_message_bytes", "lots"},
-      {"grpc.chunk_bytes", "100"},
-      {"grpc.init_timeout_ms", "soon"},
-      {"grpc.auth_timeout_ms", "0"},
-      {"grpc.adress", "127.0.0.1"},  // a typo of a known key
-  };
-  for (const auto& [key, value] : cases) {
-    EXPECT_THAT(create_status({{key, value}}),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)))
-        << key << "=" << value;
-  }
-}
-
-TEST(GrpcBackend, IncompleteTlsSettingsNameTheMissingKey) {
-  EXPECT_THAT(
-      create_status({{"grpc.tls_cert", "/etc/hostname"}}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpc.tls_key")));
-}
-
-TEST(GrpcBackend, IgnoresOtherBackendsSettings) {
-  EXPECT_THAT(create_status({{"tensorpipe.transports", "uv"}}), IsOk());
-}
-
 TEST(GrpcBackend, APortInUseIsInvalidArgument) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
@@ -150,20 +84,14 @@ TEST(GrpcBackend, APortInUseIsInvalidArgument) {
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length),
             0);
   const std::string taken = absl::StrCat("127.0.0.1:", ntohs(address.sin_port));
-  EXPECT_THAT(create_status({{"grpc.address", taken}}),
+  EXPECT_THAT(create_status(grpc_backend(), {{"grpc.address", taken}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(taken), HasSubstr("grpc.address"))));
   ::close(fd);
 }
 
-TEST(GrpcBackend, CreationTimesOutNamingMissingRanks) {
-  Group group(3, {{"grpc.init_timeout_ms", "200"}}, /*create=*/{0});
-  EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                       HasSubstr("rank(s) 1, 2")));
-}
-
 TEST(GrpcBackend, LargeMessageDoesNotHoldUpSmallOnes) {
-  Group group(2, {{"grpc.chunk_bytes", "65536"}});
+  AgentGroup group(grpc_backend(), 2, {{"grpc.chunk_bytes", "65536"}});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   Message big = ping("big");
@@ -191,7 +119,7 @@ TEST(GrpcBackend, LargeMessageDoesNotHoldUpSmallOnes) {
 }
 
 TEST(GrpcBackend, MessagesOverTheLimitAreResourceExhausted) {
-  Group group(2, {{"grpc.max_message_bytes", "1048576"}});
+  AgentGroup group(grpc_backend(), 2, {{"grpc.max_message_bytes", "1048576"}});
   ASSERT_TRUE(group.ok());
   group.start_all([](Message request) -> Future<Message> {
     if (request.payload != "grow") return echo(std::move(request));
@@ -340,7 +268,7 @@ TEST(GrpcBackend, SilentPeerIsLostWhenKeepaliveFails) {
 }
 
 TEST(GrpcBackend, StreamsFromStrangersAreRefused) {
-  Group group(2, {});
+  AgentGroup group(grpc_backend(), 2, {});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   std::vector<uint8_t> bytes = group.store().get("tether/grpc/1");
@@ -420,7 +348,7 @@ TEST(GrpcBackend, AStreamThatNeverAuthenticatesIsRefusedInTime) {
 }
 
 TEST(GrpcBackend, GarbageOnAStreamClosesItAndNothingElse) {
-  Group group(2, {});
+  AgentGroup group(grpc_backend(), 2, {});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   ASSERT_THAT(call(group[0], group[1], ping("before")), IsOk());
@@ -446,18 +374,6 @@ TEST(GrpcBackend, GarbageOnAStreamClosesItAndNothingElse) {
   }
   EXPECT_THAT(call(group[0], group[1], ping("after")), IsOk());
   EXPECT_THAT(call(group[1], group[0], ping("back")), IsOk());
-}
-
-TEST(GrpcBackend, RequestsArrivingBeforeStartAreServedAfterIt) {
-  Group group(2, {});
-  ASSERT_TRUE(group.ok());
-  ::tether::testing::expect_served_after_start(group[0], group[1]);
-}
-
-TEST(GrpcBackend, ShutdownFromInsideTheHandlerDoesNotDeadlock) {
-  Group group(2, {});
-  ASSERT_TRUE(group.ok());
-  ::tether::testing::expect_shutdown_inside_handler_is_safe(group[0], group[1]);
 }
 
 }  // namespace
