@@ -308,4 +308,5 @@ TEST(AgentSkeleton, PendingRequestFailsWithTheSharedShutdownText) {
 }  // namespace tether::backends::common
 
 TETHER_AGENT_CONFORMANCE_TEST(Skeleton,
-                              tether::backends::common::mailbox_backend());
+                              tether::backends::common::mailbox_backend(),
+                              tether::testing::kLocalPeers);

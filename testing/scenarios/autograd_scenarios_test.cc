@@ -20,6 +20,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/autograd_testing.h"
+#include "autograd/rref_backward.h"
 #include "backends/builtin.h"
 #include "core/rpc.h"
 #include "rref/rref.h"
@@ -157,7 +158,7 @@ TEST(AutogradScenarios, RemoteModuleAndRRefBackward) {
       absl::StatusOr<RRef> loss =
           remote(name_of(2), "aten::sum", {y->toTensor().pow(2)});
       ASSERT_THAT(loss, IsOk());
-      ASSERT_THAT(loss->backward(context->id()), IsOk());
+      ASSERT_THAT(autograd::backward(*loss, context->id()), IsOk());
       absl::StatusOr<c10::IValue> g =
           module->rpc_sync().call("grads", {context->id()});
       ASSERT_THAT(g, IsOk());
