@@ -1,7 +1,7 @@
 // The tensorpipe backend's settings: the "tensorpipe.*" keys of
-// AgentSetup::settings (backends/tensorpipe/tensorpipe_agent.h lists them), read with the
-// settings toolkit (backends/common/settings_toolkit.h) as the other
-// backends read theirs.
+// AgentSetup::settings (backends/tensorpipe/tensorpipe_agent.h lists them),
+// read with the settings toolkit (backends/common/settings_toolkit.h) as the
+// other backends read theirs.
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_SETTINGS_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_SETTINGS_H_
 
