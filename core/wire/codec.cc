@@ -3,6 +3,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+#include <ATen/ops/_sparse_coo_tensor_unsafe.h>
+#include <ATen/ops/_validate_sparse_coo_tensor_args.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/ScalarType.h>
@@ -126,6 +128,7 @@ std::string fmt(const c10::Type& type) { return type.repr_str(); }
 std::string fmt(const KindOf& kind) { return kind.value.tagKind(); }
 std::string fmt(const c10::Device& device) { return device.str(); }
 std::string fmt(c10::Layout layout) { return c10::str(layout); }
+std::string fmt(c10::IntArrayRef sizes) { return c10::str(sizes); }
 
 // "<what> at <path>: <details>".
 template <typename... Parts>
@@ -386,6 +389,9 @@ class Encoder {
   ABSL_ATTRIBUTE_NOINLINE absl::Status tensor(const at::Tensor& t,
                                               pb::Tensor* out,
                                               const Path& path);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status sparse_coo(const at::Tensor& t,
+                                                  pb::Tensor* out,
+                                                  const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::Status list(const c10::IValue& v, pb::List* out,
                                             const Path& path, int depth);
   ABSL_ATTRIBUTE_NOINLINE absl::Status dict(const c10::IValue& v, pb::Dict* out,
@@ -399,6 +405,8 @@ class Encoder {
   std::vector<PendingTensor> pending_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> materialized_;
   std::vector<c10::Storage> storages_;
+  // The indices and values of the sparse tensors encoded so far.
+  std::vector<at::Tensor> sparse_parts_;
 };
 
 absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
@@ -592,12 +600,27 @@ absl::Status Encoder::dict(const c10::IValue& v, pb::Dict* out,
   return absl::OkStatus();
 }
 
+// A tensor's wire dtype, if it is on the cpu and its dtype travels.
+absl::Status cpu_dtype(const at::Tensor& t, const Path& path,
+                       pb::DType* dtype) {
+  if (!t.device().is_cpu()) {
+    return invalid("tensor", path, "unsupported tensor on device ", t.device(),
+                   " (only cpu tensors travel)");
+  }
+  if (!to_wire_dtype(t.scalar_type(), dtype)) {
+    return invalid("tensor", path, "unsupported dtype ",
+                   c10::toString(t.scalar_type()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
                              const Path& path) {
   if (!t.defined()) return absl::OkStatus();  // An empty Tensor message.
   if (t.is_quantized()) {
     return invalid("tensor", path, "unsupported quantized tensor");
   }
+  if (t.layout() == c10::kSparse) return sparse_coo(t, out, path);
   if (t.layout() != c10::kStrided || t.is_nested()) {
     if (t.is_nested()) {
       return invalid("tensor", path, "unsupported nested tensor");
@@ -605,15 +628,9 @@ absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
     return invalid("tensor", path, "unsupported ", t.layout(),
                    " tensor (only strided tensors travel)");
   }
-  if (!t.device().is_cpu()) {
-    return invalid("tensor", path, "unsupported tensor on device ", t.device(),
-                   " (only cpu tensors travel)");
-  }
   pb::DType dtype;
-  if (!to_wire_dtype(t.scalar_type(), &dtype)) {
-    return invalid("tensor", path, "unsupported dtype ",
-                   c10::toString(t.scalar_type()));
-  }
+  absl::Status travels = cpu_dtype(t, path, &dtype);
+  if (!travels.ok()) return travels;
   at::Tensor plain = t.detach();
   if (plain._is_zerotensor() || plain.is_conj() || plain.is_neg()) {
     // A conj or neg view shares its base's storage but not its values, and a
@@ -638,6 +655,30 @@ absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
   out->set_requires_grad(t.requires_grad());
   pending_.push_back({out, std::move(plain), t.unsafeGetTensorImpl()});
   return absl::OkStatus();
+}
+
+absl::Status Encoder::sparse_coo(const at::Tensor& t, pb::Tensor* out,
+                                 const Path& path) {
+  pb::DType dtype;
+  absl::Status travels = cpu_dtype(t, path, &dtype);
+  if (!travels.ok()) return travels;
+  out->set_defined(true);
+  out->set_dtype(dtype);
+  out->set_requires_grad(t.requires_grad());
+  for (int64_t d = 0; d < t.dim(); ++d) out->add_sizes(t.size(d));
+  pb::SparseCoo* parts = out->mutable_sparse_coo();
+  parts->set_coalesced(t.is_coalesced());
+  // The parts of the detached tensor: plain dense tensors, no grad. Kept
+  // alive until encode ends: pending_ and the clone maps key tensors by
+  // address, which a freed part's successor could reuse.
+  at::Tensor plain = t.detach();
+  sparse_parts_.push_back(plain._indices());
+  sparse_parts_.push_back(plain._values());
+  const size_t n = sparse_parts_.size();
+  absl::Status s =
+      tensor(sparse_parts_[n - 2], parts->mutable_indices(), path);
+  if (!s.ok()) return s;
+  return tensor(sparse_parts_[n - 1], parts->mutable_values(), path);
 }
 
 // Bytes from the tensor's first element to one past its last one, in its
@@ -738,6 +779,8 @@ class Decoder {
                                                            const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> tensor(const pb::Tensor& t,
                                                             const Path& path);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> sparse_coo(
+      const pb::Tensor& t, c10::ScalarType dtype, const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::Device> device(
       const pb::Device& d, const Path& path);
 
@@ -1083,7 +1126,7 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
   if (!t.defined()) {
     if (t.dtype() != 0 || t.sizes_size() != 0 || t.strides_size() != 0 ||
         t.storage_offset() != 0 || t.requires_grad() ||
-        t.storage_index() != 0) {
+        t.storage_index() != 0 || t.has_sparse_coo()) {
       return invalid(kWhat, path, "undefined tensor with metadata");
     }
     return at::Tensor();
@@ -1097,6 +1140,7 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
     return exhausted(kWhat, path, dims, " dims, more than the limit of ",
                      limits_.max_tensor_dims);
   }
+  if (t.has_sparse_coo()) return sparse_coo(t, dtype, path);
   if (t.strides_size() != dims) {
     return invalid(kWhat, path, dims, " sizes but ", t.strides_size(),
                    " strides");
@@ -1166,6 +1210,103 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
   std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(dtype));
   out.set_(storage, offset, sizes, strides);
+  if (t.requires_grad()) out.set_requires_grad(true);
+  return out;
+}
+
+absl::StatusOr<at::Tensor> Decoder::sparse_coo(const pb::Tensor& t,
+                                               c10::ScalarType dtype,
+                                               const Path& path) {
+  constexpr absl::string_view kWhat = "sparse tensor";
+  const pb::SparseCoo& parts = t.sparse_coo();
+  if (has_unknown_fields(parts)) return invalid(kWhat, path, "unknown fields");
+  if (t.strides_size() != 0 || t.storage_offset() != 0 ||
+      t.storage_index() != 0) {
+    return invalid(kWhat, path, "strides, storage offset or storage index set");
+  }
+  if (!parts.has_indices() || !parts.has_values()) {
+    return invalid(kWhat, path, "no indices or no values");
+  }
+  // Checked before decoding them: the parts are dense, never sparse again.
+  if (parts.indices().has_sparse_coo() || parts.values().has_sparse_coo()) {
+    return invalid(kWhat, path, "indices or values are sparse themselves");
+  }
+  absl::StatusOr<at::Tensor> indices_or = tensor(parts.indices(), path);
+  if (!indices_or.ok()) return indices_or.status();
+  absl::StatusOr<at::Tensor> values_or = tensor(parts.values(), path);
+  if (!values_or.ok()) return values_or.status();
+  const at::Tensor& indices = *indices_or;
+  const at::Tensor& values = *values_or;
+  if (!indices.defined() || !values.defined()) {
+    return invalid(kWhat, path, "undefined indices or values");
+  }
+  if (indices.requires_grad() || values.requires_grad()) {
+    return invalid(kWhat, path, "indices or values require grad themselves");
+  }
+  if (indices.scalar_type() != c10::ScalarType::Long || indices.dim() != 2) {
+    return invalid(kWhat, path, "indices must be a 2-dim int64 tensor, not ",
+                   indices.dim(), "-dim ", c10::toString(indices.scalar_type()));
+  }
+  if (values.scalar_type() != dtype) {
+    return invalid(kWhat, path, "values are ",
+                   c10::toString(values.scalar_type()), ", the tensor is ",
+                   c10::toString(dtype));
+  }
+  const int64_t dims = t.sizes_size();
+  const int64_t sparse_dim = indices.size(0);
+  const int64_t nnz = indices.size(1);
+  const int64_t dense_dim = values.dim() - 1;
+  if (dense_dim < 0 || values.size(0) != nnz) {
+    return invalid(kWhat, path, nnz, " indices but values of shape ",
+                   values.sizes());
+  }
+  if (sparse_dim + dense_dim != dims) {
+    return invalid(kWhat, path, sparse_dim, " sparse and ", dense_dim,
+                   " dense dims for a ", dims, "-dim tensor");
+  }
+  int64_t numel = 1;
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  for (int64_t d = 0; d < dims; ++d) {
+    if (sizes[d] < 0) {
+      return invalid(kWhat, path, "negative size ", sizes[d], " in dim ", d);
+    }
+    if (sizes[d] != 0 && !mul_ok(numel, sizes[d], &numel)) {
+      return invalid(kWhat, path, "sizes overflow int64");
+    }
+    if (d >= sparse_dim && values.size(1 + d - sparse_dim) != sizes[d]) {
+      return invalid(kWhat, path, "values of shape ", values.sizes(),
+                     " for dense dim ", d, " of size ", sizes[d]);
+    }
+  }
+  // Every index within its dim, and sorted and unique if said coalesced:
+  // LibTorch's kernels trust both.
+  const auto idx = indices.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < nnz; ++i) {
+    int order = i == 0 ? 1 : 0;  // Of element i against i - 1 (lexicographic).
+    for (int64_t d = 0; d < sparse_dim; ++d) {
+      const int64_t v = idx[d][i];
+      if (v < 0 || v >= sizes[d]) {
+        return invalid(kWhat, path, "index ", v, " of element ", i,
+                       " out of range for dim ", d, " of size ", sizes[d]);
+      }
+      if (order == 0 && v != idx[d][i - 1]) order = v > idx[d][i - 1] ? 1 : -1;
+    }
+    if (parts.coalesced() && order != 1) {
+      return invalid(kWhat, path, "said coalesced but element ", i,
+                     " is not after element ", i - 1);
+    }
+  }
+  if (t.requires_grad() && !c10::isFloatingType(dtype) &&
+      !c10::isComplexType(dtype)) {
+    return invalid(kWhat, path, "requires_grad on a ", c10::toString(dtype),
+                   " tensor");
+  }
+  const at::TensorOptions options =
+      at::TensorOptions().dtype(dtype).layout(c10::kSparse);
+  at::_validate_sparse_coo_tensor_args(indices, values, sizes);
+  at::Tensor out =
+      at::_sparse_coo_tensor_unsafe(indices, values, sizes, options);
+  out._coalesced_(parts.coalesced());
   if (t.requires_grad()) out.set_requires_grad(true);
   return out;
 }

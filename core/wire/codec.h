@@ -10,7 +10,9 @@
 // travel out of band, zero copy where possible.
 //
 // Supported: None, bool, int, float, complex, str, cpu Device, strided CPU
-// tensors of every non-quantized dtype (and the undefined tensor), List (the
+// tensors of every non-quantized dtype (and the undefined tensor), sparse
+// COO CPU tensors (indices and values travel as dense tensors; decode checks
+// every index against the size and a coalesced claim against the order), List (the
 // element type survives), Tuple, Dict (key and value types and insertion
 // order survive), RRefs (through RRefHook) and function references
 // (FunctionRef). Anything else is refused by encode.
