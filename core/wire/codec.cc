@@ -258,6 +258,85 @@ bool from_wire_dtype(int wire, c10::ScalarType* out) {
   }
 }
 
+// Layouts and memory formats, c10's and the wire's.
+constexpr std::pair<c10::Layout, pb::Layout> kLayouts[] = {
+    {c10::Layout::Strided, pb::LAYOUT_STRIDED},
+    {c10::Layout::Sparse, pb::LAYOUT_SPARSE_COO},
+    {c10::Layout::SparseCsr, pb::LAYOUT_SPARSE_CSR},
+    {c10::Layout::SparseCsc, pb::LAYOUT_SPARSE_CSC},
+    {c10::Layout::SparseBsr, pb::LAYOUT_SPARSE_BSR},
+    {c10::Layout::SparseBsc, pb::LAYOUT_SPARSE_BSC},
+    {c10::Layout::Mkldnn, pb::LAYOUT_MKLDNN},
+};
+constexpr std::pair<c10::MemoryFormat, pb::MemoryFormat> kMemoryFormats[] = {
+    {c10::MemoryFormat::Contiguous, pb::MEMORY_FORMAT_CONTIGUOUS},
+    {c10::MemoryFormat::Preserve, pb::MEMORY_FORMAT_PRESERVE},
+    {c10::MemoryFormat::ChannelsLast, pb::MEMORY_FORMAT_CHANNELS_LAST},
+    {c10::MemoryFormat::ChannelsLast3d, pb::MEMORY_FORMAT_CHANNELS_LAST_3D},
+};
+
+// The wire number of c10 enum value `value` in `table`, 0 if none.
+template <typename C10, typename Wire, size_t N>
+int wire_of(const std::pair<C10, Wire> (&table)[N], int64_t value) {
+  for (const auto& [c10_value, wire] : table) {
+    if (static_cast<int64_t>(c10_value) == value) return wire;
+  }
+  return 0;
+}
+
+// The c10 enum value (as an int) of wire number `wire` in `table`, -1 if
+// none.
+template <typename C10, typename Wire, size_t N>
+int64_t c10_of(const std::pair<C10, Wire> (&table)[N], int wire) {
+  for (const auto& [c10_value, w] : table) {
+    if (w == wire) return static_cast<int64_t>(c10_value);
+  }
+  return -1;
+}
+
+// The wire number of `e`'s value, 0 if it has none.
+int to_wire_enum(const TorchEnum& e) {
+  switch (e.kind) {
+    case TorchEnum::Kind::kDtype: {
+      pb::DType dtype;
+      const bool known =
+          e.value >= 0 &&
+          e.value < static_cast<int64_t>(c10::ScalarType::NumOptions) &&
+          to_wire_dtype(static_cast<c10::ScalarType>(e.value), &dtype);
+      return known ? dtype : 0;
+    }
+    case TorchEnum::Kind::kLayout:
+      return wire_of(kLayouts, e.value);
+    case TorchEnum::Kind::kMemoryFormat:
+      return wire_of(kMemoryFormats, e.value);
+  }
+  return 0;
+}
+
+// The TorchEnum of a wire kind and number, or a null IValue if unknown.
+c10::IValue from_wire_enum(int kind, int wire) {
+  using Kind = TorchEnum::Kind;
+  switch (kind) {
+    case pb::EnumValue::KIND_DTYPE: {
+      c10::ScalarType dtype;
+      if (!from_wire_dtype(wire, &dtype)) return c10::IValue();
+      return TorchEnum::make(Kind::kDtype, static_cast<int64_t>(dtype));
+    }
+    case pb::EnumValue::KIND_LAYOUT: {
+      const int64_t layout = c10_of(kLayouts, wire);
+      if (layout < 0) return c10::IValue();
+      return TorchEnum::make(Kind::kLayout, layout);
+    }
+    case pb::EnumValue::KIND_MEMORY_FORMAT: {
+      const int64_t format = c10_of(kMemoryFormats, wire);
+      if (format < 0) return c10::IValue();
+      return TorchEnum::make(Kind::kMemoryFormat, format);
+    }
+    default:
+      return c10::IValue();
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Types
 
@@ -449,6 +528,17 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
           value(elems[i], tuple->add_elems(), path.index(i), depth + 1);
       if (!s.ok()) return s;
     }
+  } else if (const TorchEnum* e = TorchEnum::of(v)) {
+    const int wire = to_wire_enum(*e);
+    if (wire == 0) {
+      return invalid("torch enum", path, "unsupported value ", e->value,
+                     " of kind ", static_cast<int>(e->kind));
+    }
+    out->mutable_torch_enum()->set_kind(
+        e->kind == TorchEnum::Kind::kDtype    ? pb::EnumValue::KIND_DTYPE
+        : e->kind == TorchEnum::Kind::kLayout ? pb::EnumValue::KIND_LAYOUT
+                                              : pb::EnumValue::KIND_MEMORY_FORMAT);
+    out->mutable_torch_enum()->set_value(wire);
   } else if (const FunctionRef* ref = FunctionRef::of(v)) {
     if (ref->name.empty()) {
       return invalid("function reference", path, "empty name");
@@ -848,6 +938,18 @@ absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
         return invalid("function reference", path, "empty name");
       }
       return FunctionRef::make(v.function_ref().name());
+    case pb::Value::kTorchEnum: {
+      const pb::EnumValue& e = v.torch_enum();
+      if (has_unknown_fields(e)) {
+        return invalid("torch enum", path, "unknown fields");
+      }
+      c10::IValue out = from_wire_enum(e.kind(), e.value());
+      if (out.isNone()) {
+        return invalid("torch enum", path, "unknown value ", e.value(),
+                       " of kind ", static_cast<int>(e.kind()));
+      }
+      return out;
+    }
     case pb::Value::kList:
     case pb::Value::kTuple:
     case pb::Value::kDict:

@@ -306,6 +306,41 @@ TEST(CodecRoundTrip, FunctionReferencesKeepTheirName) {
   EXPECT_EQ(second->name, "aten::add");
 }
 
+TEST(CodecRoundTrip, DtypesLayoutsAndMemoryFormatsKeepTheirKind) {
+  using Kind = TorchEnum::Kind;
+  const std::vector<std::pair<Kind, int64_t>> values = {
+      {Kind::kDtype, static_cast<int64_t>(at::kFloat)},
+      {Kind::kDtype, static_cast<int64_t>(at::kBool)},
+      {Kind::kDtype, static_cast<int64_t>(at::kComplexDouble)},
+      {Kind::kLayout, static_cast<int64_t>(c10::kStrided)},
+      {Kind::kLayout, static_cast<int64_t>(c10::kSparse)},
+      {Kind::kMemoryFormat,
+       static_cast<int64_t>(c10::MemoryFormat::ChannelsLast)},
+  };
+  for (const auto& [kind, value] : values) {
+    c10::IValue back = round_trip(TorchEnum::make(kind, value));
+    const TorchEnum* e = TorchEnum::of(back);
+    ASSERT_NE(e, nullptr) << value;
+    EXPECT_EQ(e->kind, kind);
+    EXPECT_EQ(e->value, value);
+  }
+  Message message;
+  EXPECT_THAT(encode(TorchEnum::make(Kind::kDtype,
+                                     static_cast<int64_t>(at::kQInt8)),
+                     message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("torch enum at root: unsupported value")));
+  // An unknown wire number is refused on decode.
+  message = encoded(tuple_of({TorchEnum::make(Kind::kLayout, 0)}));
+  Envelope envelope = envelope_of(message);
+  envelope.mutable_root()->mutable_tuple()->mutable_elems(0)
+      ->mutable_torch_enum()->set_value(99);
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("torch enum at root[0]: unknown value 99")));
+}
+
 TEST(CodecEncode, EmptyFunctionReferenceIsRefusedEitherWay) {
   Message message;
   EXPECT_THAT(encode(FunctionRef::make(""), message),

@@ -73,6 +73,16 @@ int main(int argc, char** argv) {
       {"tensor", floats},
       {"transposed_and_expanded",
        tuple_of({floats.t(), at::arange(3, at::kInt).expand({4, 3})})},
+      {"enums",
+       tuple_of({tether::wire::TorchEnum::make(
+                     tether::wire::TorchEnum::Kind::kDtype,
+                     static_cast<int64_t>(at::kFloat)),
+                 tether::wire::TorchEnum::make(
+                     tether::wire::TorchEnum::Kind::kLayout,
+                     static_cast<int64_t>(c10::kSparse)),
+                 tether::wire::TorchEnum::make(
+                     tether::wire::TorchEnum::Kind::kMemoryFormat,
+                     static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))})},
       {"sparse", coalesced},
       {"sparse_hybrid", hybrid},
       {"undefined_and_empty", tuple_of({at::Tensor(), at::zeros({0, 2})})},
