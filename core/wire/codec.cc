@@ -531,8 +531,16 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
   } else if (const TorchEnum* e = TorchEnum::of(v)) {
     const int wire = to_wire_enum(*e);
     if (wire == 0) {
-      return invalid("torch enum", path, "unsupported value ", e->value,
-                     " of kind ", static_cast<int>(e->kind));
+      const bool dtype =
+          e->kind == TorchEnum::Kind::kDtype && e->value >= 0 &&
+          e->value < static_cast<int64_t>(c10::ScalarType::NumOptions);
+      return invalid(
+          "torch enum", path, "unsupported value ",
+          dtype ? c10::toString(static_cast<c10::ScalarType>(e->value))
+                : std::to_string(e->value),
+          e->kind == TorchEnum::Kind::kDtype    ? " (a dtype)"
+          : e->kind == TorchEnum::Kind::kLayout ? " (a layout)"
+                                                : " (a memory format)");
     }
     out->mutable_torch_enum()->set_kind(
         e->kind == TorchEnum::Kind::kDtype    ? pb::EnumValue::KIND_DTYPE

@@ -329,7 +329,8 @@ TEST(CodecRoundTrip, DtypesLayoutsAndMemoryFormatsKeepTheirKind) {
                                      static_cast<int64_t>(at::kQInt8)),
                      message),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("torch enum at root: unsupported value")));
+                       HasSubstr("torch enum at root: unsupported value "
+                                 "QInt8 (a dtype)")));
   // An unknown wire number is refused on decode.
   message = encoded(tuple_of({TorchEnum::make(Kind::kLayout, 0)}));
   Envelope envelope = envelope_of(message);
