@@ -543,9 +543,10 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
                                                 : " (a memory format)");
     }
     out->mutable_torch_enum()->set_kind(
-        e->kind == TorchEnum::Kind::kDtype    ? pb::EnumValue::KIND_DTYPE
-        : e->kind == TorchEnum::Kind::kLayout ? pb::EnumValue::KIND_LAYOUT
-                                              : pb::EnumValue::KIND_MEMORY_FORMAT);
+        e->kind == TorchEnum::Kind::kDtype ? pb::EnumValue::KIND_DTYPE
+        : e->kind == TorchEnum::Kind::kLayout
+            ? pb::EnumValue::KIND_LAYOUT
+            : pb::EnumValue::KIND_MEMORY_FORMAT);
     out->mutable_torch_enum()->set_value(wire);
   } else if (const FunctionRef* ref = FunctionRef::of(v)) {
     if (ref->name.empty()) {
@@ -1355,7 +1356,8 @@ absl::StatusOr<at::Tensor> Decoder::sparse_coo(const pb::Tensor& t,
   }
   if (indices.scalar_type() != c10::ScalarType::Long || indices.dim() != 2) {
     return invalid(kWhat, path, "indices must be a 2-dim int64 tensor, not ",
-                   indices.dim(), "-dim ", c10::toString(indices.scalar_type()));
+                   indices.dim(), "-dim ",
+                   c10::toString(indices.scalar_type()));
   }
   if (values.scalar_type() != dtype) {
     return invalid(kWhat, path, "values are ",

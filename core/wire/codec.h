@@ -12,9 +12,9 @@
 // Supported: None, bool, int, float, complex, str, cpu Device, strided CPU
 // tensors of every non-quantized dtype (and the undefined tensor), sparse
 // COO CPU tensors (indices and values travel as dense tensors; decode checks
-// every index against the size and a coalesced claim against the order), List (the
-// element type survives), Tuple, Dict (key and value types and insertion
-// order survive), RRefs (through RRefHook), function references
+// every index against the size and a coalesced claim against the order),
+// List (the element type survives), Tuple, Dict (key and value types and
+// insertion order survive), RRefs (through RRefHook), function references
 // (FunctionRef) and dtypes, layouts and memory formats (TorchEnum).
 // Anything else is refused by encode.
 //
@@ -99,7 +99,8 @@ struct TorchEnum : torch::CustomClassHolder {
   const int64_t value;
 
   static c10::IValue make(Kind kind, int64_t value) {
-    return c10::IValue::make_capsule(c10::make_intrusive<TorchEnum>(kind, value));
+    return c10::IValue::make_capsule(
+        c10::make_intrusive<TorchEnum>(kind, value));
   }
   // The TorchEnum `v` holds, or nullptr.
   static const TorchEnum* of(const c10::IValue& v) {

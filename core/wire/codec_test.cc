@@ -943,9 +943,9 @@ TEST(CodecDecode, RejectsBadSparseTensors) {
   EXPECT_THAT(decode_edited_sparse([](Tensor&) {}), IsOk());
   // Index 2 of element 1 is past a dim 0 shrunk to size 2.
   EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.set_sizes(0, 2); }),
-              StatusIs(kInvalid,
-                       HasSubstr("sparse tensor at root[1]: index 2 of "
-                                 "element 1 out of range for dim 0 of size 2")));
+              StatusIs(kInvalid, HasSubstr("sparse tensor at root[1]: index 2 "
+                                           "of element 1 out of range for "
+                                           "dim 0 of size 2")));
   EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.set_sizes(1, -1); }),
               StatusIs(kInvalid, HasSubstr("negative size -1 in dim 1")));
   EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.add_sizes(4); }),
@@ -961,8 +961,8 @@ TEST(CodecDecode, RejectsBadSparseTensors) {
               StatusIs(kInvalid, HasSubstr("no indices or no values")));
   EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
                 SparseCoo copy = t.sparse_coo();
-                *t.mutable_sparse_coo()->mutable_indices()->mutable_sparse_coo() =
-                    copy;
+                Tensor* indices = t.mutable_sparse_coo()->mutable_indices();
+                *indices->mutable_sparse_coo() = copy;
               }),
               StatusIs(kInvalid, HasSubstr("sparse themselves")));
   EXPECT_THAT(decode_edited_sparse([](Tensor& t) {

@@ -255,8 +255,9 @@ py::object to_python(const c10::IValue& value) {
         return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
             torch::getTHPLayout(static_cast<at::Layout>(e->value))));
       case wire::TorchEnum::Kind::kMemoryFormat:
-        return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(
-            static_cast<c10::MemoryFormat>(e->value)));
+        return py::reinterpret_borrow<py::object>(
+            torch::utils::getTHPMemoryFormat(
+                static_cast<c10::MemoryFormat>(e->value)));
     }
   }
   // Complex numbers, devices, custom-class objects: LibTorch's own
