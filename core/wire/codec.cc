@@ -3,6 +3,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+#include <ATen/ops/_sparse_coo_tensor_unsafe.h>
+#include <ATen/ops/_validate_sparse_coo_tensor_args.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/ScalarType.h>
@@ -126,6 +128,7 @@ std::string fmt(const c10::Type& type) { return type.repr_str(); }
 std::string fmt(const KindOf& kind) { return kind.value.tagKind(); }
 std::string fmt(const c10::Device& device) { return device.str(); }
 std::string fmt(c10::Layout layout) { return c10::str(layout); }
+std::string fmt(c10::IntArrayRef sizes) { return c10::str(sizes); }
 
 // "<what> at <path>: <details>".
 template <typename... Parts>
@@ -252,6 +255,85 @@ bool from_wire_dtype(int wire, c10::ScalarType* out) {
       return true;
     default:
       return false;
+  }
+}
+
+// Layouts and memory formats, c10's and the wire's.
+constexpr std::pair<c10::Layout, pb::Layout> kLayouts[] = {
+    {c10::Layout::Strided, pb::LAYOUT_STRIDED},
+    {c10::Layout::Sparse, pb::LAYOUT_SPARSE_COO},
+    {c10::Layout::SparseCsr, pb::LAYOUT_SPARSE_CSR},
+    {c10::Layout::SparseCsc, pb::LAYOUT_SPARSE_CSC},
+    {c10::Layout::SparseBsr, pb::LAYOUT_SPARSE_BSR},
+    {c10::Layout::SparseBsc, pb::LAYOUT_SPARSE_BSC},
+    {c10::Layout::Mkldnn, pb::LAYOUT_MKLDNN},
+};
+constexpr std::pair<c10::MemoryFormat, pb::MemoryFormat> kMemoryFormats[] = {
+    {c10::MemoryFormat::Contiguous, pb::MEMORY_FORMAT_CONTIGUOUS},
+    {c10::MemoryFormat::Preserve, pb::MEMORY_FORMAT_PRESERVE},
+    {c10::MemoryFormat::ChannelsLast, pb::MEMORY_FORMAT_CHANNELS_LAST},
+    {c10::MemoryFormat::ChannelsLast3d, pb::MEMORY_FORMAT_CHANNELS_LAST_3D},
+};
+
+// The wire number of c10 enum value `value` in `table`, 0 if none.
+template <typename C10, typename Wire, size_t N>
+int wire_of(const std::pair<C10, Wire> (&table)[N], int64_t value) {
+  for (const auto& [c10_value, wire] : table) {
+    if (static_cast<int64_t>(c10_value) == value) return wire;
+  }
+  return 0;
+}
+
+// The c10 enum value (as an int) of wire number `wire` in `table`, -1 if
+// none.
+template <typename C10, typename Wire, size_t N>
+int64_t c10_of(const std::pair<C10, Wire> (&table)[N], int wire) {
+  for (const auto& [c10_value, w] : table) {
+    if (w == wire) return static_cast<int64_t>(c10_value);
+  }
+  return -1;
+}
+
+// The wire number of `e`'s value, 0 if it has none.
+int to_wire_enum(const TorchEnum& e) {
+  switch (e.kind) {
+    case TorchEnum::Kind::kDtype: {
+      pb::DType dtype;
+      const bool known =
+          e.value >= 0 &&
+          e.value < static_cast<int64_t>(c10::ScalarType::NumOptions) &&
+          to_wire_dtype(static_cast<c10::ScalarType>(e.value), &dtype);
+      return known ? dtype : 0;
+    }
+    case TorchEnum::Kind::kLayout:
+      return wire_of(kLayouts, e.value);
+    case TorchEnum::Kind::kMemoryFormat:
+      return wire_of(kMemoryFormats, e.value);
+  }
+  return 0;
+}
+
+// The TorchEnum of a wire kind and number, or a null IValue if unknown.
+c10::IValue from_wire_enum(int kind, int wire) {
+  using Kind = TorchEnum::Kind;
+  switch (kind) {
+    case pb::EnumValue::KIND_DTYPE: {
+      c10::ScalarType dtype;
+      if (!from_wire_dtype(wire, &dtype)) return c10::IValue();
+      return TorchEnum::make(Kind::kDtype, static_cast<int64_t>(dtype));
+    }
+    case pb::EnumValue::KIND_LAYOUT: {
+      const int64_t layout = c10_of(kLayouts, wire);
+      if (layout < 0) return c10::IValue();
+      return TorchEnum::make(Kind::kLayout, layout);
+    }
+    case pb::EnumValue::KIND_MEMORY_FORMAT: {
+      const int64_t format = c10_of(kMemoryFormats, wire);
+      if (format < 0) return c10::IValue();
+      return TorchEnum::make(Kind::kMemoryFormat, format);
+    }
+    default:
+      return c10::IValue();
   }
 }
 
@@ -386,6 +468,9 @@ class Encoder {
   ABSL_ATTRIBUTE_NOINLINE absl::Status tensor(const at::Tensor& t,
                                               pb::Tensor* out,
                                               const Path& path);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status sparse_coo(const at::Tensor& t,
+                                                  pb::Tensor* out,
+                                                  const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::Status list(const c10::IValue& v, pb::List* out,
                                             const Path& path, int depth);
   ABSL_ATTRIBUTE_NOINLINE absl::Status dict(const c10::IValue& v, pb::Dict* out,
@@ -399,6 +484,8 @@ class Encoder {
   std::vector<PendingTensor> pending_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> materialized_;
   std::vector<c10::Storage> storages_;
+  // The indices and values of the sparse tensors encoded so far.
+  std::vector<at::Tensor> sparse_parts_;
 };
 
 absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
@@ -441,6 +528,26 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
           value(elems[i], tuple->add_elems(), path.index(i), depth + 1);
       if (!s.ok()) return s;
     }
+  } else if (const TorchEnum* e = TorchEnum::of(v)) {
+    const int wire = to_wire_enum(*e);
+    if (wire == 0) {
+      const bool dtype =
+          e->kind == TorchEnum::Kind::kDtype && e->value >= 0 &&
+          e->value < static_cast<int64_t>(c10::ScalarType::NumOptions);
+      return invalid(
+          "torch enum", path, "unsupported value ",
+          dtype ? c10::toString(static_cast<c10::ScalarType>(e->value))
+                : std::to_string(e->value),
+          e->kind == TorchEnum::Kind::kDtype    ? " (a dtype)"
+          : e->kind == TorchEnum::Kind::kLayout ? " (a layout)"
+                                                : " (a memory format)");
+    }
+    out->mutable_torch_enum()->set_kind(
+        e->kind == TorchEnum::Kind::kDtype ? pb::EnumValue::KIND_DTYPE
+        : e->kind == TorchEnum::Kind::kLayout
+            ? pb::EnumValue::KIND_LAYOUT
+            : pb::EnumValue::KIND_MEMORY_FORMAT);
+    out->mutable_torch_enum()->set_value(wire);
   } else if (const FunctionRef* ref = FunctionRef::of(v)) {
     if (ref->name.empty()) {
       return invalid("function reference", path, "empty name");
@@ -592,12 +699,27 @@ absl::Status Encoder::dict(const c10::IValue& v, pb::Dict* out,
   return absl::OkStatus();
 }
 
+// A tensor's wire dtype, if it is on the cpu and its dtype travels.
+absl::Status cpu_dtype(const at::Tensor& t, const Path& path,
+                       pb::DType* dtype) {
+  if (!t.device().is_cpu()) {
+    return invalid("tensor", path, "unsupported tensor on device ", t.device(),
+                   " (only cpu tensors travel)");
+  }
+  if (!to_wire_dtype(t.scalar_type(), dtype)) {
+    return invalid("tensor", path, "unsupported dtype ",
+                   c10::toString(t.scalar_type()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
                              const Path& path) {
   if (!t.defined()) return absl::OkStatus();  // An empty Tensor message.
   if (t.is_quantized()) {
     return invalid("tensor", path, "unsupported quantized tensor");
   }
+  if (t.layout() == c10::kSparse) return sparse_coo(t, out, path);
   if (t.layout() != c10::kStrided || t.is_nested()) {
     if (t.is_nested()) {
       return invalid("tensor", path, "unsupported nested tensor");
@@ -605,15 +727,9 @@ absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
     return invalid("tensor", path, "unsupported ", t.layout(),
                    " tensor (only strided tensors travel)");
   }
-  if (!t.device().is_cpu()) {
-    return invalid("tensor", path, "unsupported tensor on device ", t.device(),
-                   " (only cpu tensors travel)");
-  }
   pb::DType dtype;
-  if (!to_wire_dtype(t.scalar_type(), &dtype)) {
-    return invalid("tensor", path, "unsupported dtype ",
-                   c10::toString(t.scalar_type()));
-  }
+  absl::Status travels = cpu_dtype(t, path, &dtype);
+  if (!travels.ok()) return travels;
   at::Tensor plain = t.detach();
   if (plain._is_zerotensor() || plain.is_conj() || plain.is_neg()) {
     // A conj or neg view shares its base's storage but not its values, and a
@@ -638,6 +754,30 @@ absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
   out->set_requires_grad(t.requires_grad());
   pending_.push_back({out, std::move(plain), t.unsafeGetTensorImpl()});
   return absl::OkStatus();
+}
+
+absl::Status Encoder::sparse_coo(const at::Tensor& t, pb::Tensor* out,
+                                 const Path& path) {
+  pb::DType dtype;
+  absl::Status travels = cpu_dtype(t, path, &dtype);
+  if (!travels.ok()) return travels;
+  out->set_defined(true);
+  out->set_dtype(dtype);
+  out->set_requires_grad(t.requires_grad());
+  for (int64_t d = 0; d < t.dim(); ++d) out->add_sizes(t.size(d));
+  pb::SparseCoo* parts = out->mutable_sparse_coo();
+  parts->set_coalesced(t.is_coalesced());
+  // The parts of the detached tensor: plain dense tensors, no grad. Kept
+  // alive until encode ends: pending_ and the clone maps key tensors by
+  // address, which a freed part's successor could reuse.
+  at::Tensor plain = t.detach();
+  sparse_parts_.push_back(plain._indices());
+  sparse_parts_.push_back(plain._values());
+  const size_t n = sparse_parts_.size();
+  absl::Status s =
+      tensor(sparse_parts_[n - 2], parts->mutable_indices(), path);
+  if (!s.ok()) return s;
+  return tensor(sparse_parts_[n - 1], parts->mutable_values(), path);
 }
 
 // Bytes from the tensor's first element to one past its last one, in its
@@ -738,6 +878,8 @@ class Decoder {
                                                            const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> tensor(const pb::Tensor& t,
                                                             const Path& path);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> sparse_coo(
+      const pb::Tensor& t, c10::ScalarType dtype, const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::Device> device(
       const pb::Device& d, const Path& path);
 
@@ -805,6 +947,18 @@ absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
         return invalid("function reference", path, "empty name");
       }
       return FunctionRef::make(v.function_ref().name());
+    case pb::Value::kTorchEnum: {
+      const pb::EnumValue& e = v.torch_enum();
+      if (has_unknown_fields(e)) {
+        return invalid("torch enum", path, "unknown fields");
+      }
+      c10::IValue out = from_wire_enum(e.kind(), e.value());
+      if (out.isNone()) {
+        return invalid("torch enum", path, "unknown value ", e.value(),
+                       " of kind ", static_cast<int>(e.kind()));
+      }
+      return out;
+    }
     case pb::Value::kList:
     case pb::Value::kTuple:
     case pb::Value::kDict:
@@ -1083,7 +1237,7 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
   if (!t.defined()) {
     if (t.dtype() != 0 || t.sizes_size() != 0 || t.strides_size() != 0 ||
         t.storage_offset() != 0 || t.requires_grad() ||
-        t.storage_index() != 0) {
+        t.storage_index() != 0 || t.has_sparse_coo()) {
       return invalid(kWhat, path, "undefined tensor with metadata");
     }
     return at::Tensor();
@@ -1097,6 +1251,7 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
     return exhausted(kWhat, path, dims, " dims, more than the limit of ",
                      limits_.max_tensor_dims);
   }
+  if (t.has_sparse_coo()) return sparse_coo(t, dtype, path);
   if (t.strides_size() != dims) {
     return invalid(kWhat, path, dims, " sizes but ", t.strides_size(),
                    " strides");
@@ -1166,6 +1321,104 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
   std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(dtype));
   out.set_(storage, offset, sizes, strides);
+  if (t.requires_grad()) out.set_requires_grad(true);
+  return out;
+}
+
+absl::StatusOr<at::Tensor> Decoder::sparse_coo(const pb::Tensor& t,
+                                               c10::ScalarType dtype,
+                                               const Path& path) {
+  constexpr absl::string_view kWhat = "sparse tensor";
+  const pb::SparseCoo& parts = t.sparse_coo();
+  if (has_unknown_fields(parts)) return invalid(kWhat, path, "unknown fields");
+  if (t.strides_size() != 0 || t.storage_offset() != 0 ||
+      t.storage_index() != 0) {
+    return invalid(kWhat, path, "strides, storage offset or storage index set");
+  }
+  if (!parts.has_indices() || !parts.has_values()) {
+    return invalid(kWhat, path, "no indices or no values");
+  }
+  // Checked before decoding them: the parts are dense, never sparse again.
+  if (parts.indices().has_sparse_coo() || parts.values().has_sparse_coo()) {
+    return invalid(kWhat, path, "indices or values are sparse themselves");
+  }
+  absl::StatusOr<at::Tensor> indices_or = tensor(parts.indices(), path);
+  if (!indices_or.ok()) return indices_or.status();
+  absl::StatusOr<at::Tensor> values_or = tensor(parts.values(), path);
+  if (!values_or.ok()) return values_or.status();
+  const at::Tensor& indices = *indices_or;
+  const at::Tensor& values = *values_or;
+  if (!indices.defined() || !values.defined()) {
+    return invalid(kWhat, path, "undefined indices or values");
+  }
+  if (indices.requires_grad() || values.requires_grad()) {
+    return invalid(kWhat, path, "indices or values require grad themselves");
+  }
+  if (indices.scalar_type() != c10::ScalarType::Long || indices.dim() != 2) {
+    return invalid(kWhat, path, "indices must be a 2-dim int64 tensor, not ",
+                   indices.dim(), "-dim ",
+                   c10::toString(indices.scalar_type()));
+  }
+  if (values.scalar_type() != dtype) {
+    return invalid(kWhat, path, "values are ",
+                   c10::toString(values.scalar_type()), ", the tensor is ",
+                   c10::toString(dtype));
+  }
+  const int64_t dims = t.sizes_size();
+  const int64_t sparse_dim = indices.size(0);
+  const int64_t nnz = indices.size(1);
+  const int64_t dense_dim = values.dim() - 1;
+  if (dense_dim < 0 || values.size(0) != nnz) {
+    return invalid(kWhat, path, nnz, " indices but values of shape ",
+                   values.sizes());
+  }
+  if (sparse_dim + dense_dim != dims) {
+    return invalid(kWhat, path, sparse_dim, " sparse and ", dense_dim,
+                   " dense dims for a ", dims, "-dim tensor");
+  }
+  int64_t numel = 1;
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  for (int64_t d = 0; d < dims; ++d) {
+    if (sizes[d] < 0) {
+      return invalid(kWhat, path, "negative size ", sizes[d], " in dim ", d);
+    }
+    if (sizes[d] != 0 && !mul_ok(numel, sizes[d], &numel)) {
+      return invalid(kWhat, path, "sizes overflow int64");
+    }
+    if (d >= sparse_dim && values.size(1 + d - sparse_dim) != sizes[d]) {
+      return invalid(kWhat, path, "values of shape ", values.sizes(),
+                     " for dense dim ", d, " of size ", sizes[d]);
+    }
+  }
+  // Every index within its dim, and sorted and unique if said coalesced:
+  // LibTorch's kernels trust both.
+  const auto idx = indices.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < nnz; ++i) {
+    int order = i == 0 ? 1 : 0;  // Of element i against i - 1 (lexicographic).
+    for (int64_t d = 0; d < sparse_dim; ++d) {
+      const int64_t v = idx[d][i];
+      if (v < 0 || v >= sizes[d]) {
+        return invalid(kWhat, path, "index ", v, " of element ", i,
+                       " out of range for dim ", d, " of size ", sizes[d]);
+      }
+      if (order == 0 && v != idx[d][i - 1]) order = v > idx[d][i - 1] ? 1 : -1;
+    }
+    if (parts.coalesced() && order != 1) {
+      return invalid(kWhat, path, "said coalesced but element ", i,
+                     " is not after element ", i - 1);
+    }
+  }
+  if (t.requires_grad() && !c10::isFloatingType(dtype) &&
+      !c10::isComplexType(dtype)) {
+    return invalid(kWhat, path, "requires_grad on a ", c10::toString(dtype),
+                   " tensor");
+  }
+  const at::TensorOptions options =
+      at::TensorOptions().dtype(dtype).layout(c10::kSparse);
+  at::_validate_sparse_coo_tensor_args(indices, values, sizes);
+  at::Tensor out =
+      at::_sparse_coo_tensor_unsafe(indices, values, sizes, options);
+  out._coalesced_(parts.coalesced());
   if (t.requires_grad()) out.set_requires_grad(true);
   return out;
 }

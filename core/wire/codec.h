@@ -10,10 +10,13 @@
 // travel out of band, zero copy where possible.
 //
 // Supported: None, bool, int, float, complex, str, cpu Device, strided CPU
-// tensors of every non-quantized dtype (and the undefined tensor), List (the
-// element type survives), Tuple, Dict (key and value types and insertion
-// order survive), RRefs (through RRefHook) and function references
-// (FunctionRef). Anything else is refused by encode.
+// tensors of every non-quantized dtype (and the undefined tensor), sparse
+// COO CPU tensors (indices and values travel as dense tensors; decode checks
+// every index against the size and a coalesced claim against the order),
+// List (the element type survives), Tuple, Dict (key and value types and
+// insertion order survive), RRefs (through RRefHook), function references
+// (FunctionRef) and dtypes, layouts and memory formats (TorchEnum).
+// Anything else is refused by encode.
 //
 // Aliasing: tensors of one message that share a storage still share it after
 // decode, as long as the storage travels whole. A tensor that is a small view
@@ -82,6 +85,27 @@ struct FunctionRef : torch::CustomClassHolder {
   static const FunctionRef* of(const c10::IValue& v) {
     if (!v.isCapsule()) return nullptr;
     return dynamic_cast<const FunctionRef*>(v.toCapsule().get());
+  }
+};
+
+// A torch.dtype, torch.layout or torch.memory_format passed as a value: in
+// an IValue, a capsule holding a TorchEnum (c10 keeps these as plain ints,
+// which would arrive as ints). `value` is the c10::ScalarType, c10::Layout
+// or c10::MemoryFormat, as an int.
+struct TorchEnum : torch::CustomClassHolder {
+  enum class Kind { kDtype, kLayout, kMemoryFormat };
+  TorchEnum(Kind kind, int64_t value) : kind(kind), value(value) {}
+  const Kind kind;
+  const int64_t value;
+
+  static c10::IValue make(Kind kind, int64_t value) {
+    return c10::IValue::make_capsule(
+        c10::make_intrusive<TorchEnum>(kind, value));
+  }
+  // The TorchEnum `v` holds, or nullptr.
+  static const TorchEnum* of(const c10::IValue& v) {
+    if (!v.isCapsule()) return nullptr;
+    return dynamic_cast<const TorchEnum*>(v.toCapsule().get());
   }
 };
 

@@ -9,6 +9,8 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/quantize_per_tensor.h>
+#include <ATen/ops/sparse_coo_tensor.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
@@ -225,6 +227,47 @@ TEST(CodecRoundTrip, Tensor) {
   EXPECT_EQ(back.toTensor().strides(), t.strides());
 }
 
+// The sparse COO tensor of `indices` ([sparse_dim, nnz]) and `values`.
+at::Tensor sparse(std::vector<int64_t> indices, int64_t sparse_dim,
+                  const at::Tensor& values, std::vector<int64_t> sizes) {
+  at::Tensor i = at::tensor(indices, at::kLong).reshape({sparse_dim, -1});
+  return at::sparse_coo_tensor(i, values, sizes);
+}
+
+// Layout, sizes, coalesced flag, grad flag and the parts bit for bit.
+void expect_same_sparse(const at::Tensor& a, const c10::IValue& back) {
+  ASSERT_TRUE(back.isTensor());
+  const at::Tensor& b = back.toTensor();
+  ASSERT_EQ(b.layout(), c10::kSparse);
+  EXPECT_EQ(b.sizes(), a.sizes());
+  EXPECT_EQ(b.sparse_dim(), a.sparse_dim());
+  EXPECT_EQ(b.is_coalesced(), a.is_coalesced());
+  EXPECT_EQ(b.requires_grad(), a.requires_grad());
+  EXPECT_TRUE(bitwise_equal(b._indices(), a._indices()));
+  EXPECT_TRUE(bitwise_equal(b._values(), a._values()));
+}
+
+TEST(CodecTensor, SparseCooRoundTrips) {
+  // Uncoalesced, with a repeated index: it stays so.
+  at::Tensor loose = sparse({2, 0, 2, 1, 0, 1}, 2, float_range(3), {3, 2});
+  ASSERT_FALSE(loose.is_coalesced());
+  expect_same_sparse(loose, round_trip(loose));
+  at::Tensor tight = loose.coalesce();
+  expect_same_sparse(tight, round_trip(tight));
+  // Hybrid: 1 sparse dim, 1 dense dim of 2.
+  at::Tensor hybrid =
+      sparse({0, 3}, 1, float_range(4).reshape({2, 2}).to(at::kDouble), {5, 2});
+  expect_same_sparse(hybrid, round_trip(hybrid));
+  at::Tensor empty = sparse({}, 2, at::zeros({0}), {4, 4});
+  expect_same_sparse(empty, round_trip(empty));
+  at::Tensor grad = loose.clone().requires_grad_(true);
+  expect_same_sparse(grad, round_trip(grad));
+  // Beside a dense tensor in a tuple, both intact.
+  c10::IValue both = round_trip(tuple_of({tight, float_range(2)}));
+  expect_same_sparse(tight, both.toTupleRef().elements()[0]);
+  EXPECT_TRUE(same(float_range(2), both.toTupleRef().elements()[1]));
+}
+
 TEST(CodecRoundTrip, UndefinedTensor) {
   c10::IValue back = round_trip(at::Tensor());
   ASSERT_TRUE(back.isTensor());
@@ -261,6 +304,42 @@ TEST(CodecRoundTrip, FunctionReferencesKeepTheirName) {
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(first->name, "py::pkg.mod:Cls.method");
   EXPECT_EQ(second->name, "aten::add");
+}
+
+TEST(CodecRoundTrip, DtypesLayoutsAndMemoryFormatsKeepTheirKind) {
+  using Kind = TorchEnum::Kind;
+  const std::vector<std::pair<Kind, int64_t>> values = {
+      {Kind::kDtype, static_cast<int64_t>(at::kFloat)},
+      {Kind::kDtype, static_cast<int64_t>(at::kBool)},
+      {Kind::kDtype, static_cast<int64_t>(at::kComplexDouble)},
+      {Kind::kLayout, static_cast<int64_t>(c10::kStrided)},
+      {Kind::kLayout, static_cast<int64_t>(c10::kSparse)},
+      {Kind::kMemoryFormat,
+       static_cast<int64_t>(c10::MemoryFormat::ChannelsLast)},
+  };
+  for (const auto& [kind, value] : values) {
+    c10::IValue back = round_trip(TorchEnum::make(kind, value));
+    const TorchEnum* e = TorchEnum::of(back);
+    ASSERT_NE(e, nullptr) << value;
+    EXPECT_EQ(e->kind, kind);
+    EXPECT_EQ(e->value, value);
+  }
+  Message message;
+  EXPECT_THAT(encode(TorchEnum::make(Kind::kDtype,
+                                     static_cast<int64_t>(at::kQInt8)),
+                     message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("torch enum at root: unsupported value "
+                                 "QInt8 (a dtype)")));
+  // An unknown wire number is refused on decode.
+  message = encoded(tuple_of({TorchEnum::make(Kind::kLayout, 0)}));
+  Envelope envelope = envelope_of(message);
+  envelope.mutable_root()->mutable_tuple()->mutable_elems(0)
+      ->mutable_torch_enum()->set_value(99);
+  set_envelope(message, envelope);
+  EXPECT_THAT(decode(message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("torch enum at root[0]: unknown value 99")));
 }
 
 TEST(CodecEncode, EmptyFunctionReferenceIsRefusedEitherWay) {
@@ -580,7 +659,8 @@ TEST(CodecEncode, RejectsUnsupportedKinds) {
   expect_unsupported(
       at::quantize_per_tensor(float_range(4), 0.1, 0, at::kQUInt8),
       "quantized");
-  expect_unsupported(float_range(4).to_sparse(), "Sparse");
+  expect_unsupported(float_range(4).reshape({2, 2}).to_sparse_csr(),
+                     "SparseCsr");
   expect_unsupported(at::empty({2}, at::TensorOptions().device(at::kMeta)),
                      "meta");
   expect_unsupported(c10::Device(c10::kCUDA, 0), "cuda");
@@ -791,8 +871,9 @@ TEST(CodecDecode, OtherLimitsAreResourceExhausted) {
 
 // A message holding tuple(1, tensor); `edit` changes the tensor's metadata.
 template <typename Edit>
-absl::StatusOr<c10::IValue> decode_edited_tensor(Edit edit) {
-  Message message = encoded(tuple_of({int64_t{1}, float_range(6)}));
+absl::StatusOr<c10::IValue> decode_edited_tensor(
+    Edit edit, const at::Tensor& tensor = float_range(6)) {
+  Message message = encoded(tuple_of({int64_t{1}, tensor}));
   Envelope envelope = envelope_of(message);
   edit(*envelope.mutable_root()
             ->mutable_tuple()
@@ -847,6 +928,77 @@ TEST(CodecDecode, RejectsBadTensorMetadata) {
                 t.set_storage_offset(std::numeric_limits<int64_t>::max());
               }),
               StatusIs(kInvalid, HasSubstr("overflow")));
+}
+
+// A message holding tuple(1, sparse 3x2 tensor with indices (0,1) (2,0),
+// coalesced); `edit` changes the sparse tensor's metadata.
+template <typename Edit>
+absl::StatusOr<c10::IValue> decode_edited_sparse(Edit edit) {
+  return decode_edited_tensor(
+      edit, sparse({0, 2, 1, 0}, 2, float_range(2), {3, 2}).coalesce());
+}
+
+TEST(CodecDecode, RejectsBadSparseTensors) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_THAT(decode_edited_sparse([](Tensor&) {}), IsOk());
+  // Index 2 of element 1 is past a dim 0 shrunk to size 2.
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.set_sizes(0, 2); }),
+              StatusIs(kInvalid, HasSubstr("sparse tensor at root[1]: index 2 "
+                                           "of element 1 out of range for "
+                                           "dim 0 of size 2")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.set_sizes(1, -1); }),
+              StatusIs(kInvalid, HasSubstr("negative size -1 in dim 1")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.add_sizes(4); }),
+              StatusIs(kInvalid, HasSubstr("2 sparse and 0 dense dims for a "
+                                           "3-dim tensor")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.add_strides(1); }),
+              StatusIs(kInvalid, HasSubstr("strides")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.set_storage_index(1); }),
+              StatusIs(kInvalid, HasSubstr("storage index")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
+                t.mutable_sparse_coo()->clear_values();
+              }),
+              StatusIs(kInvalid, HasSubstr("no indices or no values")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
+                SparseCoo copy = t.sparse_coo();
+                Tensor* indices = t.mutable_sparse_coo()->mutable_indices();
+                *indices->mutable_sparse_coo() = copy;
+              }),
+              StatusIs(kInvalid, HasSubstr("sparse themselves")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
+                t.mutable_sparse_coo()->mutable_indices()->set_dtype(
+                    DTYPE_FLOAT64);
+              }),
+              StatusIs(kInvalid, HasSubstr("2-dim int64")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
+                t.mutable_sparse_coo()->mutable_values()->set_requires_grad(
+                    true);
+              }),
+              StatusIs(kInvalid, HasSubstr("require grad themselves")));
+  EXPECT_THAT(
+      decode_edited_sparse([](Tensor& t) { t.set_dtype(DTYPE_FLOAT64); }),
+      StatusIs(kInvalid, HasSubstr("values are Float, the tensor is Double")));
+  // One index left for two values.
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
+                Tensor* i = t.mutable_sparse_coo()->mutable_indices();
+                i->set_sizes(1, 1);
+              }),
+              StatusIs(kInvalid, HasSubstr("1 indices but values of shape")));
+  // A stride of 0 along the elements: element 1 repeats element 0.
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
+                t.mutable_sparse_coo()->mutable_indices()->set_strides(1, 0);
+              }),
+              StatusIs(kInvalid, HasSubstr("said coalesced but element 1 is "
+                                           "not after element 0")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) {
+                t.set_dtype(DTYPE_INT32);
+                t.mutable_sparse_coo()->mutable_values()->set_dtype(
+                    DTYPE_INT32);
+                t.set_requires_grad(true);
+              }),
+              StatusIs(kInvalid, HasSubstr("requires_grad on a Int")));
+  EXPECT_THAT(decode_edited_sparse([](Tensor& t) { t.set_defined(false); }),
+              StatusIs(kInvalid, HasSubstr("undefined tensor with metadata")));
 }
 
 TEST(CodecDecode, RejectsNullStorage) {

@@ -3,6 +3,7 @@
 // that encode produced for a few representative values.
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/sparse_coo_tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include <cstdint>
@@ -56,6 +57,15 @@ int main(int argc, char** argv) {
   c10::Dict<int64_t, c10::List<double>> by_int;
   by_int.insert(3, c10::List<double>({1.5, 2.5}));
 
+  // Sparse COO: a coalesced 3x2 and an uncoalesced hybrid (1 dense dim).
+  at::Tensor indices = at::arange(4, at::kLong).remainder(2).reshape({2, 2});
+  at::Tensor coalesced =
+      at::sparse_coo_tensor(indices, at::arange(2, at::kFloat), {3, 2})
+          .coalesce();
+  at::Tensor hybrid = at::sparse_coo_tensor(
+      at::zeros({1, 2}, at::kLong), floats.narrow(0, 0, 2).narrow(1, 0, 2),
+      {4, 2});
+
   const std::vector<std::pair<std::string, c10::IValue>> seeds = {
       {"none", c10::IValue()},
       {"scalars", tuple_of({true, int64_t{-7}, 2.5, c10::complex<double>(1, -1),
@@ -63,6 +73,18 @@ int main(int argc, char** argv) {
       {"tensor", floats},
       {"transposed_and_expanded",
        tuple_of({floats.t(), at::arange(3, at::kInt).expand({4, 3})})},
+      {"enums",
+       tuple_of({tether::wire::TorchEnum::make(
+                     tether::wire::TorchEnum::Kind::kDtype,
+                     static_cast<int64_t>(at::kFloat)),
+                 tether::wire::TorchEnum::make(
+                     tether::wire::TorchEnum::Kind::kLayout,
+                     static_cast<int64_t>(c10::kSparse)),
+                 tether::wire::TorchEnum::make(
+                     tether::wire::TorchEnum::Kind::kMemoryFormat,
+                     static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))})},
+      {"sparse", coalesced},
+      {"sparse_hybrid", hybrid},
       {"undefined_and_empty", tuple_of({at::Tensor(), at::zeros({0, 2})})},
       {"call", tuple_of({c10::IValue("aten::add"),
                          tuple_of({floats, floats, int64_t{1}}),

@@ -3,10 +3,15 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 #include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/python/python_ivalue.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <vector>
 
@@ -114,6 +119,23 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
   if (py::isinstance<RRef>(obj)) return obj.cast<const RRef&>().to_ivalue();
   if (THPDevice_Check(p)) {
     return c10::IValue(reinterpret_cast<THPDevice*>(p)->device);
+  }
+  using EnumKind = wire::TorchEnum::Kind;
+  if (THPDtype_Check(p)) {
+    return wire::TorchEnum::make(
+        EnumKind::kDtype,
+        static_cast<int64_t>(reinterpret_cast<THPDtype*>(p)->scalar_type));
+  }
+  if (THPLayout_Check(p)) {
+    return wire::TorchEnum::make(
+        EnumKind::kLayout,
+        static_cast<int64_t>(reinterpret_cast<THPLayout*>(p)->layout));
+  }
+  if (THPMemoryFormat_Check(p)) {
+    return wire::TorchEnum::make(
+        EnumKind::kMemoryFormat,
+        static_cast<int64_t>(
+            reinterpret_cast<THPMemoryFormat*>(p)->memory_format));
   }
   // A tuple subclass (a namedtuple) would arrive as a plain tuple: its
   // class cannot travel. torch.Size is the one that may, as a tuple.
@@ -223,6 +245,20 @@ py::object to_python(const c10::IValue& value) {
     // tether.rpc._callee.Failure naming it if refused).
     return py::module_::import("tether.rpc._callee")
         .attr("resolve_value")(ref->name);
+  }
+  if (const wire::TorchEnum* e = wire::TorchEnum::of(value)) {
+    switch (e->kind) {
+      case wire::TorchEnum::Kind::kDtype:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+            torch::getTHPDtype(static_cast<at::ScalarType>(e->value))));
+      case wire::TorchEnum::Kind::kLayout:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+            torch::getTHPLayout(static_cast<at::Layout>(e->value))));
+      case wire::TorchEnum::Kind::kMemoryFormat:
+        return py::reinterpret_borrow<py::object>(
+            torch::utils::getTHPMemoryFormat(
+                static_cast<c10::MemoryFormat>(e->value)));
+    }
   }
   // Complex numbers, devices, custom-class objects: LibTorch's own
   // conversion.

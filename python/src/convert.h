@@ -3,7 +3,9 @@
 //
 // What travels is the codec's value set (core/wire/codec.h): tensors (as
 // torch.Tensor, no copy), None, bool, int, float, complex, str, lists,
-// tuples, dicts, torch.device and RRefs (a torch.Size is a tuple), and a
+// tuples, dicts, torch.device, torch.dtype, torch.layout,
+// torch.memory_format (wire::TorchEnum) and RRefs (a torch.Size is a
+// tuple; sparse COO tensors stay sparse), and a
 // caller's functions and classes by reference (the name tether.rpc gives
 // them as `func`; the receiver resolves it under its policy,
 // tether.rpc._callee.resolve_value). A caller's argument of any other type

@@ -1,6 +1,7 @@
 """tether.rpc's module surface as the peer's test suites and Paddle's
 programs use it (docs/peer_suite.md): shutdown(timeout=), _set_rpc_timeout
-and the peer's timeout text, worker infos, torch.device values, TorchScript
+and the peer's timeout text, worker infos, torch.device, dtype, layout and memory format values, sparse
+tensors, TorchScript
 functions by reference, Paddle's init_rpc(master_endpoint=). Real worker
 processes on loopback."""
 import os
@@ -65,6 +66,34 @@ def test_devices_and_sizes_travel(callee):
     ones = rpc.rpc_sync(callee, torch.ones, args=([2],),
                         kwargs={"device": torch.device("cpu")})
     assert torch.equal(ones, torch.ones(2))
+
+
+def test_dtypes_layouts_and_memory_formats_travel_as_themselves(callee):
+    for value in (torch.float32, torch.int64, torch.bool, torch.complex64,
+                  torch.strided, torch.sparse_coo, torch.channels_last,
+                  torch.contiguous_format):
+        back = rpc.rpc_sync(callee, rpc_functions.echo, args=(value,))
+        assert back is value, (value, back)
+    # As arguments LibTorch operators take.
+    zeros = rpc.rpc_sync(callee, torch.zeros, args=([2],),
+                         kwargs={"dtype": torch.float64})
+    assert zeros.dtype == torch.float64
+    with pytest.raises((TypeError, ValueError, RuntimeError),
+                       match="unsupported value"):
+        rpc.rpc_sync(callee, rpc_functions.echo, args=(torch.qint8,))
+
+
+def test_sparse_tensors_travel_as_sparse(callee):
+    i = torch.tensor([[0, 2, 0], [1, 0, 1]])
+    loose = torch.sparse_coo_tensor(i, torch.tensor([1.0, 2.0, 3.0]), (3, 2))
+    for t in (loose, loose.coalesce(),
+              torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 4),
+                                      (2, 4))):
+        back = rpc.rpc_sync(callee, rpc_functions.echo, args=(t,))
+        assert back.is_sparse and back.is_coalesced() == t.is_coalesced()
+        assert torch.equal(back.to_dense(), t.to_dense())
+    total = rpc.rpc_sync(callee, torch.add, args=(loose, loose))
+    assert torch.equal(total.to_dense(), 2 * loose.to_dense())
 
 
 @torch.jit.script
