@@ -106,6 +106,8 @@ class ConnectionImpl final
   std::string check_member(const std::string& name) const;
   // "worker '<self>': <what the handshake machine said>".
   std::string refusal_text(const absl::Status& status) const;
+  // This side's Hello without the challenge: kind, name, has_secret.
+  HandshakeFrame own_hello() const;
   void send_frame(const HandshakeFrame& frame);
   // Server: tells the peer `reason`, logs it, and waits for the peer to
   // close (bounded by the handshake deadline).

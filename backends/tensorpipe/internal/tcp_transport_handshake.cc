@@ -18,10 +18,7 @@ void ConnectionImpl::start_client_handshake() {
   state_ = State::kHandshake;
   step_ = Step::kAwaitHello;
   const TcpTransportOptions& options = context_->options();
-  HandshakeFrame hello;
-  hello.kind = HandshakeKind::kHello;
-  hello.has_secret = options.auth.has_value();
-  hello.name = options.self;
+  HandshakeFrame hello = own_hello();
   if (options.auth) {
     handshake_.emplace(*options.auth, auth::Role::kClient, options.self,
                        std::nullopt, auth::HandshakeShape::initiator());
@@ -30,6 +27,15 @@ void ConnectionImpl::start_client_handshake() {
     }
   }
   send_frame(hello);
+}
+
+HandshakeFrame ConnectionImpl::own_hello() const {
+  const TcpTransportOptions& options = context_->options();
+  HandshakeFrame hello;
+  hello.kind = HandshakeKind::kHello;
+  hello.has_secret = options.auth.has_value();
+  hello.name = options.self;
+  return hello;
 }
 
 void ConnectionImpl::send_frame(const HandshakeFrame& frame) {
@@ -148,10 +154,7 @@ void ConnectionImpl::on_server_frame(const HandshakeFrame& frame) {
                           "the group must agree on one"));
       return;
     }
-    HandshakeFrame hello;
-    hello.kind = HandshakeKind::kHello;
-    hello.has_secret = options.auth.has_value();
-    hello.name = options.self;
+    HandshakeFrame hello = own_hello();
     if (options.auth) {
       handshake_.emplace(*options.auth, auth::Role::kServer, options.self,
                          std::nullopt,
