@@ -110,17 +110,31 @@ def tether_backend_tests(
         tests = tests,
     )
 
-def tether_fuzz_test(name, src, corpus, deps):
+def tether_fuzz_test(name, src, corpus, deps, corpus_maker = None):
     """A libFuzzer target `name` (manual: the long run needs clang) and
     `<name>_smoke_test` in the default suite: the corpus and 20000 seeded
-    mutations through the gcc-built stand-in driver (//testing/fuzz).
+    mutations through the gcc-built stand-in driver (//testing/fuzz); with
+    `corpus_maker`, the manual binary that writes the corpus's seeds, named
+    after its source (`internal/make_x_corpus.cc` gives `make_x_corpus`).
 
     Args:
       name: the fuzz target.
       src: its source, defining LLVMFuzzerTestOneInput.
       corpus: the folder of its corpus, in this package.
-      deps: what the source needs.
+      deps: what the source needs (and so does the corpus maker).
+      corpus_maker: the source of the corpus generator, over
+        //backends/common:fuzz_corpus.
     """
+    if corpus_maker:
+        native.cc_binary(
+            name = corpus_maker.split("/")[-1][:-len(".cc")],
+            srcs = [corpus_maker],
+            tags = ["manual"],
+            deps = deps + [
+                "//backends/common:fuzz_corpus",
+                "//third_party:torch",
+            ],
+        )
     native.cc_binary(
         name = name,
         srcs = [src],

@@ -24,6 +24,7 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend_registry.h"
@@ -53,6 +54,20 @@ struct CreationTraits {
   std::string address_key;
   std::string init_timeout_key;
   std::vector<std::string> address_record;
+
+  // A backend that listens, with its keys named the common way:
+  // "<name>.address" and "<name>.init_timeout_ms".
+  static CreationTraits listener(std::string name,
+                                 std::function<Backend()> backend,
+                                 std::vector<std::string> address_record) {
+    CreationTraits traits;
+    traits.backend = std::move(backend);
+    traits.address_key = name + ".address";
+    traits.init_timeout_key = name + ".init_timeout_ms";
+    traits.name = std::move(name);
+    traits.address_record = std::move(address_record);
+    return traits;
+  }
 };
 
 // The parameter of both suites.

@@ -4,7 +4,8 @@
 // given as an IP literal or a network interface, and the error for a key
 // the backend does not know.
 //
-// Used by backends/tensorpipe and backends/grpc (libfabric later).
+// Used by backends/tensorpipe, backends/grpc and backends/faulty (libfabric
+// later).
 // Every error is INVALID_ARGUMENT and names the key and the value.
 //
 // Thread safety: the functions are pure (interface_address reads the

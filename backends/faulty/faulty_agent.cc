@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/common/refusals.h"
+#include "backends/common/settings_toolkit.h"
 #include "core/internal/check.h"
 #include "core/internal/timer.h"
 
@@ -138,25 +139,15 @@ absl::StatusOr<Faults> parse_faults(
       for (const auto& [type, ms] : *millis) {
         faults.delay[type] = absl::Milliseconds(ms);
       }
-    } else if (key == kJitterKey) {
-      int64_t ms = 0;
-      if (!absl::SimpleAtoi(value, &ms) || ms <= 0) {
-        return bad_setting(key, value, "is not a positive integer");
-      }
-      faults.jitter = absl::Milliseconds(ms);
-    } else if (key == kDropBoundKey) {
-      int64_t ms = 0;
-      if (!absl::SimpleAtoi(value, &ms) || ms <= 0) {
-        return bad_setting(key, value, "is not a positive integer");
-      }
-      faults.drop_bound = absl::Milliseconds(ms);
+    } else if (key == kJitterKey || key == kDropBoundKey) {
+      absl::StatusOr<absl::Duration> ms =
+          common::parse_milliseconds(key, value, /*min_ms=*/1);
+      if (!ms.ok()) return ms.status();
+      (key == kJitterKey ? faults.jitter : faults.drop_bound) = *ms;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown setting '", key, "'; the faulty backend knows ",
-          absl::StrJoin(
-              {kInnerKey, kFailKey, kDropKey, kDropBoundKey, kDelayKey,
-               kJitterKey},
-              ", ")));
+      return common::unknown_setting(key, kBackendName,
+                                     {kInnerKey, kFailKey, kDropKey,
+                                      kDropBoundKey, kDelayKey, kJitterKey});
     }
   }
   if (!has_inner) {

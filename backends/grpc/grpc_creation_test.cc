@@ -5,9 +5,10 @@
 namespace {
 
 tether::testing::CreationTraits grpc_traits() {
-  tether::testing::CreationTraits traits;
-  traits.backend = [] { return tether::backends::grpc_backend(); };
-  traits.name = "grpc";
+  tether::testing::CreationTraits traits =
+      tether::testing::CreationTraits::listener(
+          "grpc", [] { return tether::backends::grpc_backend(); },
+          {"127.0.0.1:"});
   traits.bad_settings = {
       {"grpc.address", "no-such-interface0"},
       {"grpc.address", "0.0.0.0"},
@@ -29,9 +30,6 @@ tether::testing::CreationTraits grpc_traits() {
       {"grpc.auth_timeout_ms", "0"},
       {"grpc.adress", "127.0.0.1"},  // a typo of a known key
   };
-  traits.address_key = "grpc.address";
-  traits.init_timeout_key = "grpc.init_timeout_ms";
-  traits.address_record = {"127.0.0.1:"};
   return traits;
 }
 

@@ -5,9 +5,11 @@
 namespace {
 
 tether::testing::CreationTraits tensorpipe_traits() {
-  tether::testing::CreationTraits traits;
-  traits.backend = [] { return tether::backends::tensorpipe_backend(); };
-  traits.name = "tensorpipe";
+  // By default only tether's guarded tcp transport listens (issue #16).
+  tether::testing::CreationTraits traits =
+      tether::testing::CreationTraits::listener(
+          "tensorpipe", [] { return tether::backends::tensorpipe_backend(); },
+          {"tcp=127.0.0.1:"});
   traits.bad_settings = {
       {"tensorpipe.transports",
        "uv,carrier_pigeon",
@@ -22,10 +24,6 @@ tether::testing::CreationTraits tensorpipe_traits() {
       {"tensorpipe.address", "no-such-interface0"},
       {"tensorpipe.transport", "uv"},  // a typo of a known key
   };
-  traits.address_key = "tensorpipe.address";
-  traits.init_timeout_key = "tensorpipe.init_timeout_ms";
-  // By default only tether's guarded tcp transport listens (issue #16).
-  traits.address_record = {"tcp=127.0.0.1:"};
   return traits;
 }
 

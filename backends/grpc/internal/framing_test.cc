@@ -79,13 +79,23 @@ Message request_with(std::vector<size_t> sizes, std::string payload = "hi") {
   return message;
 }
 
-TEST(GrpcFraming, SmallMessageIsOneHeadFrame) {
-  std::vector<std::string> frames =
-      frames_of(make_request(request_with({0, 10})));
-  ASSERT_EQ(frames.size(), 1u);
+// `message`, which must make one frame, through an assembler in slices
+// of `piece` bytes: what it completed.
+std::vector<Received> through_one_frame(
+    std::shared_ptr<const OutgoingMessage> message, size_t piece) {
+  std::vector<std::string> frames = frames_of(std::move(message));
+  EXPECT_EQ(frames.size(), 1u);
   Assembler assembler(1 << 30);
   std::vector<Received> done;
-  ASSERT_THAT(assembler.consume(sliced(frames[0], 5), done), IsOk());
+  for (const std::string& frame : frames) {
+    EXPECT_THAT(assembler.consume(sliced(frame, piece), done), IsOk());
+  }
+  return done;
+}
+
+TEST(GrpcFraming, SmallMessageIsOneHeadFrame) {
+  std::vector<Received> done =
+      through_one_frame(make_request(request_with({0, 10})), 5);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_FALSE(done[0].is_response);
   EXPECT_EQ(done[0].id, 7);
@@ -190,12 +200,8 @@ TEST(GrpcFraming, InterleavedMessagesAssembleIndependently) {
 }
 
 TEST(GrpcFraming, ErrorResponseCarriesCodeAndText) {
-  std::vector<std::string> frames =
-      frames_of(make_response(9, absl::NotFoundError("no such thing")));
-  ASSERT_EQ(frames.size(), 1u);
-  Assembler assembler(1 << 30);
-  std::vector<Received> done;
-  ASSERT_THAT(assembler.consume(sliced(frames[0], 64), done), IsOk());
+  std::vector<Received> done = through_one_frame(
+      make_response(9, absl::NotFoundError("no such thing")), 64);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].is_response);
   EXPECT_EQ(done[0].id, 9);

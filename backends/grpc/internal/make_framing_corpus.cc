@@ -2,23 +2,17 @@
 // hand): real frames of every kind, in the fuzz target's input format.
 //   bazel run //backends/grpc:make_framing_corpus -- \
 //       $PWD/backends/grpc/internal/framing_corpus
-#include <c10/core/CPUAllocator.h>
-
-#include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "backends/common/fuzz_corpus.h"
 #include "backends/grpc/internal/framing.h"
 
 namespace {
 
 using namespace tether::backends::grpc_internal;  // NOLINT
-
-c10::Storage storage_of(size_t bytes) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), bytes,
-                      c10::GetCPUAllocator(), /*resizable=*/false);
-}
+using tether::backends::common::corpus_storage;
+using tether::backends::common::CorpusDir;
 
 std::string bytes_of(const std::vector<::grpc::Slice>& slices) {
   std::string out;
@@ -37,31 +31,20 @@ std::string frames_of(std::shared_ptr<const OutgoingMessage> message) {
 }
 
 // `header` is the input's first byte (see framing_fuzz.cc).
-void write(const std::string& dir, const std::string& name, uint8_t header,
+void write(const CorpusDir& dir, const std::string& name, uint8_t header,
            const std::string& frames) {
   std::string input;
   input.push_back(static_cast<char>(header));
   input.push_back(static_cast<char>(128));
   input += frames;
-  std::ofstream(dir + "/" + name, std::ios::binary) << input;
+  dir.write(name, input);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: make_framing_corpus DIR\n");
-    return 2;
-  }
-  const std::string dir = argv[1];
-  tether::Message small;
-  small.type = tether::MessageType::kCall;
-  small.id = 7;
-  small.payload = "a small call";
-  small.storages = {storage_of(8), storage_of(0)};
+void write_seeds(const CorpusDir& dir) {
+  const tether::Message small = tether::backends::common::corpus_small_call();
   write(dir, "request_inline", 12, frames_of(make_request(small)));
   tether::Message large = small;
-  large.storages = {storage_of(3 * 4096 + 100), storage_of(20000)};
+  large.storages = {corpus_storage(3 * 4096 + 100), corpus_storage(20000)};
   // Two gRPC messages, cut in the middle of the chunks.
   write(dir, "request_chunked", 0x20 | 9, frames_of(make_request(large)));
   write(dir, "response", 5, frames_of(make_response(7, small)));
@@ -75,5 +58,11 @@ int main(int argc, char** argv) {
   write(dir, "auth_then_request", 0x10 | 6,
         hello + proof + frames_of(make_request(small)));
   write(dir, "request_before_auth", 0x10 | 10, frames_of(make_request(small)));
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return tether::backends::common::corpus_main(argc, argv,
+                                               "make_framing_corpus", write_seeds);
 }

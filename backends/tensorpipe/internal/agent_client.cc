@@ -138,8 +138,12 @@ void AgentState::write_request(int rank, int64_t id,
         auto [it, added] = client_pipes_.emplace(rank, nullptr);
         if (added) {
           it->second = std::make_shared<ClientPipe>(
-              rank, pipe, next_connection_++, auth_.has_value());
-          if (auth_) it->second->own_challenge = auth_->challenge();
+              rank, pipe, next_connection_++,
+              auth_ ? std::make_unique<auth::Handshake>(
+                          *auth_, auth::Role::kClient, self_.name,
+                          peers_.name_of(rank),
+                          auth::HandshakeShape::symmetric())
+                    : nullptr);
         }
         inserted = added;
         client = it->second;
@@ -150,16 +154,16 @@ void AgentState::write_request(int rank, int64_t id,
     if (client == nullptr) return;  // shut down meanwhile
     if (inserted) {
       read_responses(client);
-      if (auth_) {
+      if (client->handshake != nullptr) {
         // Our challenge goes first; the requests wait for the server's.
-        std::string challenge;
+        std::vector<auth::HandshakeMessage> hello;
         {
           absl::MutexLock lock(&mu_);
-          challenge = client->own_challenge;
+          hello = client->handshake->start();
         }
-        write_on_client(client, internal::make_auth_frame(
-                                    {internal::AuthStep::kHello, self_.name,
-                                     std::move(challenge)}));
+        for (const auth::HandshakeMessage& message : hello) {
+          write_on_client(client, auth_frame(message));
+        }
       }
     }
     if (!still_pending) return;
@@ -193,74 +197,47 @@ void AgentState::on_client_auth(const std::shared_ptr<ClientPipe>& client,
   auto fail = [&](const std::string& why) {
     on_client_pipe_error(client, why, absl::StatusCode::kUnauthenticated);
   };
-  switch (auth.step) {
-    case internal::AuthStep::kRefused:
-      fail(absl::StrCat("worker '", peer,
-                        "' refused the connection: ", auth.data));
-      return;
-    case internal::AuthStep::kHello: {
-      if (!auth_) {
-        fail(absl::StrCat("worker '", peer,
-                          "' requires authentication and worker '", self_.name,
-                          "' has no secret (RpcOptions::auth_secret or ",
-                          auth::kSecretEnv, ")"));
-        return;
-      }
-      if (auth.name != peer) {
-        fail(absl::StrCat("the server at worker '", peer, "' says it is '",
-                          auth.name, "'"));
-        return;
-      }
-      std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
-      std::string own;
-      {
-        absl::MutexLock lock(&mu_);
-        if (client->ready) {
-          fail(absl::StrCat("worker '", peer, "' sent a second challenge"));
-          return;
-        }
-        client->server_challenge = auth.data;
-        own = client->own_challenge;
-      }
-      write_on_client(client, internal::make_auth_frame(
-                                  {internal::AuthStep::kProof, self_.name,
-                                   auth_->prove(auth::Role::kClient, self_.name,
-                                                peer, auth.data, own)}));
-      // `ready` only once nothing is queued: a direct write (which needs
-      // it) never overtakes a queued request.
-      while (true) {
-        {
-          absl::MutexLock lock(&mu_);
-          if (client->queued.empty()) {
-            client->ready = true;
-            break;
-          }
-          queued.clear();
-          queued.swap(client->queued);
-        }
-        for (auto& [id, frame] : queued) {
-          write_on_client(client, std::move(frame));
-        }
-      }
-      return;
-    }
-    case internal::AuthStep::kProof: {
-      std::string own, theirs;
-      {
-        absl::MutexLock lock(&mu_);
-        own = client->own_challenge;
-        theirs = client->server_challenge;
-      }
-      if (!auth_ || theirs.empty() ||
-          !auth_->verify(auth.data, auth::Role::kServer, peer, self_.name, own,
-                         theirs)) {
-        fail(absl::StrCat("worker '", peer,
-                          "' failed to authenticate (a different secret?)"));
-        return;
-      }
+  if (auth.step == internal::AuthStep::kRefused) {
+    fail(absl::StrCat("worker '", peer, "' refused the connection: ",
+                      auth.data));
+    return;
+  }
+  if (client->handshake == nullptr) {
+    fail(absl::StrCat("worker '", peer,
+                      "' requires authentication and worker '", self_.name,
+                      "' has no secret (RpcOptions::auth_secret or ",
+                      auth::kSecretEnv, ")"));
+    return;
+  }
+  absl::StatusOr<std::vector<auth::HandshakeMessage>> answer;
+  {
+    absl::MutexLock lock(&mu_);
+    answer = client->handshake->on_message(handshake_message(auth));
+  }
+  if (!answer.ok()) {
+    fail(std::string(answer.status().message()));
+    return;
+  }
+  for (const auth::HandshakeMessage& message : *answer) {
+    write_on_client(client, auth_frame(message));
+  }
+  if (auth.step != internal::AuthStep::kHello) return;
+  // The server's challenge is answered. `ready` only once nothing is
+  // queued: a direct write (which needs it) never overtakes a queued
+  // request.
+  std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+  while (true) {
+    {
       absl::MutexLock lock(&mu_);
-      client->server_verified = true;
-      return;
+      if (client->queued.empty()) {
+        client->ready = true;
+        break;
+      }
+      queued.clear();
+      queued.swap(client->queued);
+    }
+    for (auto& [id, frame] : queued) {
+      write_on_client(client, std::move(frame));
     }
   }
 }
@@ -323,7 +300,7 @@ void AgentState::on_response(const std::shared_ptr<ClientPipe>& client,
   bool verified;
   {
     absl::MutexLock lock(&mu_);
-    verified = client->server_verified;
+    verified = client->server_verified();
   }
   if (!verified) {
     on_client_pipe_error(client, "a response before the server authenticated",

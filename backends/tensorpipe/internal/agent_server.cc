@@ -50,10 +50,13 @@ void AgentState::on_accept(
     }
     if (!error) server_pipes_.insert(pipe);
     if (!error && auth_) {
-      ServerAuth& auth = server_auth_[pipe.get()];
-      auth.own_challenge = auth_->challenge();
-      hello = internal::make_auth_frame(
-          {internal::AuthStep::kHello, self_.name, auth.own_challenge});
+      auto handshake = std::make_unique<auth::Handshake>(
+          *auth_, auth::Role::kServer, self_.name, std::nullopt,
+          auth::HandshakeShape::symmetric());
+      for (const auth::HandshakeMessage& message : handshake->start()) {
+        hello = auth_frame(message);  // the one Hello
+      }
+      server_auth_[pipe.get()] = std::move(handshake);
     }
   }
   if (hello != nullptr) {
@@ -211,15 +214,10 @@ bool AgentState::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
   const bool is_auth = frame.header.kind == FrameKind::kAuth;
   absl::StatusOr<internal::AuthFrame> auth =
       is_auth ? frame.take_auth() : absl::StatusOr<internal::AuthFrame>();
-  ServerAuth state;
   bool authenticating = false;
   {
     absl::MutexLock lock(&mu_);
-    auto it = server_auth_.find(pipe.get());
-    if (it != server_auth_.end()) {
-      authenticating = true;
-      state = it->second;
-    }
+    authenticating = server_auth_.contains(pipe.get());
   }
   if (!authenticating) {
     if (!is_auth) return true;  // authenticated, or no authentication
@@ -244,42 +242,36 @@ bool AgentState::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
     refuse(pipe, "?", auth.status().message());
     return false;
   }
-  if (state.stage == ServerAuth::Stage::kAwaitHello &&
-      auth->step == internal::AuthStep::kHello) {
-    // A dynamic group's joiner connects before the members know it.
-    if (!dynamic_ && !peers_.by_name(auth->name).has_value()) {
-      refuse(pipe, auth->name, "not a worker of this group");
-      return false;
-    }
-    std::shared_ptr<OutgoingFrame> proof = internal::make_auth_frame(
-        {internal::AuthStep::kProof, self_.name,
-         auth_->prove(auth::Role::kServer, self_.name, auth->name, auth->data,
-                      state.own_challenge)});
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = server_auth_.find(pipe.get());
-      if (it == server_auth_.end()) return false;
-      it->second.stage = ServerAuth::Stage::kAwaitProof;
-      it->second.peer = auth->name;
-      it->second.peer_challenge = auth->data;
-    }
-    pipe->write(proof->to_tensorpipe(),
-                [proof](const ::tensorpipe::Error& /*error*/) {});
-    return true;
+  if (auth->step == internal::AuthStep::kRefused) {
+    refuse(pipe, auth->name, "an unexpected authentication step");
+    return false;
   }
-  if (state.stage == ServerAuth::Stage::kAwaitProof &&
-      auth->step == internal::AuthStep::kProof) {
-    if (!auth_->verify(auth->data, auth::Role::kClient, state.peer, self_.name,
-                       state.own_challenge, state.peer_challenge)) {
-      refuse(pipe, state.peer, "authentication failed (a different secret?)");
-      return false;
-    }
+  // A dynamic group's joiner connects before the members know it.
+  if (auth->step == internal::AuthStep::kHello && !dynamic_ &&
+      !peers_.by_name(auth->name).has_value()) {
+    refuse(pipe, auth->name, "not a worker of this group");
+    return false;
+  }
+  absl::StatusOr<std::vector<auth::HandshakeMessage>> answer;
+  std::string peer;
+  {
     absl::MutexLock lock(&mu_);
-    server_auth_.erase(pipe.get());
-    return true;
+    auto it = server_auth_.find(pipe.get());
+    if (it == server_auth_.end()) return false;
+    answer = it->second->on_message(handshake_message(*auth));
+    peer = it->second->peer();
+    if (answer.ok() && it->second->done()) server_auth_.erase(it);
   }
-  refuse(pipe, state.peer, "an unexpected authentication step");
-  return false;
+  if (!answer.ok()) {
+    refuse(pipe, peer.empty() ? auth->name : peer, answer.status().message());
+    return false;
+  }
+  for (const auth::HandshakeMessage& message : *answer) {
+    std::shared_ptr<OutgoingFrame> frame = auth_frame(message);
+    pipe->write(frame->to_tensorpipe(),
+                [frame](const ::tensorpipe::Error& /*error*/) {});
+  }
+  return true;
 }
 
 void AgentState::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,

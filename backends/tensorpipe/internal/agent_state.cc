@@ -342,4 +342,19 @@ void AgentState::join_resources(Resources& resources) {
   if (resources.context) resources.context->join();
 }
 
+std::shared_ptr<OutgoingFrame> AgentState::auth_frame(
+    const auth::HandshakeMessage& message) {
+  return internal::make_auth_frame(
+      {message.step == auth::HandshakeStep::kHello ? internal::AuthStep::kHello
+                                                   : internal::AuthStep::kProof,
+       message.name, message.data});
+}
+
+auth::HandshakeMessage AgentState::handshake_message(
+    const internal::AuthFrame& frame) {
+  return {frame.step == internal::AuthStep::kHello ? auth::HandshakeStep::kHello
+                                                   : auth::HandshakeStep::kProof,
+          frame.name, frame.data};
+}
+
 }  // namespace tether::backends::internal

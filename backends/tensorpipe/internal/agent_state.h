@@ -34,6 +34,7 @@
 #include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/settings.h"
 #include "core/agent.h"
+#include "core/auth/handshake.h"
 #include "core/internal/serial_executor.h"
 #include "core/internal/timer.h"
 
@@ -87,33 +88,28 @@ class AgentState
 
   struct ClientPipe {
     ClientPipe(int rank, std::shared_ptr<::tensorpipe::Pipe> pipe,
-               PendingRequests::Connection connection, bool authenticate)
+               PendingRequests::Connection connection,
+               std::unique_ptr<auth::Handshake> handshake)
         : rank(rank),
           pipe(std::move(pipe)),
           connection(connection),
-          ready(!authenticate),
-          server_verified(!authenticate) {}
+          handshake(std::move(handshake)),
+          ready(this->handshake == nullptr) {}
     const int rank;
     const std::shared_ptr<::tensorpipe::Pipe> pipe;
     // What the requests written (or being written) on this pipe are bound
     // to in pending_.
     const PendingRequests::Connection connection;
-    // Authentication (under AgentState::mu_): requests wait in `queued` until
-    // this side has answered the server's challenge (`ready`); responses are
-    // accepted once the server has answered ours (`server_verified`).
+    // Authentication (the machine is used under AgentState::mu_; null
+    // without a secret): requests wait in `queued` until this side has
+    // answered the server's challenge (`ready`); responses are accepted once
+    // the server has answered ours (server_verified()).
+    const std::unique_ptr<auth::Handshake> handshake;
     bool ready;
-    bool server_verified;
-    std::string own_challenge;
-    std::string server_challenge;
+    bool server_verified() const {
+      return handshake == nullptr || handshake->verified();
+    }
     std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
-  };
-
-  // A server pipe's authentication (under mu_).
-  struct ServerAuth {
-    enum class Stage { kAwaitHello, kAwaitProof } stage = Stage::kAwaitHello;
-    std::string own_challenge;
-    std::string peer;
-    std::string peer_challenge;
   };
 
   // What shutdown() takes out of the state, closes and joins, outside the
@@ -225,6 +221,11 @@ class AgentState
                        std::shared_ptr<OutgoingFrame> frame);
   void on_client_auth(const std::shared_ptr<ClientPipe>& client,
                       const internal::AuthFrame& auth) ABSL_LOCKS_EXCLUDED(mu_);
+  // A handshake message in this backend's envelope, and back.
+  static std::shared_ptr<OutgoingFrame> auth_frame(
+      const auth::HandshakeMessage& message);
+  static auth::HandshakeMessage handshake_message(
+      const internal::AuthFrame& frame);
 
   // Server side.
   void accept_next(std::shared_ptr<::tensorpipe::Listener> listener);
@@ -274,8 +275,11 @@ class AgentState
   PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<std::shared_ptr<::tensorpipe::Pipe>> server_pipes_
       ABSL_GUARDED_BY(mu_);
-  // Server pipes still authenticating.
-  absl::flat_hash_map<const ::tensorpipe::Pipe*, ServerAuth> server_auth_
+  // Server pipes still authenticating, with their handshakes (2 steps both
+  // ways: each side says hello first and proves on the other's hello).
+  absl::flat_hash_map<const ::tensorpipe::Pipe*,
+                      std::unique_ptr<auth::Handshake>>
+      server_auth_
       ABSL_GUARDED_BY(mu_);
   std::shared_ptr<::tensorpipe::Context> context_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<::tensorpipe::Listener> listener_ ABSL_GUARDED_BY(mu_);

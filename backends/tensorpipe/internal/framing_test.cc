@@ -144,19 +144,25 @@ TEST(Framing, LargeRequestTravelsWithPayloadAndStoragesOutOfBand) {
   EXPECT_NE(received->storages[0].data(), request.storages[0].data());
 }
 
+// `request` through a frame that must carry it inline (no payloads, no
+// tensors), and back.
+absl::StatusOr<Message> through_inline_frame(const Message& request) {
+  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  EXPECT_TRUE(message.payloads.empty());
+  EXPECT_TRUE(message.tensors.empty());
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+      allocate_frame(descriptor_of(message));
+  if (!in.ok()) return in.status();
+  return (*in)->take_result();
+}
+
 TEST(Framing, SmallMessageTravelsInlineInTheMetadata) {
   Message request;
   request.type = MessageType::kPing;
   request.id = 4;
   request.payload = "hello";
   request.storages = {storage_of(10, 1), storage_of(0, 0), storage_of(3, 2)};
-  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
-  EXPECT_TRUE(message.payloads.empty());
-  EXPECT_TRUE(message.tensors.empty());
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
-      allocate_frame(descriptor_of(message));
-  ASSERT_THAT(in, IsOk());
-  absl::StatusOr<Message> received = (*in)->take_result();
+  absl::StatusOr<Message> received = through_inline_frame(request);
   ASSERT_THAT(received, IsOk());
   EXPECT_EQ(received->id, 4);
   EXPECT_EQ(received->payload, "hello");
@@ -186,13 +192,7 @@ TEST(Framing, EmptyMessageHasNoBuffers) {
   Message request;
   request.type = MessageType::kPing;
   request.storages = {storage_of(0, 0)};
-  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
-  EXPECT_TRUE(message.payloads.empty());
-  EXPECT_TRUE(message.tensors.empty());
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
-      allocate_frame(descriptor_of(message));
-  ASSERT_THAT(in, IsOk());
-  absl::StatusOr<Message> received = (*in)->take_result();
+  absl::StatusOr<Message> received = through_inline_frame(request);
   ASSERT_THAT(received, IsOk());
   EXPECT_EQ(received->payload, "");
   ASSERT_EQ(received->storages.size(), 1u);

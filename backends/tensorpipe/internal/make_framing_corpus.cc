@@ -2,24 +2,18 @@
 // hand): real frames of every kind, in the fuzz target's input format.
 //   bazel run //backends/tensorpipe:make_framing_corpus -- \
 //       $PWD/backends/tensorpipe/internal/framing_corpus
-#include <c10/core/CPUAllocator.h>
-
-#include <cstdio>
-#include <fstream>
 #include <string>
 
+#include "backends/common/fuzz_corpus.h"
 #include "backends/tensorpipe/internal/framing.h"
 
 namespace {
 
 using namespace tether::backends::internal;  // NOLINT
+using tether::backends::common::corpus_storage;
+using tether::backends::common::CorpusDir;
 
-c10::Storage storage_of(size_t bytes) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), bytes,
-                      c10::GetCPUAllocator(), /*resizable=*/false);
-}
-
-void write(const std::string& dir, const std::string& name,
+void write(const CorpusDir& dir, const std::string& name,
            const OutgoingFrame& frame) {
   ::tensorpipe::Message message = frame.to_tensorpipe();
   std::string input(1, static_cast<char>((message.payloads.empty() ? 0 : 1) |
@@ -31,31 +25,21 @@ void write(const std::string& dir, const std::string& name,
   for (const auto& p : message.payloads) put16(p.length);
   for (const auto& t : message.tensors) put16(t.length);
   input += message.metadata;
-  std::ofstream(dir + "/" + name, std::ios::binary) << input;
+  dir.write(name, input);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: make_framing_corpus DIR\n");
-    return 2;
-  }
-  const std::string dir = argv[1];
-  tether::Message small;
-  small.type = tether::MessageType::kCall;
-  small.id = 7;
-  small.payload = "a small call";
-  small.storages = {storage_of(8), storage_of(0)};
+void write_seeds(const CorpusDir& dir) {
+  const tether::Message small = tether::backends::common::corpus_small_call();
   write(dir, "request_inline", *make_request_frame(small));
   tether::Message big = small;
   big.payload = std::string(200, 'p');
-  big.storages = {storage_of(kInlineLimit + 1), storage_of(3), storage_of(0)};
+  big.storages = {corpus_storage(kInlineLimit + 1), corpus_storage(3),
+                  corpus_storage(0)};
   write(dir, "request_out_of_band", *make_request_frame(big));
   tether::Message response;
   response.type = tether::MessageType::kCallRet;
   response.payload = "result";
-  response.storages = {storage_of(16)};
+  response.storages = {corpus_storage(16)};
   write(dir, "response", *make_response_frame(7, response));
   write(dir, "error",
         *make_response_frame(7, absl::NotFoundError("no such function")));
@@ -65,5 +49,11 @@ int main(int argc, char** argv) {
         *make_auth_frame({AuthStep::kProof, "w1", std::string(32, 'm')}));
   write(dir, "auth_refused",
         *make_auth_frame({AuthStep::kRefused, "w1", "authentication failed"}));
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return tether::backends::common::corpus_main(argc, argv,
+                                               "make_framing_corpus", write_seeds);
 }

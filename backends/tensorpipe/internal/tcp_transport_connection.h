@@ -8,6 +8,7 @@
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 
+#include <absl/status/status.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/string_view.h>
 #include <tensorpipe/common/nop.h>
@@ -17,11 +18,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backends/tensorpipe/internal/tcp_handshake.h"
 #include "backends/tensorpipe/internal/tcp_transport_context.h"
+#include "core/auth/handshake.h"
 
 namespace tether::backends::internal::tcp {
 
@@ -101,6 +104,10 @@ class ConnectionImpl final
   void on_client_frame(const HandshakeFrame& frame);
   // Why `name` may not take part, or "" if it may.
   std::string check_member(const std::string& name) const;
+  // "worker '<self>': <what the handshake machine said>".
+  std::string refusal_text(const absl::Status& status) const;
+  // This side's Hello without the challenge: kind, name, has_secret.
+  HandshakeFrame own_hello() const;
   void send_frame(const HandshakeFrame& frame);
   // Server: tells the peer `reason`, logs it, and waits for the peer to
   // close (bounded by the handshake deadline).
@@ -146,8 +153,9 @@ class ConnectionImpl final
   uint32_t interest_ = 0;
   bool listener_notified_ = false;
   std::string peer_name_;
-  std::string own_challenge_;
-  std::string peer_challenge_;
+  // The challenge-response (with a secret): client initiator(), server
+  // responder_three_step(); the server's Hello and Proof share a frame.
+  std::optional<auth::Handshake> handshake_;
   std::string refusal_;
   tp::Error fill_error_;
   // The last recv() took less than it asked for: the socket had nothing

@@ -18,13 +18,24 @@ void ConnectionImpl::start_client_handshake() {
   state_ = State::kHandshake;
   step_ = Step::kAwaitHello;
   const TcpTransportOptions& options = context_->options();
+  HandshakeFrame hello = own_hello();
+  if (options.auth) {
+    handshake_.emplace(*options.auth, auth::Role::kClient, options.self,
+                       std::nullopt, auth::HandshakeShape::initiator());
+    for (const auth::HandshakeMessage& message : handshake_->start()) {
+      hello.challenge = message.data;  // the one Hello
+    }
+  }
+  send_frame(hello);
+}
+
+HandshakeFrame ConnectionImpl::own_hello() const {
+  const TcpTransportOptions& options = context_->options();
   HandshakeFrame hello;
   hello.kind = HandshakeKind::kHello;
   hello.has_secret = options.auth.has_value();
   hello.name = options.self;
-  if (options.auth) own_challenge_ = options.auth->challenge();
-  hello.challenge = own_challenge_;
-  send_frame(hello);
+  return hello;
 }
 
 void ConnectionImpl::send_frame(const HandshakeFrame& frame) {
@@ -80,6 +91,11 @@ void ConnectionImpl::on_handshake_input() {
     process_writes();
     process_reads();
   }
+}
+
+std::string ConnectionImpl::refusal_text(const absl::Status& status) const {
+  return absl::StrCat("worker '", context_->options().self,
+                      "': ", status.message());
 }
 
 std::string ConnectionImpl::check_member(const std::string& name) const {
@@ -138,34 +154,40 @@ void ConnectionImpl::on_server_frame(const HandshakeFrame& frame) {
                           "the group must agree on one"));
       return;
     }
-    if (options.auth && frame.challenge.size() != auth::kChallengeBytes) {
-      refuse("a challenge of the wrong size");
-      return;
-    }
-    HandshakeFrame hello;
-    hello.kind = HandshakeKind::kHello;
-    hello.has_secret = options.auth.has_value();
-    hello.name = options.self;
+    HandshakeFrame hello = own_hello();
     if (options.auth) {
-      own_challenge_ = options.auth->challenge();
-      peer_challenge_ = frame.challenge;
-      hello.challenge = own_challenge_;
-      hello.proof =
-          options.auth->prove(auth::Role::kServer, options.self, frame.name,
-                              frame.challenge, own_challenge_);
+      handshake_.emplace(*options.auth, auth::Role::kServer, options.self,
+                         std::nullopt,
+                         auth::HandshakeShape::responder_three_step());
+      absl::StatusOr<std::vector<auth::HandshakeMessage>> answer =
+          handshake_->on_message(
+              {auth::HandshakeStep::kHello, frame.name, frame.challenge});
+      if (!answer.ok()) {
+        refuse(refusal_text(answer.status()));
+        return;
+      }
+      // Our Hello and Proof, in one frame.
+      for (const auth::HandshakeMessage& message : *answer) {
+        (message.step == auth::HandshakeStep::kHello ? hello.challenge
+                                                     : hello.proof) =
+            message.data;
+      }
     }
     step_ = Step::kAwaitProof;
     send_frame(hello);
     return;
   }
   if (step_ == Step::kAwaitProof && frame.kind == HandshakeKind::kProof) {
-    if (options.auth &&
-        !options.auth->verify(frame.proof, auth::Role::kClient, peer_name_,
-                              options.self, own_challenge_, peer_challenge_)) {
-      refuse(absl::StrCat("worker '", options.self,
-                          "' could not authenticate worker '", peer_name_,
-                          "' (a different secret?)"));
-      return;
+    if (handshake_) {
+      absl::Status verified =
+          handshake_
+              ->on_message({auth::HandshakeStep::kProof, peer_name_,
+                            frame.proof})
+              .status();
+      if (!verified.ok()) {
+        refuse(refusal_text(verified));
+        return;
+      }
     }
     HandshakeFrame verdict;
     verdict.kind = HandshakeKind::kVerdict;
@@ -191,12 +213,26 @@ void ConnectionImpl::on_client_frame(const HandshakeFrame& frame) {
       why = absl::StrCat("worker '", frame.name, "' and worker '", options.self,
                          "' disagree on having a secret");
     }
-    if (why.empty() && options.auth &&
-        !options.auth->verify(frame.proof, auth::Role::kServer, frame.name,
-                              options.self, own_challenge_, frame.challenge)) {
-      why = absl::StrCat("worker '", frame.name,
-                         "' failed to prove the group's secret to worker '",
-                         options.self, "' (a different secret?)");
+    HandshakeFrame proof;
+    proof.kind = HandshakeKind::kProof;
+    if (why.empty() && handshake_) {
+      // The server's Hello carries its Proof: both go through the machine,
+      // and our Proof goes out only if theirs checks out.
+      absl::StatusOr<std::vector<auth::HandshakeMessage>> answer =
+          handshake_->on_message(
+              {auth::HandshakeStep::kHello, frame.name, frame.challenge});
+      if (answer.ok()) {
+        for (const auth::HandshakeMessage& message : *answer) {
+          proof.proof = message.data;  // our Proof
+        }
+        absl::Status verified =
+            handshake_
+                ->on_message({auth::HandshakeStep::kProof, frame.name,
+                              frame.proof})
+                .status();
+        if (!verified.ok()) answer = verified;
+      }
+      if (!answer.ok()) why = refusal_text(answer.status());
     }
     if (!why.empty()) {
       HandshakeFrame verdict;
@@ -205,13 +241,6 @@ void ConnectionImpl::on_client_frame(const HandshakeFrame& frame) {
       send_frame(verdict);
       fail(refused_error(why), why, /*log=*/true);
       return;
-    }
-    HandshakeFrame proof;
-    proof.kind = HandshakeKind::kProof;
-    if (options.auth) {
-      proof.proof =
-          options.auth->prove(auth::Role::kClient, options.self, frame.name,
-                              frame.challenge, own_challenge_);
     }
     step_ = Step::kAwaitVerdict;
     send_frame(proof);
