@@ -246,7 +246,7 @@ absl::StatusOr<AuthFrame> read_auth(absl::string_view tail) {
   common::ByteReader in(tail, kFrameName);
   absl::StatusOr<uint8_t> step = in.read<uint8_t>("auth step");
   if (!step.ok()) return step.status();
-  if (*step < static_cast<uint8_t>(AuthStep::kHello) ||
+  if (*step < static_cast<uint8_t>(AuthStep::kClientHello) ||
       *step > static_cast<uint8_t>(AuthStep::kRefused)) {
     return malformed(absl::StrCat("auth step ", *step));
   }
