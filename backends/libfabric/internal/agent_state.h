@@ -204,6 +204,11 @@ class State : public std::enable_shared_from_this<State> {
 
   // ---- authentication: the progress thread (peer_auth.cc)
   void send_auth(int rank, AuthFrame frame);
+  // As the client: a new handshake with the peer, our Hello sent.
+  void start_client_auth(Peer& peer);
+  // Sends a handshake's `messages` in auth frames of our `role`.
+  void send_handshake(Peer& peer, auth::Role role,
+                      const std::vector<auth::HandshakeMessage>& messages);
   void on_auth_frame(Peer& peer, absl::string_view tail);
   // Whether a frame of `kind` from `peer` may be acted on; if not, it is
   // dropped with a log line (and a request is refused).

@@ -6,30 +6,33 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/common/bytes.h"
+
 namespace tether::backends::libfabric::internal {
 namespace {
 
 constexpr char kMagic[4] = {'T', 'L', 'F', '1'};
+constexpr char kFrameName[] = "libfabric frame";
 
-// Fixed-width little-endian fields (every supported host is little-endian;
-// memcpy keeps unaligned access well-defined).
+// Little-endian fields written at `out` (common/bytes.h), advancing it.
 template <typename T>
 void put(char*& out, T value) {
-  std::memcpy(out, &value, sizeof(T));
-  out += sizeof(T);
+  uint8_t* at = reinterpret_cast<uint8_t*>(out);
+  common::put_le(at, value);
+  out = reinterpret_cast<char*>(at);
 }
 
+// A fixed-size record whose length the caller has checked: the field of
+// type T at `offset`, with `offset` advanced past it.
 template <typename T>
-T get(const char*& in) {
-  T value;
-  std::memcpy(&value, in, sizeof(T));
-  in += sizeof(T);
+T get(absl::string_view bytes, size_t& offset) {
+  const T value = common::get_le<T>(bytes, offset);
+  offset += sizeof(T);
   return value;
 }
 
 absl::Status malformed(absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("malformed libfabric frame: ", what));
+  return common::malformed(kFrameName, what);
 }
 
 constexpr size_t kSegmentSize = 1 + 8;
@@ -62,15 +65,15 @@ absl::StatusOr<FrameHeader> read_header(absl::string_view frame) {
   if (std::memcmp(frame.data(), kMagic, sizeof(kMagic)) != 0) {
     return malformed("bad magic");
   }
-  const char* in = frame.data() + sizeof(kMagic);
+  size_t in = sizeof(kMagic);
   FrameHeader header;
-  const uint8_t kind = get<uint8_t>(in);
+  const uint8_t kind = get<uint8_t>(frame, in);
   if (kind < static_cast<uint8_t>(FrameKind::kRequest) ||
       kind > static_cast<uint8_t>(FrameKind::kAuth)) {
     return malformed(absl::StrCat("unknown kind ", kind));
   }
   header.kind = static_cast<FrameKind>(kind);
-  header.flags = get<uint8_t>(in);
+  header.flags = get<uint8_t>(frame, in);
   constexpr uint8_t kKnownFlags =
       kFlagControlSlot | kFlagReturnsControlSlot | kFlagBodyRemote;
   if ((header.flags & ~kKnownFlags) != 0) {
@@ -79,12 +82,12 @@ absl::StatusOr<FrameHeader> read_header(absl::string_view frame) {
   if ((header.flags & kFlagBodyRemote) != 0 && !carries_message(header.kind)) {
     return malformed("a remote body on a control frame");
   }
-  header.credits = get<uint16_t>(in);
-  header.src_rank = get<uint32_t>(in);
-  if (get<uint32_t>(in) != 0) return malformed("reserved bytes set");
-  header.arg0 = get<uint64_t>(in);
-  header.arg1 = get<uint64_t>(in);
-  header.arg2 = get<uint64_t>(in);
+  header.credits = get<uint16_t>(frame, in);
+  header.src_rank = get<uint32_t>(frame, in);
+  if (get<uint32_t>(frame, in) != 0) return malformed("reserved bytes set");
+  header.arg0 = get<uint64_t>(frame, in);
+  header.arg1 = get<uint64_t>(frame, in);
+  header.arg2 = get<uint64_t>(frame, in);
   return header;
 }
 
@@ -101,14 +104,14 @@ absl::StatusOr<MessageHead> read_message_head(absl::string_view bytes) {
   if (bytes.size() < kMessageHeadSize) {
     return malformed(absl::StrCat("message head of ", bytes.size(), " bytes"));
   }
-  const char* in = bytes.data();
+  size_t in = 0;
   MessageHead head;
-  head.type = static_cast<MessageType>(get<int32_t>(in));
-  head.code = get<int32_t>(in);
-  head.id = get<int64_t>(in);
-  head.body_size = get<uint64_t>(in);
-  head.body_address = get<uint64_t>(in);
-  head.body_key = get<uint64_t>(in);
+  head.type = static_cast<MessageType>(get<int32_t>(bytes, in));
+  head.code = get<int32_t>(bytes, in);
+  head.id = get<int64_t>(bytes, in);
+  head.body_size = get<uint64_t>(bytes, in);
+  head.body_address = get<uint64_t>(bytes, in);
+  head.body_key = get<uint64_t>(bytes, in);
   if (head.body_size > kMaxSegmentBytes) {
     return malformed(absl::StrCat("a body of ", head.body_size, " bytes"));
   }
@@ -147,59 +150,61 @@ void write_body(const std::vector<SegmentDesc>& segments,
 }
 
 absl::StatusOr<Body> read_body(absl::string_view bytes) {
-  const char* in = bytes.data();
-  const char* const end = bytes.data() + bytes.size();
-  if (bytes.size() < 4) return malformed("body shorter than its count");
-  const uint32_t count = get<uint32_t>(in);
-  if (count == 0 || count > kMaxSegments) {
-    return malformed(absl::StrCat(count, " segments"));
+  common::ByteReader in(bytes, kFrameName);
+  absl::StatusOr<uint32_t> count = in.read<uint32_t>("segment count");
+  if (!count.ok()) return count.status();
+  if (*count == 0 || *count > kMaxSegments) {
+    return malformed(absl::StrCat(*count, " segments"));
   }
   // Every segment takes at least kSegmentSize bytes: a count the bytes
   // cannot hold is refused before anything is reserved for it.
-  if (static_cast<uint64_t>(count) * kSegmentSize >
-      static_cast<uint64_t>(end - in)) {
-    return malformed(absl::StrCat(count, " segments in ", bytes.size(),
+  if (static_cast<uint64_t>(*count) * kSegmentSize > in.remaining()) {
+    return malformed(absl::StrCat(*count, " segments in ", bytes.size(),
                                   " bytes"));
   }
   Body body;
-  body.segments.reserve(count);
+  body.segments.reserve(*count);
   uint64_t inline_bytes = 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    if (static_cast<size_t>(end - in) < kSegmentSize) {
-      return malformed("body ends inside its segment list");
-    }
+  for (uint32_t i = 0; i < *count; ++i) {
+    absl::StatusOr<uint8_t> remote = in.read<uint8_t>("segment mode");
+    if (!remote.ok()) return remote.status();
+    if (*remote > 1) return malformed(absl::StrCat("segment mode ", *remote));
+    absl::StatusOr<uint64_t> size = in.read<uint64_t>("segment size");
+    if (!size.ok()) return size.status();
     SegmentDesc segment;
-    const uint8_t remote = get<uint8_t>(in);
-    if (remote > 1) return malformed(absl::StrCat("segment mode ", remote));
-    segment.remote = remote == 1;
-    segment.size = get<uint64_t>(in);
+    segment.remote = *remote == 1;
+    segment.size = *size;
     if (segment.size > kMaxSegmentBytes) {
       return malformed(absl::StrCat("a segment of ", segment.size, " bytes"));
     }
     if (segment.remote) {
-      if (static_cast<size_t>(end - in) < kRemoteExtra) {
-        return malformed("body ends inside its segment list");
-      }
       if (segment.size == 0) return malformed("an empty remote segment");
-      segment.address = get<uint64_t>(in);
-      segment.key = get<uint64_t>(in);
+      absl::StatusOr<uint64_t> address = in.read<uint64_t>("segment address");
+      if (!address.ok()) return address.status();
+      absl::StatusOr<uint64_t> key = in.read<uint64_t>("segment key");
+      if (!key.ok()) return key.status();
+      segment.address = *address;
+      segment.key = *key;
     } else {
       inline_bytes += segment.size;
     }
     body.segments.push_back(segment);
   }
-  if (static_cast<uint64_t>(end - in) != inline_bytes) {
-    return malformed(absl::StrCat("body has ", end - in,
+  if (in.remaining() != inline_bytes) {
+    return malformed(absl::StrCat("body has ", in.remaining(),
                                   " bytes of inline data for ", inline_bytes));
   }
-  body.inline_data.reserve(count);
+  body.inline_data.reserve(*count);
   for (const SegmentDesc& segment : body.segments) {
     if (segment.remote) {
       body.inline_data.push_back(nullptr);
-    } else {
-      body.inline_data.push_back(in);
-      in += segment.size;
+      continue;
     }
+    // Cannot fail: the inline bytes were counted above.
+    absl::StatusOr<absl::string_view> data =
+        in.read_bytes(segment.size, "inline data");
+    if (!data.ok()) return data.status();
+    body.inline_data.push_back(data->data());
   }
   return body;
 }
@@ -238,21 +243,21 @@ std::string write_auth(const AuthFrame& frame) {
 }
 
 absl::StatusOr<AuthFrame> read_auth(absl::string_view tail) {
-  if (tail.size() < 7) {
-    return malformed(absl::StrCat("an auth frame of ", tail.size(), " bytes"));
+  common::ByteReader in(tail, kFrameName);
+  absl::StatusOr<uint8_t> step = in.read<uint8_t>("auth step");
+  if (!step.ok()) return step.status();
+  if (*step < static_cast<uint8_t>(AuthStep::kClientHello) ||
+      *step > static_cast<uint8_t>(AuthStep::kRefused)) {
+    return malformed(absl::StrCat("auth step ", *step));
   }
-  const char* in = tail.data();
   AuthFrame frame;
-  const uint8_t step = get<uint8_t>(in);
-  if (step < static_cast<uint8_t>(AuthStep::kHello) ||
-      step > static_cast<uint8_t>(AuthStep::kRefused)) {
-    return malformed(absl::StrCat("auth step ", step));
-  }
-  frame.step = static_cast<AuthStep>(step);
+  frame.step = static_cast<AuthStep>(*step);
   size_t sizes[3];
   size_t total = 7;
   for (size_t& size : sizes) {
-    size = get<uint16_t>(in);
+    absl::StatusOr<uint16_t> announced = in.read<uint16_t>("auth field size");
+    if (!announced.ok()) return announced.status();
+    size = *announced;
     if (size > kMaxAuthField) {
       return malformed(absl::StrCat("an auth field of ", size, " bytes"));
     }
@@ -264,8 +269,10 @@ absl::StatusOr<AuthFrame> read_auth(absl::string_view tail) {
   }
   std::string* fields[3] = {&frame.name, &frame.challenge, &frame.proof};
   for (int i = 0; i < 3; ++i) {
-    fields[i]->assign(in, sizes[i]);
-    in += sizes[i];
+    absl::StatusOr<absl::string_view> field =
+        in.read_bytes(sizes[i], "auth field");
+    if (!field.ok()) return field.status();
+    fields[i]->assign(field->data(), field->size());
   }
   return frame;
 }

@@ -131,28 +131,32 @@ struct SegmentDesc {
 // Authentication, per ordered peer pair (issue #10): the worker that sends
 // requests (the client) proves itself to the one that serves them (the
 // server) and the other way round, before the server accepts any request
-// and before the client accepts any response:
+// and before the client accepts any response. The exchange is
+// core/auth/handshake.h's 4-step shape; these frames are its envelope:
 //
-//   client -> server  kHello        name, client challenge
-//   server -> client  kServerProof  name, server challenge, server's proof
+//   client -> server  kClientHello  name, client challenge
+//   server -> client  kServerHello  name, server challenge
 //   client -> server  kClientProof  name, client's proof
-//   server -> client  kAccepted     name   (or kRefused, reason in `proof`)
+//   server -> client  kServerProof  name, server's proof
+//                     (or kRefused at any point, the reason in `proof`)
 //
 // Proofs are core/auth's HMACs, bound to both names, roles and challenges.
-// The client sends its requests only once accepted, so the provider's
-// message ordering does not matter.
+// The client sends its requests only once the server has proved itself
+// (which it does only after verifying the client), so the provider's
+// message ordering does not matter. The step says which side's handshake
+// a frame is for (each worker is client and server of each peer).
 enum class AuthStep : uint8_t {
-  kHello = 1,
-  kServerProof = 2,
+  kClientHello = 1,
+  kServerHello = 2,
   kClientProof = 3,
-  kAccepted = 4,
+  kServerProof = 4,
   kRefused = 5,
 };
 
 // step u8 | name size u16 | challenge size u16 | proof size u16 | name
 // | challenge | proof; each field at most kMaxAuthField bytes.
 struct AuthFrame {
-  AuthStep step = AuthStep::kHello;
+  AuthStep step = AuthStep::kClientHello;
   std::string name;
   std::string challenge;
   std::string proof;  // the refusal's reason for kRefused

@@ -39,6 +39,7 @@ void State::fail_peer(int rank, const absl::Status& status) {
   // A handshake in progress is abandoned; the next request starts anew.
   peer.auth_waiting.clear();
   peer.client_auth = Peer::ClientAuth::kNone;
+  peer.client_handshake.reset();
   ++peer.epoch;
   peer.requests.clear();
   peer.queue.clear();

@@ -98,10 +98,9 @@ int main(int argc, char** argv) {
 
   header.kind = FrameKind::kAuth;
   write(dir, "auth_hello", header,
-        write_auth({AuthStep::kHello, "w0", std::string(32, 'c'), ""}));
+        write_auth({AuthStep::kClientHello, "w0", std::string(32, 'c'), ""}));
   write(dir, "auth_server_proof", header,
-        write_auth({AuthStep::kServerProof, "w1", std::string(32, 's'),
-                    std::string(32, 'p')}));
+        write_auth({AuthStep::kServerProof, "w1", "", std::string(32, 'p')}));
   write(dir, "auth_refused", header,
         write_auth({AuthStep::kRefused, "w1", "", "authentication failed"}));
 

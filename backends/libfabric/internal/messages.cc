@@ -30,12 +30,7 @@ void State::start_request(int rank, int64_t id, Message request) {
   request.id = id;
   if (auth_ && peer.client_auth != Peer::ClientAuth::kReady) {
     peer.auth_waiting.emplace_back(id, std::move(request));
-    if (peer.client_auth == Peer::ClientAuth::kNone) {
-      peer.client_challenge = auth_->challenge();
-      peer.client_auth = Peer::ClientAuth::kHelloSent;
-      send_auth(rank, AuthFrame{AuthStep::kHello, self_.name,
-                                peer.client_challenge, ""});
-    }
+    if (peer.client_auth == Peer::ClientAuth::kNone) start_client_auth(peer);
     return;
   }
   send_message(rank, FrameKind::kRequest, id, 0, std::move(request));

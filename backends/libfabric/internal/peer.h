@@ -24,6 +24,7 @@
 
 #include "backends/libfabric/internal/operations.h"
 #include "backends/libfabric/internal/settings.h"
+#include "core/auth/handshake.h"
 #include "core/message.h"
 
 namespace tether::backends::libfabric::internal {
@@ -85,18 +86,17 @@ struct Peer {
   // Its endpoint's name, as inserted.
   std::string raw_address;
 
-  // Authentication (AgentSetup::auth; internal/frame.h has the handshake),
-  // one per direction. Our requests to it wait in auth_waiting until it
-  // has proved itself and accepted our proof.
-  enum class ClientAuth { kNone, kHelloSent, kProofSent, kReady };
+  // Authentication (AgentSetup::auth; internal/frame.h has the envelope),
+  // one core/auth Handshake per direction. Our requests to it wait in
+  // auth_waiting until it has verified our proof and proved itself.
+  enum class ClientAuth { kNone, kStarted, kReady };
   ClientAuth client_auth = ClientAuth::kNone;
-  std::string client_challenge;  // ours, in our kHello
+  std::unique_ptr<auth::Handshake> client_handshake;
   std::deque<std::pair<int64_t, Message>> auth_waiting;
   // Its requests to us are accepted once it is kAuthenticated.
-  enum class ServerAuth { kNone, kAwaitProof, kAuthenticated };
+  enum class ServerAuth { kNone, kStarted, kAuthenticated };
   ServerAuth server_auth = ServerAuth::kNone;
-  std::string server_challenge;  // ours, in our kServerProof
-  std::string hello_challenge;   // its, from its kHello
+  std::unique_ptr<auth::Handshake> server_handshake;
 };
 
 }  // namespace tether::backends::libfabric::internal

@@ -11,6 +11,32 @@ void State::send_auth(int rank, AuthFrame frame) {
   enqueue(rank, std::move(out));
 }
 
+void State::send_handshake(
+    Peer& peer, auth::Role role,
+    const std::vector<auth::HandshakeMessage>& messages) {
+  const bool client = role == auth::Role::kClient;
+  for (const auth::HandshakeMessage& message : messages) {
+    AuthFrame frame;
+    frame.name = message.name;
+    if (message.step == auth::HandshakeStep::kHello) {
+      frame.step = client ? AuthStep::kClientHello : AuthStep::kServerHello;
+      frame.challenge = message.data;
+    } else {
+      frame.step = client ? AuthStep::kClientProof : AuthStep::kServerProof;
+      frame.proof = message.data;
+    }
+    send_auth(peer.rank, std::move(frame));
+  }
+}
+
+void State::start_client_auth(Peer& peer) {
+  peer.client_handshake = std::make_unique<auth::Handshake>(
+      *auth_, auth::Role::kClient, self_.name, peer.name,
+      auth::HandshakeShape::initiator());
+  peer.client_auth = Peer::ClientAuth::kStarted;
+  send_handshake(peer, auth::Role::kClient, peer.client_handshake->start());
+}
+
 bool State::admitted(Peer& peer, const FrameHeader& header) {
   if (!auth_) return true;
   const bool client_ready = peer.client_auth == Peer::ClientAuth::kReady;
@@ -62,64 +88,63 @@ void State::on_auth_frame(Peer& peer, absl::string_view tail) {
     return;
   }
   const std::string& name = peer.name;
+  const bool hello = frame->step == AuthStep::kClientHello ||
+                     frame->step == AuthStep::kServerHello;
+  const auth::HandshakeMessage message{
+      hello ? auth::HandshakeStep::kHello : auth::HandshakeStep::kProof,
+      frame->name, hello ? frame->challenge : frame->proof};
   switch (frame->step) {
     // ---- we serve its requests
-    case AuthStep::kHello:
+    case AuthStep::kClientHello: {
       if (!auth_) {
         refuse(peer, absl::StrCat("worker '", self_.name,
                                   "' does not authenticate peers (it has no "
                                   "secret); the group must agree on one"));
         return;
       }
-      if (frame->name != name) {
-        refuse(peer, absl::StrCat("rank ", peer.rank, " is worker '", name,
-                                  "', not '", frame->name, "'"));
+      // A Hello starts anew (the peer may have lost us and come back).
+      peer.server_handshake = std::make_unique<auth::Handshake>(
+          *auth_, auth::Role::kServer, self_.name, name,
+          auth::HandshakeShape::responder_four_step());
+      peer.server_auth = Peer::ServerAuth::kStarted;
+      absl::StatusOr<std::vector<auth::HandshakeMessage>> out =
+          peer.server_handshake->on_message(message);
+      if (!out.ok()) {
+        refuse(peer, std::string(out.status().message()));
         return;
       }
-      peer.server_auth = Peer::ServerAuth::kAwaitProof;
-      peer.server_challenge = auth_->challenge();
-      peer.hello_challenge = frame->challenge;
-      send_auth(peer.rank,
-                AuthFrame{AuthStep::kServerProof, self_.name,
-                          peer.server_challenge,
-                          auth_->prove(auth::Role::kServer, self_.name, name,
-                                       frame->challenge,
-                                       peer.server_challenge)});
+      send_handshake(peer, auth::Role::kServer, *out);
       return;
-    case AuthStep::kClientProof:
-      if (!auth_ || peer.server_auth != Peer::ServerAuth::kAwaitProof) {
+    }
+    case AuthStep::kClientProof: {
+      if (!auth_ || peer.server_auth != Peer::ServerAuth::kStarted) {
         refuse(peer, "an unexpected authentication step");
         return;
       }
-      if (!auth_->verify(frame->proof, auth::Role::kClient, name, self_.name,
-                         peer.server_challenge, peer.hello_challenge)) {
-        refuse(peer, "authentication failed (a different secret?)");
+      absl::StatusOr<std::vector<auth::HandshakeMessage>> out =
+          peer.server_handshake->on_message(message);
+      if (!out.ok()) {
+        refuse(peer, std::string(out.status().message()));
         return;
       }
-      peer.server_auth = Peer::ServerAuth::kAuthenticated;
-      send_auth(peer.rank, AuthFrame{AuthStep::kAccepted, self_.name, "", ""});
+      if (peer.server_handshake->verified()) {
+        peer.server_auth = Peer::ServerAuth::kAuthenticated;
+      }
+      send_handshake(peer, auth::Role::kServer, *out);
       return;
+    }
     // ---- it serves our requests
-    case AuthStep::kServerProof:
-      if (!auth_ || peer.client_auth != Peer::ClientAuth::kHelloSent) break;
-      if (frame->name != name ||
-          !auth_->verify(frame->proof, auth::Role::kServer, name, self_.name,
-                         peer.client_challenge, frame->challenge)) {
-        fail_client_auth(
-            peer, absl::UnauthenticatedError(absl::StrCat(
-                      "worker '", name,
-                      "' failed to authenticate (a different secret?)")));
+    case AuthStep::kServerHello:
+    case AuthStep::kServerProof: {
+      if (!auth_ || peer.client_auth != Peer::ClientAuth::kStarted) break;
+      absl::StatusOr<std::vector<auth::HandshakeMessage>> out =
+          peer.client_handshake->on_message(message);
+      if (!out.ok()) {
+        fail_client_auth(peer, out.status());
         return;
       }
-      peer.client_auth = Peer::ClientAuth::kProofSent;
-      send_auth(peer.rank,
-                AuthFrame{AuthStep::kClientProof, self_.name, "",
-                          auth_->prove(auth::Role::kClient, self_.name, name,
-                                       frame->challenge,
-                                       peer.client_challenge)});
-      return;
-    case AuthStep::kAccepted: {
-      if (!auth_ || peer.client_auth != Peer::ClientAuth::kProofSent) break;
+      send_handshake(peer, auth::Role::kClient, *out);
+      if (!peer.client_handshake->done()) return;
       peer.client_auth = Peer::ClientAuth::kReady;
       std::deque<std::pair<int64_t, Message>> waiting;
       waiting.swap(peer.auth_waiting);
@@ -161,6 +186,7 @@ void State::refuse(Peer& peer, const std::string& why) {
   LOG(WARNING) << "libfabric agent of worker '" << self_.name << "' refused "
                << describe(peer.rank) << ": " << why;
   peer.server_auth = Peer::ServerAuth::kNone;
+  peer.server_handshake.reset();
   send_auth(peer.rank, AuthFrame{AuthStep::kRefused, self_.name, "", why});
 }
 
@@ -169,6 +195,7 @@ void State::fail_client_auth(Peer& peer, const absl::Status& status) {
                << "' fails its requests to " << describe(peer.rank) << ": "
                << status.message();
   peer.client_auth = Peer::ClientAuth::kNone;
+  peer.client_handshake.reset();
   peer.auth_waiting.clear();
   std::vector<int64_t> ids(peer.requests.begin(), peer.requests.end());
   peer.requests.clear();

@@ -2,18 +2,16 @@
 
 #include <absl/status/status.h>
 #include <absl/strings/ascii.h>
-#include <absl/strings/numbers.h>
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
-#include <absl/strings/str_join.h>
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
-
-#include <vector>
+#include "backends/common/settings_toolkit.h"
 
 namespace tether::backends::libfabric::internal {
 namespace {
+
+using common::parse_int;
+using common::parse_milliseconds;
 
 constexpr char kProviderKey[] = "libfabric.provider";
 constexpr char kAddressKey[] = "libfabric.address";
@@ -30,59 +28,19 @@ constexpr char kSpinKey[] = "libfabric.spin_us";
 constexpr uint64_t kMinThreshold = 256;
 constexpr uint64_t kMaxThreshold = uint64_t{64} << 20;
 constexpr int64_t kMaxCredits = 1024;
+constexpr int64_t kDayMs = int64_t{24} * 3600 * 1000;
 
-// An integer in [low, high], or INVALID_ARGUMENT naming `key`.
-absl::StatusOr<int64_t> parse_int(const std::string& key,
-                                  const std::string& value, int64_t low,
-                                  int64_t high) {
-  int64_t parsed = 0;
-  if (!absl::SimpleAtoi(value, &parsed) || parsed < low || parsed > high) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("setting ", key, ": '", value,
-                     "' is not an integer in [", low, ", ", high, "]"));
-  }
-  return parsed;
-}
-
-// An IP literal as is, a network interface's first address (IPv4 first),
-// "" as is; otherwise INVALID_ARGUMENT naming the key.
+// "" as is (the provider picks), else an IP literal or a network
+// interface's address (the toolkit's wording on failure). libfabric takes
+// an IPv6 address without the brackets the toolkit puts around it.
 absl::StatusOr<std::string> resolve_address(const std::string& value) {
-  in_addr v4;
-  in6_addr v6;
-  if (value.empty() || inet_pton(AF_INET, value.c_str(), &v4) == 1 ||
-      inet_pton(AF_INET6, value.c_str(), &v6) == 1) {
-    return value;
+  if (value.empty()) return value;
+  absl::StatusOr<std::string> host = common::resolve_host(kAddressKey, value);
+  if (!host.ok()) return host.status();
+  if (absl::StartsWith(*host, "[") && absl::EndsWith(*host, "]")) {
+    return host->substr(1, host->size() - 2);
   }
-  ifaddrs* interfaces = nullptr;
-  std::string found;
-  if (getifaddrs(&interfaces) == 0) {
-    for (int family : {AF_INET, AF_INET6}) {
-      for (ifaddrs* entry = interfaces; entry != nullptr && found.empty();
-           entry = entry->ifa_next) {
-        if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != family ||
-            value != entry->ifa_name) {
-          continue;
-        }
-        char text[INET6_ADDRSTRLEN] = {0};
-        const void* raw =
-            family == AF_INET
-                ? static_cast<const void*>(
-                      &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr)
-                : static_cast<const void*>(
-                      &reinterpret_cast<sockaddr_in6*>(entry->ifa_addr)
-                           ->sin6_addr);
-        if (inet_ntop(family, raw, text, sizeof(text)) != nullptr) found = text;
-      }
-    }
-    freeifaddrs(interfaces);
-  }
-  if (found.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "setting ", kAddressKey, ": '", value,
-        "' is neither an IP address nor a network interface of this machine "
-        "with an address"));
-  }
-  return found;
+  return host;
 }
 
 }  // namespace
@@ -105,7 +63,8 @@ absl::StatusOr<Settings> parse_settings(
   for (const auto& [key, raw_value] : raw) {
     if (key.rfind("libfabric.", 0) != 0) continue;  // another backend's
     const std::string value(absl::StripAsciiWhitespace(raw_value));
-    absl::StatusOr<int64_t> number;
+    absl::StatusOr<int64_t> number = 0;
+    absl::StatusOr<absl::Duration> duration = absl::ZeroDuration();
     if (key == kProviderKey) {
       if (value.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -131,9 +90,7 @@ absl::StatusOr<Settings> parse_settings(
       } else if (value == "tagged") {
         settings.rendezvous = RendezvousMode::kTagged;
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("setting ", key, ": '", value,
-                         "' is none of auto, read, tagged"));
+        return common::bad_value(key, value, "one of auto, read, tagged");
       }
       continue;
     }
@@ -147,14 +104,14 @@ absl::StatusOr<Settings> parse_settings(
       number = parse_int(key, value, 1, kMaxCredits);
       if (number.ok()) settings.credits = static_cast<uint32_t>(*number);
     } else if (key == kPeerTimeoutKey) {
-      number = parse_int(key, value, 100, int64_t{24} * 3600 * 1000);
-      if (number.ok()) settings.peer_timeout = absl::Milliseconds(*number);
+      duration = parse_milliseconds(key, value, 100, kDayMs);
+      if (duration.ok()) settings.peer_timeout = *duration;
     } else if (key == kInitTimeoutKey) {
-      number = parse_int(key, value, 1, int64_t{24} * 3600 * 1000);
-      if (number.ok()) settings.init_timeout = absl::Milliseconds(*number);
+      duration = parse_milliseconds(key, value, 1, kDayMs);
+      if (duration.ok()) settings.init_timeout = *duration;
     } else if (key == kAcceptTimeoutKey) {
-      number = parse_int(key, value, 100, int64_t{24} * 3600 * 1000);
-      if (number.ok()) settings.accept_timeout = absl::Milliseconds(*number);
+      duration = parse_milliseconds(key, value, 100, kDayMs);
+      if (duration.ok()) settings.accept_timeout = *duration;
     } else if (key == kCacheEntriesKey) {
       number = parse_int(key, value, 0, 1 << 20);
       if (number.ok()) settings.mr_cache_entries = static_cast<size_t>(*number);
@@ -165,18 +122,14 @@ absl::StatusOr<Settings> parse_settings(
       number = parse_int(key, value, 0, 1000000);
       if (number.ok()) settings.spin = absl::Microseconds(*number);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown setting '", key, "'; the libfabric backend knows ",
-          absl::StrJoin(std::vector<const char*>{kProviderKey, kAddressKey,
-                                                 kThresholdKey, kRendezvousKey,
-                                                 kCreditsKey, kPeerTimeoutKey,
-                                                 kInitTimeoutKey,
-                                                 kAcceptTimeoutKey,
-                                                 kCacheEntriesKey,
-                                                 kCacheBytesKey, kSpinKey},
-                        ", ")));
+      return common::unknown_setting(
+          key, "libfabric",
+          {kProviderKey, kAddressKey, kThresholdKey, kRendezvousKey,
+           kCreditsKey, kPeerTimeoutKey, kInitTimeoutKey, kAcceptTimeoutKey,
+           kCacheEntriesKey, kCacheBytesKey, kSpinKey});
     }
     if (!number.ok()) return number.status();
+    if (!duration.ok()) return duration.status();
   }
   return settings;
 }
