@@ -4,6 +4,8 @@
 #include <c10/core/Device.h>
 #include <unistd.h>
 
+#include "backends/common/refusals.h"
+
 namespace tether::backends::libfabric::internal {
 
 namespace {
@@ -86,13 +88,13 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
     if (peer != rank_by_name_.end()) rank = peer->second;
   }
   if (rank < 0) {
-    return Future<Message>::ready(absl::UnavailableError(
+    return common::refused(absl::UnavailableError(
         absl::StrCat("worker '", to.name, "' is not in the group of worker '",
                      self_.name, "'")));
   }
   for (const c10::Storage& storage : request.storages) {
     if (!storage.device().is_cpu()) {
-      return Future<Message>::ready(absl::InvalidArgumentError(absl::StrCat(
+      return common::refused(absl::InvalidArgumentError(absl::StrCat(
           "the libfabric backend moves CPU storages only; a ",
           message_type_name(request.type), " to worker '", to.name,
           "' has one on ", storage.device().str())));
@@ -102,7 +104,7 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
-      return Future<Message>::ready(
+      return common::refused(
           common::sent_after_shutdown(self_.name, request.type, to.name));
     }
     // Under mu_, so that shutdown() fails it.
@@ -116,7 +118,7 @@ Future<Message> State::send(const WorkerInfo& to, Message request,
           });
     }
   }
-  if (!pending.ok()) return Future<Message>::ready(pending.status());
+  if (!pending.ok()) return common::refused(pending.status());
   wake();
   return std::move(pending->response);
 }
