@@ -285,14 +285,44 @@ void ContextState::add_pending_user(const c10::intrusive_ptr<UserRRef>& user) {
 void ContextState::finish_pending_user(const ForkId& fork,
                                        absl::Status status) {
   c10::intrusive_ptr<UserRRef> user;
+  std::optional<std::pair<ForkId, LiveUser>> settled_user;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_users_.find(fork);
     if (it == pending_users_.end()) return;
     user = std::move(it->second);
     pending_users_.erase(it);
+    settled_user = take_settled(fork);
   }
   user->confirm(std::move(status));
+  if (settled_user) tell_deleted(settled_user->first, settled_user->second);
+}
+
+bool ContextState::settled(const ForkId& fork) const {
+  if (pending_users_.contains(fork)) return false;
+  for (const auto& [child, parent] : pending_children_) {
+    const auto* user = dynamic_cast<const UserRRef*>(parent.get());
+    if (user != nullptr && user->fork_id() == fork) return false;
+  }
+  return true;
+}
+
+std::optional<std::pair<ForkId, ContextState::LiveUser>>
+ContextState::take_settled(const ForkId& fork) {
+  if (!release_when_settled_.contains(fork) || !settled(fork)) {
+    return std::nullopt;
+  }
+  release_when_settled_.erase(fork);
+  auto it = live_users_.find(fork);
+  if (it == live_users_.end()) return std::nullopt;
+  std::pair<ForkId, LiveUser> user = *it;
+  live_users_.erase(it);
+  return user;
+}
+
+void ContextState::tell_deleted(const ForkId& fork, const LiveUser& user) {
+  send_control(user.owner, MessageType::kRRefUserDelete,
+               ids({user.id.worker, user.id.local, fork.worker, fork.local}));
 }
 
 void ContextState::user_created(const RRefId& id, const ForkId& fork,
@@ -308,8 +338,7 @@ void ContextState::user_deleted(const RRefId& id, const ForkId& fork,
     // Released at shutdown: the owner was told already.
     if (live_users_.erase(fork) == 0) return;
   }
-  send_control(owner, MessageType::kRRefUserDelete,
-               ids({id.worker, id.local, fork.worker, fork.local}));
+  tell_deleted(fork, LiveUser{id, owner});
 }
 
 void ContextState::release_all_users() {
@@ -333,11 +362,17 @@ void ContextState::release_all_users() {
       live_users_.insert(*it);
       released.erase(it);
     }
+    for (auto it = released.begin(); it != released.end();) {
+      if (settled(it->first)) {
+        ++it;
+        continue;
+      }
+      release_when_settled_.insert(it->first);
+      live_users_.insert(*it);
+      released.erase(it++);
+    }
   }
-  for (const auto& [fork, user] : released) {
-    send_control(user.owner, MessageType::kRRefUserDelete,
-                 ids({user.id.worker, user.id.local, fork.worker, fork.local}));
-  }
+  for (const auto& [fork, user] : released) tell_deleted(fork, user);
 }
 
 absl::Status ContextState::leak_report() {
@@ -604,6 +639,7 @@ Future<Message> ContextState::on_child_accept(Message request) {
   absl::StatusOr<std::vector<int64_t>> v = control_ints(request, 2);
   if (!v.ok()) return Future<Message>::ready(v.status());
   c10::intrusive_ptr<RRefImpl> released;
+  std::optional<std::pair<ForkId, LiveUser>> settled_user;
   {
     absl::MutexLock lock(&mu_);
     auto it =
@@ -611,8 +647,12 @@ Future<Message> ContextState::on_child_accept(Message request) {
     if (it != pending_children_.end()) {
       released = std::move(it->second);
       pending_children_.erase(it);
+      if (const auto* user = dynamic_cast<const UserRRef*>(released.get())) {
+        settled_user = take_settled(user->fork_id());
+      }
     }
   }
+  if (settled_user) tell_deleted(settled_user->first, settled_user->second);
   return Future<Message>::ready(ack());
 }
 

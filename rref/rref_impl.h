@@ -41,7 +41,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/future.h"
@@ -216,6 +218,13 @@ class ContextState : public wire::RRefHook,
   // RRefs) stay: a peer may still fetch that value and fork them, and the
   // owner must not let go of theirs meanwhile. They are released when that
   // value goes, as any user.
+  //
+  // Users not settled yet stay until they are: one whose owner has not
+  // confirmed it (its REMOTE_CALL or RREF_FORK_REQUEST may still be on the
+  // way: a delete could overtake it), and one with a child the owner has
+  // not confirmed (the child's RREF_FORK_REQUEST may still be on the way:
+  // the owner, told first that this user is gone, would let go of the
+  // value the child is about to fetch). Each is released when it settles.
   void release_all_users();
 
   // After the drain: RRefs owned here that still have users.
@@ -314,6 +323,16 @@ class ContextState : public wire::RRefHook,
   std::vector<c10::intrusive_ptr<RRefImpl>> dropped_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_
       ABSL_GUARDED_BY(mu_);
+  // Users release_all_users() kept because they were not settled: released
+  // once confirmed and without pending children.
+  absl::flat_hash_set<ForkId> release_when_settled_ ABSL_GUARDED_BY(mu_);
+
+  // A user of release_when_settled_ that has settled: stops counting it as
+  // live and returns it, for the caller to tell its owner outside the lock.
+  std::optional<std::pair<ForkId, LiveUser>> take_settled(const ForkId& fork)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool settled(const ForkId& fork) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void tell_deleted(const ForkId& fork, const LiveUser& user);
   internal::TimerQueue timers_;
 };
 

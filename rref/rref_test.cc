@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "core/rpc.h"
+#include "core/wire/codec.h"
+#include "rref/rref_impl.h"
 #include "testing/loopback_group.h"
 #include "testing/status_matchers.h"
 
@@ -533,6 +535,56 @@ TEST_F(RRefs, ShutdownKeepsUsersThatOwnedValuesHold) {
   EXPECT_THAT(workers_[2]->shutdown(), IsOk());
   alice_down.join();
   bob_down.join();
+}
+
+// bob holds a confirmed user of carol's RRef and has just forked it to
+// alice (a function's result on its way): the child is pending until carol
+// confirms it. bob's graceful shutdown begins now. It must not tell carol
+// that its user is gone before the child is confirmed: carol, with no other
+// user, let go of the value, alice's RREF_FORK_REQUEST then made an empty
+// entry and alice's to_here() waited for a value that never came (the
+// peer's test_rpc_return_rref and test_pass_local_rrefs, intermittent).
+TEST_F(RRefs, ShutdownKeepsAUserUntilItsChildIsConfirmed) {
+  Worker& bob = *workers_[1];
+  Worker& carol = *workers_[2];
+  absl::StatusOr<RRef> held = remote(bob, "carol", "aten::add.Tensor",
+                                     {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(held, IsOk());
+  ASSERT_THAT(held->to_here(), IsOk());
+  absl::StatusOr<std::shared_ptr<rref::ContextState>> bob_state =
+      rref::context_of(&bob);
+  absl::StatusOr<std::shared_ptr<rref::ContextState>> alice_state =
+      rref::context_of(workers_[0].get());
+  ASSERT_THAT(bob_state, IsOk());
+  ASSERT_THAT(alice_state, IsOk());
+  // bob forks its user (as encoding a result does); alice has not seen it.
+  absl::StatusOr<wire::RRefForkData> child =
+      (*bob_state)->fork(held->to_ivalue().toRRef());
+  ASSERT_THAT(child, IsOk());
+  (*bob_state)->release_all_users();
+  // Before the fix carol hears at once that bob's user is gone and, that
+  // being its only user, lets go of the value; give that a moment to show.
+  const absl::Time settle = absl::Now() + absl::Seconds(1);
+  while (absl::Now() < settle) {
+    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(carol);
+    ASSERT_THAT(info, IsOk());
+    if (info->owners == 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // alice receives the child: it asks carol to register it, then tells bob.
+  absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> adopted =
+      (*alice_state)->adopt(*child);
+  ASSERT_THAT(adopted, IsOk());
+  absl::StatusOr<RRef> at_alice = RRef::from_ivalue(c10::IValue(*adopted));
+  ASSERT_THAT(at_alice, IsOk());
+  absl::StatusOr<c10::IValue> value = at_alice->to_here(absl::Seconds(10));
+  ASSERT_THAT(value, IsOk());
+  EXPECT_TRUE(at::equal(value->toTensor(), at::full({2}, 2.0)));
+  // bob's user goes once alice's child is confirmed, alice's when dropped.
+  *at_alice = RRef();
+  adopted->reset();
+  ASSERT_NO_FATAL_FAILURE(wait_for_forks_at_most(carol, 0));
+  EXPECT_EQ(rref_debug_info(carol)->owners, 0);
 }
 
 TEST_F(RRefsWithLeakCheck, ShutdownReleasesHeldUsersAndFindsNoLeak) {
