@@ -287,8 +287,7 @@ Worker::ServingContext::~ServingContext() {
   if (hook_ != nullptr) hook_->exchange_current_context(previous_);
 }
 
-void Worker::set_call_gate(
-    std::function<absl::Status(const c10::IValue&)> gate) {
+void Worker::set_call_gate(CallGate gate) {
   TETHER_CHECK(building_, "set_call_gate after the worker started");
   call_gate_ = std::move(gate);
 }
@@ -776,12 +775,16 @@ Future<Message> Worker::run_call(DecodedCall& call) {
   const std::string& fn = call.fn;
   const wire::AutogradMeta& autograd = call.autograd;
   ServingContext serving(*this, autograd);
+  CallPass pass;
   if (call_gate_) {
-    if (absl::Status ready = call_gate_(call.value); !ready.ok()) {
+    absl::StatusOr<CallPass> ready = call_gate_(call.value);
+    if (!ready.ok()) {
       return Future<Message>::ready(exception_message(absl::Status(
-          ready.code(), absl::StrCat("Error on worker ", describe(self),
-                                     " calling '", fn, "': ", ready.message()))));
+          ready.status().code(),
+          absl::StrCat("Error on worker ", describe(self), " calling '", fn,
+                       "': ", ready.status().message()))));
     }
+    pass = *std::move(ready);
   }
   absl::StatusOr<c10::IValue> result =
       callables_.call(fn, std::move(call.args), call.kwargs);
@@ -793,7 +796,7 @@ Future<Message> Worker::run_call(DecodedCall& call) {
   Promise<Message> response;
   std::shared_ptr<Lifeline> lifeline = lifeline_;
   settle(*std::move(result))
-      .on_complete([lifeline, response, fn, autograd](
+      .on_complete([lifeline, response, fn, autograd, pass](
                        const absl::StatusOr<c10::IValue>& value) {
         Message message;
         {

@@ -343,10 +343,16 @@ class Worker {
 
   // Runs after a CALL's arguments are decoded and before the function runs,
   // on the pool thread (a call with RRef arguments always runs there); an
-  // error fails the call with it. The RRef layer waits here until the owner
-  // has confirmed every RRef among the arguments.
+  // error fails the call with it. Otherwise it returns a pass the worker
+  // holds until the call has answered (a function that answers later:
+  // until then). The RRef layer waits here until the owner has confirmed
+  // every RRef among the arguments, and its pass keeps them in use (a
+  // graceful shutdown does not let go of them meanwhile).
   // `call` is the decoded (name, args, kwargs) tuple.
-  void set_call_gate(std::function<absl::Status(const c10::IValue& call)> gate);
+  using CallPass = std::shared_ptr<void>;
+  using CallGate =
+      std::function<absl::StatusOr<CallPass>(const c10::IValue& call)>;
+  void set_call_gate(CallGate gate);
 
   // Names under `prefix` (e.g. "py::") are served by `provider`, a layer
   // above core with its own policy (the Python front end). Such calls run
@@ -497,7 +503,7 @@ class Worker {
   absl::flat_hash_set<MessageType> counted_as_calls_;
   wire::RRefHook* rref_hook_ = nullptr;
   AutogradHook* autograd_hook_ = nullptr;
-  std::function<absl::Status(const c10::IValue&)> call_gate_;
+  CallGate call_gate_;
   bool building_ = true;
   std::shared_ptr<Lifeline> lifeline_;
   // all_gather's calls this worker leads (core/collective.cc).

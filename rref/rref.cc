@@ -387,7 +387,8 @@ ExtensionFactory rref_extension(RRefOptions options) {
     worker.set_rref_hook(state.get());
     worker.set_call_gate([weak](const c10::IValue& call) {
       auto self = weak.lock();
-      return self == nullptr ? absl::OkStatus() : self->gate(call);
+      if (self == nullptr) return absl::StatusOr<Worker::CallPass>(nullptr);
+      return self->admit(call);
     });
     return extension;
   };

@@ -299,7 +299,9 @@ void ContextState::finish_pending_user(const ForkId& fork,
 }
 
 bool ContextState::settled(const ForkId& fork) const {
-  if (pending_users_.contains(fork)) return false;
+  if (pending_users_.contains(fork) || users_in_use_.contains(fork)) {
+    return false;
+  }
   for (const auto& [child, parent] : pending_children_) {
     const auto* user = dynamic_cast<const UserRRef*>(parent.get());
     if (user != nullptr && user->fork_id() == fork) return false;
@@ -446,11 +448,11 @@ Kwargs ContextState::kwargs_of(const c10::IValue& dict) {
 
 absl::StatusOr<c10::IValue> ContextState::run_call(const c10::IValue& call) {
   const auto& parts = call.toTupleRef().elements();
-  absl::Status ready = gate(call);
+  absl::StatusOr<std::shared_ptr<void>> pass = admit(call);
   absl::StatusOr<c10::IValue> result =
-      ready.ok() ? invoke(parts[0], parts[1].toTupleRef().elements().vec(),
-                          kwargs_of(parts[2]))
-                 : absl::StatusOr<c10::IValue>(ready);
+      pass.ok() ? invoke(parts[0], parts[1].toTupleRef().elements().vec(),
+                         kwargs_of(parts[2]))
+                : absl::StatusOr<c10::IValue>(pass.status());
   if (!result.ok()) {
     result = absl::Status(
         result.status().code(),
@@ -656,7 +658,8 @@ Future<Message> ContextState::on_child_accept(Message request) {
   return Future<Message>::ready(ack());
 }
 
-absl::Status ContextState::gate(const c10::IValue& call) {
+absl::StatusOr<std::shared_ptr<void>> ContextState::admit(
+    const c10::IValue& call) {
   std::vector<c10::intrusive_ptr<c10::RRefInterface>> rrefs;
   collect_rrefs(call, rrefs);
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
@@ -671,7 +674,36 @@ absl::Status ContextState::gate(const c10::IValue& call) {
                        confirmed.status().message()));
     }
   }
-  return absl::OkStatus();
+  std::vector<ForkId> forks;
+  for (const auto& rref : rrefs) {
+    if (auto* user = dynamic_cast<UserRRef*>(rref.get())) {
+      forks.push_back(user->fork_id());
+    }
+  }
+  if (forks.empty()) return nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const ForkId& fork : forks) ++users_in_use_[fork];
+  }
+  std::weak_ptr<ContextState> weak = weak_from_this();
+  return std::shared_ptr<void>(
+      nullptr, [weak, forks = std::move(forks)](void*) {
+        if (auto self = weak.lock()) self->done_using(forks);
+      });
+}
+
+void ContextState::done_using(const std::vector<ForkId>& forks) {
+  std::vector<std::pair<ForkId, LiveUser>> released;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const ForkId& fork : forks) {
+      auto it = users_in_use_.find(fork);
+      if (it == users_in_use_.end() || --it->second > 0) continue;
+      users_in_use_.erase(it);
+      if (auto user = take_settled(fork)) released.push_back(*std::move(user));
+    }
+  }
+  for (const auto& [fork, user] : released) tell_deleted(fork, user);
 }
 
 absl::StatusOr<c10::IValue> ContextState::decode_with_hook(

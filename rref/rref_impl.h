@@ -20,7 +20,8 @@
 //   - A UserRRef's destructor sends RREF_USER_DELETE; unconfirmed users are
 //     held by the context, so deletion never overtakes confirmation.
 //   - A callee runs a function only after every RRef among its arguments is
-//     confirmed (Worker::set_call_gate).
+//     confirmed (Worker::set_call_gate); while it runs, those users are in
+//     use: a graceful shutdown lets go of them only after it.
 //   - Control messages are idempotent and retried with backoff; user calls
 //     (REMOTE_CALL) are never retried.
 #ifndef TETHER_RREF_RREF_IMPL_H_
@@ -276,8 +277,10 @@ class ContextState : public wire::RRefHook,
 
   Future<Message> on_child_accept(Message request);
 
-  // Waits until every RRef among a call's arguments is confirmed.
-  absl::Status gate(const c10::IValue& call);
+  // Waits until every RRef among a call's arguments is confirmed, then
+  // counts the users among them in use until the returned pass is dropped
+  // (release_all_users() keeps them meanwhile).
+  absl::StatusOr<std::shared_ptr<void>> admit(const c10::IValue& call);
 
   // Decodes through the worker: RRefs with this hook, and a message in a
   // distributed autograd context through the autograd hook.
@@ -324,8 +327,11 @@ class ContextState : public wire::RRefHook,
   absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_
       ABSL_GUARDED_BY(mu_);
   // Users release_all_users() kept because they were not settled: released
-  // once confirmed and without pending children.
+  // once confirmed, without pending children and not in use.
   absl::flat_hash_set<ForkId> release_when_settled_ ABSL_GUARDED_BY(mu_);
+  // Users among the arguments of calls running here (admit()), counted.
+  absl::flat_hash_map<ForkId, int> users_in_use_ ABSL_GUARDED_BY(mu_);
+  void done_using(const std::vector<ForkId>& forks);
 
   // A user of release_when_settled_ that has settled: stops counting it as
   // live and returns it, for the caller to tell its owner outside the lock.

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
+#include <absl/synchronization/notification.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/custom_class.h>
@@ -585,6 +586,53 @@ TEST_F(RRefs, ShutdownKeepsAUserUntilItsChildIsConfirmed) {
   adopted->reset();
   ASSERT_NO_FATAL_FAILURE(wait_for_forks_at_most(carol, 0));
   EXPECT_EQ(rref_debug_info(carol)->owners, 0);
+}
+
+// alice passes an RRef it owns to a function of bob that is still running
+// when bob's graceful shutdown begins (bob was done with its own calls).
+// bob's user is in use by that call: it must stay until the call ends. It
+// was let go at once; alice, its only user gone, dropped its table entry,
+// and the function's to_here() then met an empty entry and waited (the
+// peer's test_pass_local_rrefs, intermittent).
+TEST_F(RRefs, ShutdownKeepsAUserACallIsUsing) {
+  Worker& alice = *workers_[0];
+  Worker& bob = *workers_[1];
+  auto entered = std::make_shared<absl::Notification>();
+  auto go_on = std::make_shared<absl::Notification>();
+  ASSERT_THAT(bob.register_function(
+                  "fetch_later",
+                  [entered, go_on](RRef r) {
+                    entered->Notify();
+                    go_on->WaitForNotificationWithTimeout(kBound);
+                    absl::StatusOr<c10::IValue> v =
+                        r.to_here(absl::Seconds(10));
+                    if (!v.ok()) throw StatusError(v.status());
+                    return v->toTensor();
+                  }),
+              IsOk());
+  absl::StatusOr<RRef> mine = RRef::local(alice, at::full({2}, 40.0));
+  ASSERT_THAT(mine, IsOk());
+  Future<c10::IValue> call = alice.rpc_async("bob", "fetch_later", {*mine});
+  ASSERT_TRUE(entered->WaitForNotificationWithTimeout(kBound));
+  absl::StatusOr<std::shared_ptr<rref::ContextState>> bob_state =
+      rref::context_of(&bob);
+  ASSERT_THAT(bob_state, IsOk());
+  (*bob_state)->release_all_users();
+  // Before the fix alice hears at once that bob's user is gone and lets go
+  // of its table entry; give that a moment to show.
+  const absl::Time settle = absl::Now() + absl::Seconds(1);
+  while (absl::Now() < settle) {
+    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(alice);
+    ASSERT_THAT(info, IsOk());
+    if (info->owners == 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  go_on->Notify();
+  absl::StatusOr<c10::IValue> value = call.get(absl::Now() + kBound);
+  ASSERT_THAT(value, IsOk());
+  EXPECT_TRUE(at::equal(value->toTensor(), at::full({2}, 40.0)));
+  // The call is over: bob's user goes, and alice's entry with it.
+  ASSERT_NO_FATAL_FAILURE(wait_for_forks_at_most(alice, 0));
 }
 
 TEST_F(RRefsWithLeakCheck, ShutdownReleasesHeldUsersAndFindsNoLeak) {
