@@ -538,6 +538,19 @@ TEST_F(RRefs, ShutdownKeepsUsersThatOwnedValuesHold) {
   bob_down.join();
 }
 
+// A release that should not happen: waits up to a second for `w` to let go
+// of every RRef it owns (a wrong release shows in milliseconds), and
+// returns either way.
+void let_a_release_show(Worker& w) {
+  const absl::Time settle = absl::Now() + absl::Seconds(1);
+  while (absl::Now() < settle) {
+    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(w);
+    ASSERT_THAT(info, IsOk());
+    if (info->owners == 0) return;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
 // bob holds a confirmed user of carol's RRef and has just forked it to
 // alice (a function's result on its way): the child is pending until carol
 // confirms it. bob's graceful shutdown begins now. It must not tell carol
@@ -565,13 +578,7 @@ TEST_F(RRefs, ShutdownKeepsAUserUntilItsChildIsConfirmed) {
   (*bob_state)->release_all_users();
   // Before the fix carol hears at once that bob's user is gone and, that
   // being its only user, lets go of the value; give that a moment to show.
-  const absl::Time settle = absl::Now() + absl::Seconds(1);
-  while (absl::Now() < settle) {
-    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(carol);
-    ASSERT_THAT(info, IsOk());
-    if (info->owners == 0) break;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  ASSERT_NO_FATAL_FAILURE(let_a_release_show(carol));
   // alice receives the child: it asks carol to register it, then tells bob.
   absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> adopted =
       (*alice_state)->adopt(*child);
@@ -620,13 +627,7 @@ TEST_F(RRefs, ShutdownKeepsAUserACallIsUsing) {
   (*bob_state)->release_all_users();
   // Before the fix alice hears at once that bob's user is gone and lets go
   // of its table entry; give that a moment to show.
-  const absl::Time settle = absl::Now() + absl::Seconds(1);
-  while (absl::Now() < settle) {
-    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(alice);
-    ASSERT_THAT(info, IsOk());
-    if (info->owners == 0) break;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  ASSERT_NO_FATAL_FAILURE(let_a_release_show(alice));
   go_on->Notify();
   absl::StatusOr<c10::IValue> value = call.get(absl::Now() + kBound);
   ASSERT_THAT(value, IsOk());
