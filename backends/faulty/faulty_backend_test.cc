@@ -20,17 +20,14 @@
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::ping;
-using ::tether::testing::StatusIs;
-using Settings = ::tether::testing::AgentGroup::Settings;
+using ::tether::backends::faulty_backend;
+using ::tether::backends::loopback_backend;
+using Settings = AgentGroup::Settings;
 
 const BackendRegistry& inner_registry() {
   static const BackendRegistry* const registry = [] {
@@ -292,4 +289,4 @@ TEST(FaultyBackend, JoinTimesOutWhileASendIsHeld) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

@@ -24,24 +24,18 @@
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::tether::backends::grpc_backend;
 using ::tether::backends::grpc_testing::Certificates;
 using ::tether::backends::grpc_testing::create_agents;
 using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
 using ::tether::backends::grpc_testing::raw_stream;
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::StatusIs;
-using ::tether::testing::storage_matches;
-using Settings = ::tether::testing::AgentSettings;
+using Settings = AgentSettings;
 
 class GrpcTls : public ::testing::Test {
  protected:
@@ -182,4 +176,4 @@ TEST_F(GrpcTls, FilesThatAreNotPemAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

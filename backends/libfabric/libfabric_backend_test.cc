@@ -29,20 +29,15 @@
 #include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::tether::testing::echo;
-using ::tether::testing::HeldResponses;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::StatusIs;
-using ::tether::testing::storage_matches;
-using Settings = ::tether::testing::AgentGroup::Settings;
+using ::tether::backends::libfabric_backend;
+using ::tether::backends::libfabric_stats;
+using ::tether::backends::LibfabricStats;
+using Settings = AgentGroup::Settings;
 
 // `size` libfabric agents meeting in this process, on `provider`.
 class Group : public ::tether::testing::AgentGroup {
@@ -514,4 +509,4 @@ TEST_P(Provider, RemoteBodiesOverTheLimitsAreRefusedBeforePulling) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

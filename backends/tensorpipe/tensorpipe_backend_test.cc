@@ -19,19 +19,13 @@
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-using ::tether::testing::AgentGroup;
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::storage_matches;
-using Settings = ::tether::testing::AgentGroup::Settings;
+using ::tether::backends::tensorpipe_backend;
+using Settings = AgentGroup::Settings;
 
 // A round trip with a payload and storages of several sizes.
 void expect_round_trip(AgentGroup& group, size_t big) {
@@ -174,4 +168,4 @@ TEST(TensorPipeBackend, ListenerSurvivesAConnectionThatDiesEarly) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

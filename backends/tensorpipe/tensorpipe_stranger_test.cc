@@ -47,15 +47,10 @@
 #include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::storage_matches;
+using ::tether::backends::tensorpipe_backend;
 
 // A listening socket of another process, as /proc shows it.
 struct Listening {
@@ -408,10 +403,10 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
 
 // ---------------------------------------------------- one process, by hand
 
-using internal::encode_handshake_frame;
-using internal::HandshakeFrame;
-using internal::HandshakeKind;
-using internal::parse_handshake_frame;
+using backends::internal::encode_handshake_frame;
+using backends::internal::HandshakeFrame;
+using backends::internal::HandshakeKind;
+using backends::internal::parse_handshake_frame;
 
 // Where agent `rank` of `group` listens with tether's tcp transport.
 Listening tcp_listener(::tether::testing::AgentGroup& group, int rank) {
@@ -556,4 +551,4 @@ TEST(TensorPipeStrangers, BadFramesAfterTheHandshakeCloseThatConnection) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing
