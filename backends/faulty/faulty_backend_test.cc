@@ -27,7 +27,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::tether::backends::faulty_backend;
 using ::tether::backends::loopback_backend;
-using Settings = AgentGroup::Settings;
 
 const BackendRegistry& inner_registry() {
   static const BackendRegistry* const registry = [] {
@@ -52,7 +51,7 @@ class Group : public ::tether::testing::AgentGroup {
   }
 };
 
-absl::Status create_status(const Settings& settings) {
+absl::Status create_status(const AgentGroup::Settings& settings) {
   return ::tether::testing::create_status(faulty_backend(&inner_registry()),
                                           settings);
 }

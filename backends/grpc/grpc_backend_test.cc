@@ -45,7 +45,6 @@ using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
 using ::tether::backends::grpc_testing::raw_stream;
 using ::tether::backends::grpc_testing::TcpProxy;
-using Settings = AgentGroup::Settings;
 
 absl::StatusOr<Message> call(Agent& from, const Agent& to, Message request,
                              absl::Duration timeout = kBound) {
@@ -161,7 +160,7 @@ struct Proxied {
   std::unique_ptr<Agent> agents[2];
 };
 
-void make_proxied(Proxied& out, const Settings& settings) {
+void make_proxied(Proxied& out, const AgentGroup::Settings& settings) {
   out.members = meet_group(2);
   ASSERT_EQ(out.members.size(), 2u);
   absl::StatusOr<std::unique_ptr<Agent>> second;

@@ -35,7 +35,6 @@ using ::tether::backends::grpc_testing::create_agents;
 using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
 using ::tether::backends::grpc_testing::raw_stream;
-using Settings = AgentSettings;
 
 class GrpcTls : public ::testing::Test {
  protected:
@@ -159,7 +158,7 @@ TEST_F(GrpcTls, ServerNameSettingMatchesCertificatesWithoutTheAddress) {
     EXPECT_THAT(call(group[0], group[1], ping("x")),
                 StatusIs(absl::StatusCode::kUnavailable));
   }
-  Settings settings = certs().settings("named");
+  AgentSettings settings = certs().settings("named");
   settings["grpc.tls_server_name"] = "tether-worker";
   ::tether::testing::AgentGroup group(grpc_backend(), 2, settings);
   ASSERT_TRUE(group.ok());
@@ -168,7 +167,7 @@ TEST_F(GrpcTls, ServerNameSettingMatchesCertificatesWithoutTheAddress) {
 }
 
 TEST_F(GrpcTls, FilesThatAreNotPemAreInvalidArgument) {
-  Settings settings = certs().settings("worker");
+  AgentSettings settings = certs().settings("worker");
   settings["grpc.tls_cert"] = certs().path("junk.pem");
   ::tether::testing::AgentGroup group(grpc_backend(), 1, settings);
   EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kInvalidArgument,

@@ -22,15 +22,10 @@ void ConnectionImpl::initImplFromLoop() {
   if (!server_) {
     sockaddr_storage storage;
     socklen_t length = 0;
-    if (!parse_socket_address(peer_, &storage, &length)) {
-      setError(tcp_error(absl::StrCat("cannot connect to '", peer_,
-                                      "': not an IP address and port")));
-      return;
-    }
-    fd_ = ::socket(storage.ss_family,
-                   SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) {
-      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno));
+    if (tp::Error error =
+            open_socket(peer_, "connect to", "an IP address and port", fd_,
+                        storage, length)) {
+      setError(std::move(error));
       return;
     }
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));

@@ -7,6 +7,7 @@
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_
 
+#include <absl/strings/string_view.h>
 #include <absl/time/time.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -58,6 +59,14 @@ tp::Error tcp_error(std::string what);
 
 // "ip:port" or "[ip6]:port".
 std::string format_address(const sockaddr_storage& storage);
+
+// Parses `address` (parse_socket_address) into `storage` and `length` and
+// opens a non-blocking, close-on-exec stream socket of its family into `fd`
+// (-1 on error), for a connection and a listener alike. An address that
+// does not parse: "cannot <verb> '<address>': not <expected>".
+tp::Error open_socket(const std::string& address, absl::string_view verb,
+                      absl::string_view expected, int& fd,
+                      sockaddr_storage& storage, socklen_t& length);
 
 class ContextImpl;
 class ListenerImpl;

@@ -17,15 +17,10 @@ void ListenerImpl::initImplFromLoop() {
   context_->enroll(*this);
   sockaddr_storage storage;
   socklen_t length = 0;
-  if (!parse_socket_address(requested_, &storage, &length)) {
-    setError(tcp_error(absl::StrCat("cannot listen on '", requested_,
-                                    "': not an IP address (and port)")));
-    return;
-  }
-  fd_ = ::socket(storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                 0);
-  if (fd_ < 0) {
-    setError(TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno));
+  if (tp::Error error =
+          open_socket(requested_, "listen on", "an IP address (and port)", fd_,
+                      storage, length)) {
+    setError(std::move(error));
     return;
   }
   const int on = 1;
