@@ -20,16 +20,14 @@ void ConnectionImpl::initImplFromLoop() {
   context_->enroll(*this);
   const int on = 1;
   if (!server_) {
-    sockaddr_storage storage;
-    socklen_t length = 0;
+    SocketAddress address;
     if (tp::Error error =
-            open_socket(peer_, "connect to", "an IP address and port", fd_,
-                        storage, length)) {
+            open_socket(peer_, SocketRole::kConnect, fd_, address)) {
       setError(std::move(error));
       return;
     }
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&storage), length) == 0) {
+    if (::connect(fd_, address.get(), address.length) == 0) {
       start_client_handshake();
     } else if (errno == EINPROGRESS) {
       state_ = State::kConnecting;

@@ -24,17 +24,19 @@ tp::Error tcp_error(std::string what) {
   return TCP_TRANSPORT_ERROR(TcpError, std::move(what));
 }
 
-tp::Error open_socket(const std::string& address, absl::string_view verb,
-                      absl::string_view expected, int& fd,
-                      sockaddr_storage& storage, socklen_t& length) {
+tp::Error open_socket(const std::string& text, SocketRole role, int& fd,
+                      SocketAddress& address) {
   fd = -1;
-  length = 0;
-  if (!parse_socket_address(address, &storage, &length)) {
-    return tcp_error(
-        absl::StrCat("cannot ", verb, " '", address, "': not ", expected));
+  address.length = 0;
+  if (!parse_socket_address(text, &address.storage, &address.length)) {
+    return tcp_error(role == SocketRole::kConnect
+                         ? absl::StrCat("cannot connect to '", text,
+                                        "': not an IP address and port")
+                         : absl::StrCat("cannot listen on '", text,
+                                        "': not an IP address (and port)"));
   }
-  fd = ::socket(storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                0);
+  fd = ::socket(address.storage.ss_family,
+                SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno);
   return tp::Error::kSuccess;
 }
