@@ -28,7 +28,7 @@ beside them, and tests of what is specific to the backend; so that a BUILD
 file states only what differs:
 
   tether_unit(name = "x", deps = [...])
-      the library x of internal/x.cc and internal/x.h and, with
+      the library x of internal/x.cc and internal/x.h, over Abseil, and, with
       `test = True`, its test x_test of internal/x_test.cc;
   tether_backend_library(name = "foo", transport = ..., state_srcs = ...)
       a backend over //backends/common:agent_skeleton: its public library
@@ -68,7 +68,7 @@ _UNIT_TEST_DEPS = [
 
 def tether_unit(
         name,
-        deps,
+        deps = [],
         folder = "internal/",
         srcs = None,
         hdrs = None,
@@ -81,7 +81,8 @@ def tether_unit(
 
     Args:
       name: the library, and the stem of its files.
-      deps: what the library needs.
+      deps: what the library needs beyond Abseil, which every one uses
+        (absl::Status at least).
       folder: where its files are, from the package ("internal/").
       srcs: its sources, if not `<folder><name>.cc` ([] for a header).
       hdrs: its headers, if not `<folder><name>.h`.
@@ -95,7 +96,7 @@ def tether_unit(
         name = name,
         srcs = [folder + name + ".cc"] if srcs == None else srcs,
         hdrs = [folder + name + ".h"] if hdrs == None else hdrs,
-        deps = deps,
+        deps = deps + ["//third_party:absl"],
         **kwargs
     )
     if test:
@@ -148,12 +149,19 @@ def tether_backend_library(
         hdrs = state_hdrs,
         deps = SKELETON_STATE_DEPS + state_deps + [":settings", transport],
     )
+    tether_settings(name = "settings")
+
+def tether_settings(name):
+    """A backend's settings library `name` (:settings): its "<backend>.*"
+    keys, read from internal/<name>.{cc,h} with
+    //backends/common:settings_toolkit.
+
+    Args:
+      name: the library, and the stem of its files.
+    """
     tether_unit(
-        name = "settings",
-        deps = [
-            "//backends/common:settings_toolkit",
-            "//third_party:absl",
-        ],
+        name = name,
+        deps = ["//backends/common:settings_toolkit"],
     )
 
 def tether_test(name, deps, size = "small"):
@@ -329,6 +337,7 @@ tether = struct(
     backend_test = tether_backend_test,
     backend_tests = tether_backend_tests,
     fuzz_test = tether_fuzz_test,
+    settings = tether_settings,
     test = tether_test,
     unit = tether_unit,
 )

@@ -59,13 +59,13 @@ def _is_macro(func):
 
 def _macro_kwargs(kind, name, kwargs):
     """The files and deps a macro of backends/backend_tests.bzl derives from
-    its name where they are not given (tether.unit's `<folder><name>.cc`,
-    tether.backend_library's `<name>_agent.cc` and its :agent_state's
-    sources), as the kwargs of one rule."""
+    its name where they are not given (tether.unit's and tether.settings'
+    `<folder><name>.cc`, tether.backend_library's `<name>_agent.cc` and its
+    :agent_state's sources), as the kwargs of one rule."""
     def files(*paths):
         return ast.List([ast.Constant(p, lineno=0) for p in paths])
     kwargs = dict(kwargs)
-    if kind == "unit":
+    if kind in ("unit", "settings"):
         folder = kwargs.get("folder")
         folder = folder.value if isinstance(folder, ast.Constant) else "internal/"
         kwargs.setdefault("srcs", files(folder + name + ".cc"))
