@@ -22,7 +22,183 @@ declares, for the sources of the same names:
 
 `tether_fuzz_test` declares a decoder's libFuzzer target and its smoke test
 in the default suite (docs/fuzzing.md).
+
+The rest of a backend's BUILD file is small libraries with a unit test
+beside them, and tests of what is specific to the backend; so that a BUILD
+file states only what differs:
+
+  tether_unit(name = "x", deps = [...])
+      the library x of internal/x.cc and internal/x.h, over Abseil, and, with
+      `test = True`, its test x_test of internal/x_test.cc;
+  tether_backend_library(name = "foo", transport = ..., state_srcs = ...)
+      a backend over //backends/common:agent_skeleton: its public library
+      foo of foo_agent.cc and foo_agent.h, its :agent_state (the hooks for
+      the skeleton) and its :settings (internal/settings.*);
+  tether_test(name = "foo_test", deps = [...])
+      a test of foo_test.cc over the status matchers, Abseil and gtest;
+  tether_backend_test(name = "foo_backend_test", deps = [...])
+      a test of foo_backend_test.cc with what such tests use (the agent
+      testing helpers, the status matchers, gtest).
 """
+
+# What a backend's agent state over //backends/common:agent_skeleton
+# needs: the skeleton and its parts, the handshake, the store join.
+SKELETON_STATE_DEPS = [
+    "//backends/common:agent_skeleton",
+    "//backends/common:agent_support",
+    "//backends/common:peer_table",
+    "//core:agent",
+    "//core:pending_requests",
+    "//core:serial_executor",
+    "//core:timer",
+    "//core/auth",
+    "//core/auth:handshake",
+    "//core/join:store_join",
+    "//third_party:absl",
+    "//third_party:glog",
+    "//third_party:torch",
+]
+
+# What a unit test of one library uses beside it.
+_UNIT_TEST_DEPS = [
+    "//testing:status_matchers",
+    "//third_party:absl",
+    "//third_party:gtest_main",
+]
+
+def tether_unit(
+        name,
+        deps = [],
+        folder = "internal/",
+        srcs = None,
+        hdrs = None,
+        test = False,
+        test_size = "small",
+        test_deps = [],
+        **kwargs):
+    """A library `name` of `<folder><name>.cc` and `<folder><name>.h`, and
+    with `test`, its unit test `<name>_test` of `<folder><name>_test.cc`.
+
+    Args:
+      name: the library, and the stem of its files.
+      deps: what the library needs beyond Abseil, which every one uses
+        (absl::Status at least).
+      folder: where its files are, from the package ("internal/").
+      srcs: its sources, if not `<folder><name>.cc` ([] for a header).
+      hdrs: its headers, if not `<folder><name>.h`.
+      test: whether it has a unit test beside it.
+      test_size: the test's size.
+      test_deps: what the test needs beyond the library, the status
+        matchers, Abseil and gtest_main.
+      **kwargs: the library's other attributes (visibility, linkstatic).
+    """
+    native.cc_library(
+        name = name,
+        srcs = [folder + name + ".cc"] if srcs == None else srcs,
+        hdrs = [folder + name + ".h"] if hdrs == None else hdrs,
+        deps = deps + ["//third_party:absl"],
+        **kwargs
+    )
+    if test:
+        native.cc_test(
+            name = name + "_test",
+            size = test_size,
+            srcs = [folder + name + "_test.cc"],
+            deps = [":" + name] + _UNIT_TEST_DEPS + test_deps,
+        )
+
+def tether_backend_library(
+        name,
+        transport,
+        state_srcs,
+        state_deps,
+        state_hdrs = ["internal/agent_state.h"]):
+    """A backend over //backends/common:agent_skeleton, as three libraries:
+    `name`, the public one, of `<name>_agent.cc` and `<name>_agent.h`;
+    :agent_state, the backend's hooks for the skeleton (client side, server
+    side, creation and shutdown), over SKELETON_STATE_DEPS; :settings, the
+    "<name>.*" keys, read with //backends/common:settings_toolkit from
+    internal/settings.*. Each is over `transport`'s library where it needs
+    it.
+
+    Args:
+      name: the backend's name and public library.
+      transport: the library the backend moves bytes with.
+      state_srcs: the sources of :agent_state.
+      state_deps: what :agent_state needs beyond SKELETON_STATE_DEPS,
+        :settings and the transport (its framing).
+      state_hdrs: the headers of :agent_state.
+    """
+    native.cc_library(
+        name = name,
+        srcs = [name + "_agent.cc"],
+        hdrs = [name + "_agent.h"],
+        visibility = ["//visibility:public"],
+        deps = [
+            ":agent_state",
+            ":settings",
+            "//backends/common:agent_skeleton",
+            "//core:agent",
+            "//third_party:absl",
+            transport,
+        ],
+    )
+    native.cc_library(
+        name = "agent_state",
+        srcs = state_srcs,
+        hdrs = state_hdrs,
+        deps = SKELETON_STATE_DEPS + state_deps + [":settings", transport],
+    )
+    tether_settings(name = "settings")
+
+def tether_settings(name):
+    """A backend's settings library `name` (:settings): its "<backend>.*"
+    keys, read from internal/<name>.{cc,h} with
+    //backends/common:settings_toolkit.
+
+    Args:
+      name: the library, and the stem of its files.
+    """
+    tether_unit(
+        name = name,
+        deps = ["//backends/common:settings_toolkit"],
+    )
+
+def tether_test(name, deps, size = "small"):
+    """A test of `<name>.cc`, over `deps`, the status matchers, Abseil and
+    gtest_main.
+
+    Args:
+      name: the test, and the stem of its source.
+      deps: what the source needs beyond the matchers and gtest.
+      size: the test's size.
+    """
+    native.cc_test(
+        name = name,
+        size = size,
+        srcs = [name + ".cc"],
+        deps = deps + _UNIT_TEST_DEPS,
+    )
+
+def tether_backend_test(name, deps, size = "small"):
+    """A test of what is specific to a backend, of `<name>.cc`, with what
+    such tests use: core:agent, the agent testing helpers
+    (testing/agent_testing.h), the status matchers, Abseil, LibTorch, gtest.
+
+    Args:
+      name: the test, and the stem of its source.
+      deps: the backend's library and what else the source needs.
+      size: the test's size.
+    """
+    tether_test(
+        name = name,
+        size = size,
+        deps = deps + [
+            "//core:agent",
+            "//testing:agent_testing",
+            "//third_party:torch",
+        ],
+    )
 
 def _variant_name(name, variant, area):
     if variant:
@@ -152,3 +328,16 @@ def tether_fuzz_test(name, src, corpus, deps, corpus_maker = None):
         data = native.glob([corpus + "/*"]),
         deps = deps + ["//testing/fuzz:fuzz_driver"],
     )
+
+# The macros under one name, so that a BUILD file loads them in one line:
+#   load("//backends:backend_tests.bzl", "tether")
+#   tether.unit(name = "framing", test = True, deps = [...])
+tether = struct(
+    backend_library = tether_backend_library,
+    backend_test = tether_backend_test,
+    backend_tests = tether_backend_tests,
+    fuzz_test = tether_fuzz_test,
+    settings = tether_settings,
+    test = tether_test,
+    unit = tether_unit,
+)

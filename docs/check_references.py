@@ -70,23 +70,43 @@ def exists(root, path):
     return any(os.path.isfile(full + ext) for ext in PROGRAM_SOURCES)
 
 
+def macro_names(text, macro, argument=None):
+    """The names of the calls of backends/backend_tests.bzl's `macro` in a
+    BUILD file's text (`tether_<macro>(` or `tether.<macro>(`, up to the
+    call's closing parenthesis at the start of a line); with `argument`, only
+    the calls whose arguments match that pattern."""
+    names = []
+    for call in re.finditer(r"\btether[._]" + macro + r"\((.*?)^\)", text,
+                            re.S | re.M):
+        name = re.search(r"\bname\s*=\s*\"([^\"]+)\"", call.group(1))
+        if name and (argument is None or re.search(argument, call.group(1))):
+            names.append(name.group(1))
+    return names
+
+
 def target_names(build_file):
     """Patterns of the target names a BUILD file declares: the literal
     `name = "..."` values, with a name a comprehension formats
     ("%s_scenarios_%s_test") matching any text in place of each %s. A name
     given by a variable (`name = test`) could be anything: then any name
-    matches. The macros of backends/backend_tests.bzl declare more:
-    `tether_fuzz_test(name = "x")` also x_smoke_test, and
-    `tether_backend_tests(name = "x")` only targets x_..._test."""
+    matches. The macros of backends/backend_tests.bzl (called as
+    `tether_fuzz_test` or `tether.fuzz_test`) declare more:
+    `fuzz_test(name = "x")` also x_smoke_test,
+    `backend_tests(name = "x")` only targets x_..._test,
+    `unit(name = "x", test = True)` also x_test, and
+    `backend_library(name = "x")` also agent_state and settings."""
     with open(build_file, encoding="utf-8") as f:
         text = f.read()
     if re.search(r"\bname\s*=\s*[A-Za-z_]", text):
         return [re.compile(".*")]
     names = re.findall(r"\bname\s*=\s*\"([^\"]+)\"", text)
-    names += [name + "_smoke_test" for name in re.findall(
-        r"\btether_fuzz_test\(\s*name\s*=\s*\"([^\"]+)\"", text)]
-    names += [name + "_%s_test" for name in re.findall(
-        r"\btether_backend_tests\(\s*name\s*=\s*\"([^\"]+)\"", text)]
+    names += [name + "_smoke_test" for name in macro_names(text, "fuzz_test")]
+    names += [name + "_%s_test"
+              for name in macro_names(text, "backend_tests")]
+    names += [name + "_test"
+              for name in macro_names(text, "unit", r"\btest\s*=\s*True")]
+    if macro_names(text, "backend_library"):
+        names += ["agent_state", "settings"]
     return [re.compile("^" + ".+".join(re.escape(part)
                                         for part in name.split("%s")) + "$")
             for name in names]

@@ -58,6 +58,21 @@ class CheckReferencesTest(unittest.TestCase):
             "`//core:agent` `//rref:rref_test` `//core/wire/...`\n"),
             ["//core:agent", "//rref:rref_test", "//core/wire/..."])
 
+    def test_targets_of_backend_tests_bzl_macros_are_known(self):
+        os.makedirs(os.path.join(self.root, "backends", "foo"))
+        with open(os.path.join(self.root, "backends", "foo", "BUILD.bazel"),
+                  "w") as f:
+            f.write('tether.backend_library(\n    name = "foo",\n)\n'
+                    'tether.unit(\n    name = "framing",\n'
+                    '    test = True,\n)\n'
+                    'tether.unit(\n    name = "bytes",\n)\n'
+                    'tether.fuzz_test(\n    name = "framing_fuzz",\n)\n')
+        self.assertEqual(self.broken(
+            "`//backends/foo:framing_test` `//backends/foo:agent_state`\n"
+            "`//backends/foo:settings` `//backends/foo:framing_fuzz_smoke_test`\n"
+            "`//backends/foo:bytes_test` `//backends/foo:foo_test`\n"),
+            ["//backends/foo:bytes_test", "//backends/foo:foo_test"])
+
     def test_missing_link_targets_are_found(self):
         self.assertEqual(self.broken(
             "[arch](architecture.md) ![p](bench/none.png) [ok](#anchor)\n"),

@@ -14,7 +14,11 @@
 // where the backend differs:
 //
 //   // backends/foo/foo_creation_test.cc
-//   tether::testing::CreationTraits foo_traits() { ... }
+//   tether::testing::CreationTraits foo_traits() {
+//     return tether::testing::CreationTraits::of("foo", foo_backend)
+//         .reject("threads", {"0", "lots"})
+//         .reject("treads", {"2"});  // a typo of a known key
+//   }
 //   TETHER_CREATION_CONFORMANCE_TEST(Foo, foo_traits());
 #ifndef TETHER_TESTING_CREATION_CONFORMANCE_H_
 #define TETHER_TESTING_CREATION_CONFORMANCE_H_
@@ -55,18 +59,44 @@ struct CreationTraits {
   std::string init_timeout_key;
   std::vector<std::string> address_record;
 
+  // A backend that does not listen.
+  static CreationTraits of(std::string name, std::function<Backend()> backend) {
+    CreationTraits traits;
+    traits.backend = std::move(backend);
+    traits.name = std::move(name);
+    return traits;
+  }
+
   // A backend that listens, with its keys named the common way:
   // "<name>.address" and "<name>.init_timeout_ms".
   static CreationTraits listener(std::string name,
                                  std::function<Backend()> backend,
                                  std::vector<std::string> address_record) {
-    CreationTraits traits;
-    traits.backend = std::move(backend);
-    traits.address_key = name + ".address";
-    traits.init_timeout_key = name + ".init_timeout_ms";
-    traits.name = std::move(name);
+    CreationTraits traits = of(std::move(name), std::move(backend));
+    traits.address_key = traits.name + ".address";
+    traits.init_timeout_key = traits.name + ".init_timeout_ms";
     traits.address_record = std::move(address_record);
     return traits;
+  }
+
+  // Bad settings of the key "<name>.<key>", one for each of `values`: each
+  // must fail creation naming the key.
+  CreationTraits& reject(const std::string& key,
+                         const std::vector<std::string>& values) {
+    for (const std::string& value : values) {
+      bad_settings.push_back({name + "." + key, value, {}});
+    }
+    return *this;
+  }
+
+  // A bad setting of "<name>.<key>" whose error must name each of `names`
+  // (the missing key it needs, the known key a typo resembles, the bad
+  // part of the value).
+  CreationTraits& reject(const std::string& key, std::string value,
+                         std::vector<std::string> names) {
+    bad_settings.push_back(
+        {name + "." + key, std::move(value), std::move(names)});
+    return *this;
   }
 };
 

@@ -120,7 +120,7 @@ absl::StatusOr<std::string> resolve_host(absl::string_view key,
 }
 
 absl::Status unknown_setting(absl::string_view key, absl::string_view backend,
-                             std::initializer_list<absl::string_view> known) {
+                             absl::Span<const absl::string_view> known) {
   return absl::InvalidArgumentError(
       absl::StrCat("unknown setting '", key, "'; the ", backend,
                    " backend knows ", absl::StrJoin(known, ", ")));

@@ -70,5 +70,48 @@ TEST(SettingsToolkit, UnknownKeysNameWhatIsKnown) {
                                  "x.a, x.b")));
 }
 
+struct Target {
+  int threads = 0;
+  absl::Duration timeout;
+  std::vector<std::string> names;
+  std::string host;
+  std::string text;
+};
+
+const SettingsTable<Target>& table() {
+  static const auto* const kTable = new SettingsTable<Target>(
+      "x", {{"x.threads", int_into(&Target::threads, 1, 8)},
+            {"x.timeout_ms", ms_into(&Target::timeout, 1)},
+            {"x.names", list_into(&Target::names, {"a", "b"})},
+            {"x.host", host_into(&Target::host)},
+            {"x.text", text_into(&Target::text)}});
+  return *kTable;
+}
+
+TEST(SettingsToolkit, TablesReadTheirKeysAndRefuseUnknownOnes) {
+  Target target;
+  EXPECT_THAT(table().read({{"x.threads", "3"},
+                            {"x.timeout_ms", "250"},
+                            {"x.names", "b,a"},
+                            {"x.host", "127.0.0.1"},
+                            {"x.text", " as is "},
+                            {"y.threads", "lots"}},  // another backend's
+                           target),
+              IsOk());
+  EXPECT_EQ(target.threads, 3);
+  EXPECT_EQ(target.timeout, absl::Milliseconds(250));
+  EXPECT_THAT(target.names, ElementsAre("b", "a"));
+  EXPECT_EQ(target.host, "127.0.0.1");
+  EXPECT_EQ(target.text, " as is ");
+  EXPECT_THAT(
+      table().read({{"x.threads", "9"}}, target),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("x.threads")));
+  EXPECT_THAT(
+      table().read({{"x.thread", "2"}}, target),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("unknown setting 'x.thread'; the x backend knows "
+                         "x.threads, x.timeout_ms, x.names, x.host, x.text")));
+}
+
 }  // namespace
 }  // namespace tether::backends::common

@@ -2,8 +2,8 @@
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
-#include <absl/strings/numbers.h>
 #include <absl/random/random.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
@@ -31,11 +31,7 @@ namespace {
 constexpr char kBackendName[] = "faulty";
 constexpr char kInnerKey[] = "faulty.inner";
 constexpr char kFailKey[] = "faulty.fail";
-constexpr char kDropKey[] = "faulty.drop";
 constexpr char kDropBoundKey[] = "faulty.drop_bound_ms";
-constexpr char kDelayKey[] = "faulty.delay";
-constexpr char kJitterKey[] = "faulty.jitter_ms";
-constexpr char kPrefix[] = "faulty.";
 
 // injected_faults(): this process's totals.
 std::atomic<int64_t> g_failed{0};
@@ -114,43 +110,60 @@ absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> parse_type_counts(
   return out;
 }
 
+// The counts of "TYPE:N,..." into `field` (fail, drop).
+auto counts_into(absl::flat_hash_map<MessageType, int64_t> Faults::*field) {
+  return [field](absl::string_view key, const std::string& value,
+                 Faults& faults) -> absl::Status {
+    absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> counts =
+        parse_type_counts(key, value, "N");
+    if (!counts.ok()) return counts.status();
+    faults.*field = *std::move(counts);
+    return absl::OkStatus();
+  };
+}
+
+const common::SettingsTable<Faults>& settings_table() {
+  static const auto* const kTable = new common::SettingsTable<Faults>(
+      kBackendName,
+      {
+          {kInnerKey,
+           [](absl::string_view key, const std::string& value,
+              Faults& faults) -> absl::Status {
+             if (value.empty()) return bad_setting(key, value, "is empty");
+             if (value == kBackendName) {
+               return bad_setting(key, value,
+                                  "cannot wrap the faulty backend itself");
+             }
+             faults.inner = value;
+             return absl::OkStatus();
+           }},
+          {kFailKey, counts_into(&Faults::fail)},
+          {"faulty.drop", counts_into(&Faults::drop)},
+          {kDropBoundKey, common::ms_into(&Faults::drop_bound, 1)},
+          {"faulty.delay",
+           [](absl::string_view key, const std::string& value,
+              Faults& faults) -> absl::Status {
+             absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> millis =
+                 parse_type_counts(key, value, "MILLIS");
+             if (!millis.ok()) return millis.status();
+             for (const auto& [type, ms] : *millis) {
+               faults.delay[type] = absl::Milliseconds(ms);
+             }
+             return absl::OkStatus();
+           }},
+          {"faulty.jitter_ms", common::ms_into(&Faults::jitter, 1)},
+      });
+  return *kTable;
+}
+
 absl::StatusOr<Faults> parse_faults(
     const absl::flat_hash_map<std::string, std::string>& settings) {
   Faults faults;
-  bool has_inner = false;
-  for (const auto& [key, value] : settings) {
-    if (key.rfind(kPrefix, 0) != 0) continue;  // another backend's
-    if (key == kInnerKey) {
-      if (value.empty()) return bad_setting(key, value, "is empty");
-      if (value == kBackendName) {
-        return bad_setting(key, value, "cannot wrap the faulty backend itself");
-      }
-      faults.inner = value;
-      has_inner = true;
-    } else if (key == kFailKey || key == kDropKey) {
-      absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> counts =
-          parse_type_counts(key, value, "N");
-      if (!counts.ok()) return counts.status();
-      (key == kFailKey ? faults.fail : faults.drop) = *std::move(counts);
-    } else if (key == kDelayKey) {
-      absl::StatusOr<absl::flat_hash_map<MessageType, int64_t>> millis =
-          parse_type_counts(key, value, "MILLIS");
-      if (!millis.ok()) return millis.status();
-      for (const auto& [type, ms] : *millis) {
-        faults.delay[type] = absl::Milliseconds(ms);
-      }
-    } else if (key == kJitterKey || key == kDropBoundKey) {
-      absl::StatusOr<absl::Duration> ms =
-          common::parse_milliseconds(key, value, /*min_ms=*/1);
-      if (!ms.ok()) return ms.status();
-      (key == kJitterKey ? faults.jitter : faults.drop_bound) = *ms;
-    } else {
-      return common::unknown_setting(key, kBackendName,
-                                     {kInnerKey, kFailKey, kDropKey,
-                                      kDropBoundKey, kDelayKey, kJitterKey});
-    }
+  if (absl::Status read = settings_table().read(settings, faults); !read.ok()) {
+    return read;
   }
-  if (!has_inner) {
+  // The table refuses an empty faulty.inner: empty is not given.
+  if (faults.inner.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the faulty backend needs setting ", kInnerKey,
                      " (the name of the backend it wraps)"));

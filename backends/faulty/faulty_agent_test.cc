@@ -27,23 +27,14 @@ tether::Backend faulty_over_loopback() {
 }
 
 tether::testing::CreationTraits faulty_traits() {
-  tether::testing::CreationTraits traits;
-  traits.backend = faulty_over_loopback;
-  traits.name = "faulty";
-  traits.bad_settings = {
-      {"faulty.inner", "faulty"},
-      {"faulty.fail", "RREF_USER_DELETE"},
-      {"faulty.fail", "NO_SUCH_TYPE:1"},
-      {"faulty.fail", "PING:1,PING:2"},
-      {"faulty.fail", ""},
-      {"faulty.drop", "PING:-1"},
-      {"faulty.drop", "PING:x"},
-      {"faulty.delay", "PING:1:2"},
-      {"faulty.delay", "INVALID:5"},
-      {"faulty.drop_bound_ms", "0"},
-      {"faulty.dorp", "PING:1"},  // a typo of a known key
-  };
-  return traits;
+  return tether::testing::CreationTraits::of("faulty", faulty_over_loopback)
+      .reject("inner", {"faulty"})
+      .reject("fail",
+              {"RREF_USER_DELETE", "NO_SUCH_TYPE:1", "PING:1,PING:2", ""})
+      .reject("drop", {"PING:-1", "PING:x"})
+      .reject("delay", {"PING:1:2", "INVALID:5"})
+      .reject("drop_bound_ms", {"0"})
+      .reject("dorp", {"PING:1"});  // a typo of a known key
 }
 
 }  // namespace

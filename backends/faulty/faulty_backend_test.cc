@@ -20,17 +20,13 @@
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::ping;
-using ::tether::testing::StatusIs;
-using Settings = ::tether::testing::AgentGroup::Settings;
+using ::tether::backends::faulty_backend;
+using ::tether::backends::loopback_backend;
 
 const BackendRegistry& inner_registry() {
   static const BackendRegistry* const registry = [] {
@@ -55,7 +51,7 @@ class Group : public ::tether::testing::AgentGroup {
   }
 };
 
-absl::Status create_status(const Settings& settings) {
+absl::Status create_status(const AgentGroup::Settings& settings) {
   return ::tether::testing::create_status(faulty_backend(&inner_registry()),
                                           settings);
 }
@@ -292,4 +288,4 @@ TEST(FaultyBackend, JoinTimesOutWhileASendIsHeld) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

@@ -34,27 +34,17 @@
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::tether::backends::grpc_backend;
 using ::tether::backends::grpc_testing::create_agents;
 using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
 using ::tether::backends::grpc_testing::raw_stream;
 using ::tether::backends::grpc_testing::TcpProxy;
-using ::tether::testing::AgentGroup;
-using ::tether::testing::create_status;
-using ::tether::testing::echo;
-using ::tether::testing::HeldResponses;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::StatusIs;
-using ::tether::testing::storage_matches;
-using Settings = ::tether::testing::AgentGroup::Settings;
 
 absl::StatusOr<Message> call(Agent& from, const Agent& to, Message request,
                              absl::Duration timeout = kBound) {
@@ -170,7 +160,7 @@ struct Proxied {
   std::unique_ptr<Agent> agents[2];
 };
 
-void make_proxied(Proxied& out, const Settings& settings) {
+void make_proxied(Proxied& out, const AgentGroup::Settings& settings) {
   out.members = meet_group(2);
   ASSERT_EQ(out.members.size(), 2u);
   absl::StatusOr<std::unique_ptr<Agent>> second;
@@ -377,4 +367,4 @@ TEST(GrpcBackend, GarbageOnAStreamClosesItAndNothingElse) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

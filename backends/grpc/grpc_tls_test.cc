@@ -24,24 +24,17 @@
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::tether::backends::grpc_backend;
 using ::tether::backends::grpc_testing::Certificates;
 using ::tether::backends::grpc_testing::create_agents;
 using ::tether::backends::grpc_testing::meet_group;
 using ::tether::backends::grpc_testing::published_address;
 using ::tether::backends::grpc_testing::raw_stream;
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::StatusIs;
-using ::tether::testing::storage_matches;
-using Settings = ::tether::testing::AgentSettings;
 
 class GrpcTls : public ::testing::Test {
  protected:
@@ -165,7 +158,7 @@ TEST_F(GrpcTls, ServerNameSettingMatchesCertificatesWithoutTheAddress) {
     EXPECT_THAT(call(group[0], group[1], ping("x")),
                 StatusIs(absl::StatusCode::kUnavailable));
   }
-  Settings settings = certs().settings("named");
+  AgentSettings settings = certs().settings("named");
   settings["grpc.tls_server_name"] = "tether-worker";
   ::tether::testing::AgentGroup group(grpc_backend(), 2, settings);
   ASSERT_TRUE(group.ok());
@@ -174,7 +167,7 @@ TEST_F(GrpcTls, ServerNameSettingMatchesCertificatesWithoutTheAddress) {
 }
 
 TEST_F(GrpcTls, FilesThatAreNotPemAreInvalidArgument) {
-  Settings settings = certs().settings("worker");
+  AgentSettings settings = certs().settings("worker");
   settings["grpc.tls_cert"] = certs().path("junk.pem");
   ::tether::testing::AgentGroup group(grpc_backend(), 1, settings);
   EXPECT_THAT(group.error(0), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -182,4 +175,4 @@ TEST_F(GrpcTls, FilesThatAreNotPemAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

@@ -29,20 +29,14 @@
 #include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::tether::testing::echo;
-using ::tether::testing::HeldResponses;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::StatusIs;
-using ::tether::testing::storage_matches;
-using Settings = ::tether::testing::AgentGroup::Settings;
+using ::tether::backends::libfabric_backend;
+using ::tether::backends::libfabric_stats;
+using ::tether::backends::LibfabricStats;
 
 // `size` libfabric agents meeting in this process, on `provider`.
 class Group : public ::tether::testing::AgentGroup {
@@ -416,16 +410,23 @@ constexpr MessageLimits kSmallLimits = [] {
   return limits;
 }();
 
+// Two agents with kSmallLimits on `provider`, moving bodies over 16 KiB by
+// rendezvous `mode`.
+class SmallLimitsGroup : public AgentGroup {
+ public:
+  SmallLimitsGroup(const std::string& provider, const char* mode)
+      : AgentGroup(limited_backend(provider, kSmallLimits), 2,
+                   {{"libfabric.rendezvous", mode},
+                    {"libfabric.rendezvous_threshold", "16384"}}) {}
+};
+
 // Frames announcing more than the receiver's MessageLimits are refused
 // before it allocates or pulls anything: the sender's call fails with
 // RESOURCE_EXHAUSTED naming the limit, and the receiver serves on.
 TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
   for (const char* mode : {"read", "tagged"}) {
     SCOPED_TRACE(mode);
-    ::tether::testing::AgentGroup group(
-        limited_backend(GetParam(), kSmallLimits), 2,
-        {{"libfabric.rendezvous", mode},
-         {"libfabric.rendezvous_threshold", "16384"}});
+    SmallLimitsGroup group(GetParam(), mode);
     ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
     group.start_all(echo);
     // Inline payload, too many storages, storage bytes by rendezvous.
@@ -456,10 +457,7 @@ TEST_P(Provider, MessagesOverTheLimitsAreRefusedBeforeAllocating) {
 TEST_P(Provider, ResponsesOverTheCallersLimitsFailTheCall) {
   for (const char* mode : {"read", "tagged"}) {
     SCOPED_TRACE(mode);
-    ::tether::testing::AgentGroup group(
-        limited_backend(GetParam(), kSmallLimits), 2,
-        {{"libfabric.rendezvous", mode},
-         {"libfabric.rendezvous_threshold", "16384"}});
+    SmallLimitsGroup group(GetParam(), mode);
     ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
     group.start_all([](Message request) -> Future<Message> {
       Message response;
@@ -514,4 +512,4 @@ TEST_P(Provider, RemoteBodiesOverTheLimitsAreRefusedBeforePulling) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

@@ -6,34 +6,25 @@
 namespace {
 
 tether::testing::CreationTraits libfabric_traits() {
-  tether::testing::CreationTraits traits;
-  traits.backend = [] {
-    return tether::backends::libfabric_backend(
-        {{"libfabric.provider", "tcp;ofi_rxm"}});
-  };
-  traits.name = "libfabric";
-  traits.bad_settings = {
-      {"libfabric.rendezvous_threshold", "lots"},
-      {"libfabric.rendezvous_threshold", "16"},
-      {"libfabric.rendezvous_threshold", "-1"},
-      {"libfabric.rendezvous", "dma"},
-      {"libfabric.credits", "0"},
-      {"libfabric.peer_timeout_ms", "5"},
-      {"libfabric.init_timeout_ms", "soon"},
-      {"libfabric.mr_cache_entries", "-3"},
-      {"libfabric.spin_us", "1e3"},
-      {"libfabric.provider", " "},
-      {"libfabric.address", "no-such-interface0"},
+  return tether::testing::CreationTraits::listener(
+             "libfabric",
+             [] {
+               return tether::backends::libfabric_backend(
+                   {{"libfabric.provider", "tcp;ofi_rxm"}});
+             },
+             {"provider=tcp;ofi_rxm\n", "address=", "credits=16\n"})
+      .reject("rendezvous_threshold", {"lots", "16", "-1"})
+      .reject("rendezvous", {"dma"})
+      .reject("credits", {"0"})
+      .reject("peer_timeout_ms", {"5"})
+      .reject("init_timeout_ms", {"soon"})
+      .reject("mr_cache_entries", {"-3"})
+      .reject("spin_us", {"1e3"})
+      .reject("provider", {" "})
+      .reject("address", {"no-such-interface0"})
       // A typo of a known key names the key it resembles.
-      {"libfabric.threshold",
-       "4096",
-       {"libfabric.threshold", "libfabric.rendezvous_threshold"}},
-  };
-  traits.address_key = "libfabric.address";
-  traits.init_timeout_key = "libfabric.init_timeout_ms";
-  traits.address_record = {"provider=tcp;ofi_rxm\n",
-                           "address=", "credits=16\n"};
-  return traits;
+      .reject("threshold", "4096",
+              {"libfabric.threshold", "libfabric.rendezvous_threshold"});
 }
 
 }  // namespace

@@ -10,10 +10,8 @@
 namespace {
 
 tether::testing::CreationTraits loopback_traits() {
-  tether::testing::CreationTraits traits;
-  traits.backend = [] { return tether::backends::loopback_backend(); };
-  traits.name = "loopback";
-  return traits;
+  return tether::testing::CreationTraits::of(
+      "loopback", [] { return tether::backends::loopback_backend(); });
 }
 
 }  // namespace

@@ -19,19 +19,12 @@
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-using ::tether::testing::AgentGroup;
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::storage_matches;
-using Settings = ::tether::testing::AgentGroup::Settings;
+using ::tether::backends::tensorpipe_backend;
 
 // A round trip with a payload and storages of several sizes.
 void expect_round_trip(AgentGroup& group, size_t big) {
@@ -51,52 +44,44 @@ void expect_round_trip(AgentGroup& group, size_t big) {
   EXPECT_TRUE(storage_matches(response->storages[2], 17, 3));
 }
 
-TEST(TensorPipeBackend, UvAndBasicOnlyStillRoundTrip) {
-  AgentGroup group(
-      tensorpipe_backend(), 2,
-      {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "basic"}});
+// The same, from two agents made with `settings`.
+void expect_round_trip_with(AgentGroup::Settings settings, size_t big) {
+  AgentGroup group(tensorpipe_backend(), 2, std::move(settings));
   ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
   group.start_all(echo);
-  expect_round_trip(group, 1 << 20);
+  expect_round_trip(group, big);
+}
+
+TEST(TensorPipeBackend, UvAndBasicOnlyStillRoundTrip) {
+  expect_round_trip_with(
+      {{"tensorpipe.transports", "uv"}, {"tensorpipe.channels", "basic"}},
+      1 << 20);
 }
 
 // The default transport is tether's guarded tcp; 8 MiB exercises reads
 // straight into the destination.
 TEST(TensorPipeBackend, TcpAndBasicOnlyRoundTrip) {
-  AgentGroup group(
-      tensorpipe_backend(), 2,
-      {{"tensorpipe.transports", "tcp"}, {"tensorpipe.channels", "basic"}});
-  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
-  group.start_all(echo);
-  expect_round_trip(group, 8 << 20);
+  expect_round_trip_with(
+      {{"tensorpipe.transports", "tcp"}, {"tensorpipe.channels", "basic"}},
+      8 << 20);
 }
 
 // The lanes are tether's tcp transport whatever carries the pipes.
 TEST(TensorPipeBackend, MptLanesRoundTrip) {
-  AgentGroup group(tensorpipe_backend(), 2,
-                   {{"tensorpipe.transports", "uv"},
-                    {"tensorpipe.channels", "mpt"},
-                    {"tensorpipe.mpt_lanes", "3"}});
-  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
-  group.start_all(echo);
-  expect_round_trip(group, 8 << 20);
+  expect_round_trip_with({{"tensorpipe.transports", "uv"},
+                          {"tensorpipe.channels", "mpt"},
+                          {"tensorpipe.mpt_lanes", "3"}},
+                         8 << 20);
 }
 
 TEST(TensorPipeBackend, ShmAndCmaOnlyRoundTrip) {
-  AgentGroup group(
-      tensorpipe_backend(), 2,
-      {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "cma"}});
-  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
-  group.start_all(echo);
-  expect_round_trip(group, 4 << 20);
+  expect_round_trip_with(
+      {{"tensorpipe.transports", "shm"}, {"tensorpipe.channels", "cma"}},
+      4 << 20);
 }
 
 TEST(TensorPipeBackend, XthChannelRoundTripsWithinOneProcess) {
-  AgentGroup group(tensorpipe_backend(), 2,
-                   {{"tensorpipe.channels", "xth, basic"}});
-  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
-  group.start_all(echo);
-  expect_round_trip(group, 1 << 20);
+  expect_round_trip_with({{"tensorpipe.channels", "xth, basic"}}, 1 << 20);
 }
 
 // By default only the guarded tcp transport listens (issue #16); that its
@@ -174,4 +159,4 @@ TEST(TensorPipeBackend, ListenerSurvivesAConnectionThatDiesEarly) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

@@ -47,15 +47,10 @@
 #include "testing/multiprocess.h"
 #include "testing/status_matchers.h"
 
-namespace tether::backends {
+namespace tether::testing {
 namespace {
 
-using ::tether::testing::echo;
-using ::tether::testing::IsOk;
-using ::tether::testing::kBound;
-using ::tether::testing::make_storage;
-using ::tether::testing::ping;
-using ::tether::testing::storage_matches;
+using ::tether::backends::tensorpipe_backend;
 
 // A listening socket of another process, as /proc shows it.
 struct Listening {
@@ -126,6 +121,27 @@ bool parse_proc_address(absl::string_view text, int family, Listening* out) {
   return true;
 }
 
+// The fields of each line of `file` (a /proc/net table) with at least
+// `min_fields` fields that is a listening socket (field `state_field` is
+// `listening`) of `inodes` (its inode is field `inode_field`).
+std::vector<std::vector<std::string>> listening_lines(
+    const char* file, size_t min_fields, size_t state_field,
+    absl::string_view listening, size_t inode_field,
+    const std::set<uint64_t>& inodes) {
+  std::vector<std::vector<std::string>> found;
+  for (const std::string& line : lines_of(file)) {
+    std::vector<std::string> fields =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    uint64_t inode = 0;
+    if (fields.size() >= min_fields && fields[state_field] == listening &&
+        absl::SimpleAtoi(fields[inode_field], &inode) &&
+        inodes.count(inode) != 0) {
+      found.push_back(std::move(fields));
+    }
+  }
+  return found;
+}
+
 // Every socket `pid` listens on.
 std::vector<Listening> listening_sockets(pid_t pid) {
   const std::set<uint64_t> inodes = socket_inodes(pid);
@@ -133,34 +149,23 @@ std::vector<Listening> listening_sockets(pid_t pid) {
   for (const auto& [file, family] :
        {std::pair<const char*, int>{"/proc/net/tcp", AF_INET},
         {"/proc/net/tcp6", AF_INET6}}) {
-    for (const std::string& line : lines_of(file)) {
-      std::vector<absl::string_view> fields =
-          absl::StrSplit(line, ' ', absl::SkipEmpty());
-      // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
-      uint64_t inode = 0;
-      if (fields.size() < 10 || fields[3] != "0A" ||
-          !absl::SimpleAtoi(fields[9], &inode) || inodes.count(inode) == 0) {
-        continue;
-      }
+    // sl local rem st tx:rx tr:when retrnsmt uid timeout inode; st 0A is
+    // LISTEN.
+    for (const std::vector<std::string>& fields :
+         listening_lines(file, 10, 3, "0A", 9, inodes)) {
       Listening listening;
       if (parse_proc_address(fields[1], family, &listening)) {
         found.push_back(listening);
       }
     }
   }
-  for (const std::string& line : lines_of("/proc/net/unix")) {
-    std::vector<absl::string_view> fields =
-        absl::StrSplit(line, ' ', absl::SkipEmpty());
-    // Num RefCount Protocol Flags Type St Inode Path; listening: Flags has
-    // __SO_ACCEPTCON (00010000).
-    uint64_t inode = 0;
-    if (fields.size() < 8 || fields[3] != "00010000" ||
-        !absl::SimpleAtoi(fields[6], &inode) || inodes.count(inode) == 0) {
-      continue;
-    }
+  // Num RefCount Protocol Flags Type St Inode Path; listening: Flags has
+  // __SO_ACCEPTCON (00010000).
+  for (const std::vector<std::string>& fields :
+       listening_lines("/proc/net/unix", 8, 3, "00010000", 6, inodes)) {
     Listening listening;
     listening.family = AF_UNIX;
-    listening.address = std::string(fields[7]);
+    listening.address = fields[7];
     found.push_back(listening);
   }
   return found;
@@ -295,8 +300,7 @@ class Caller {
       EXPECT_EQ(response->payload, absl::StrCat("call ", i, "/pong"));
       if (big) {
         ASSERT_EQ(response->storages.size(), 1u);
-        EXPECT_TRUE(
-            storage_matches(response->storages[0], 256 << 10, i % 251));
+        EXPECT_TRUE(storage_matches(response->storages[0], 256 << 10, i % 251));
       }
       ++calls_;
     }
@@ -337,7 +341,8 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         // own transports fall over (docs/security.md), run with
         // TETHER_STRANGER_TRANSPORTS=uv or =shm.
         ::tether::testing::AgentSettings settings;
-        if (const char* transports = std::getenv("TETHER_STRANGER_TRANSPORTS")) {
+        if (const char* transports =
+                std::getenv("TETHER_STRANGER_TRANSPORTS")) {
           settings["tensorpipe.transports"] = transports;
         }
         absl::StatusOr<std::unique_ptr<Agent>> agent =
@@ -352,7 +357,8 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         for (size_t bytes : {size_t{64}, size_t{4} << 20}) {
           Message request = ping("warm");
           request.storages.push_back(make_storage(bytes, 5));
-          ASSERT_THAT((*agent)->send(peer, std::move(request), kBound)
+          ASSERT_THAT((*agent)
+                          ->send(peer, std::move(request), kBound)
                           .get(absl::Now() + kBound),
                       IsOk());
         }
@@ -384,7 +390,8 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         // The worker still serves, both ways.
         Message after = ping("after");
         after.storages.push_back(make_storage(1 << 20, 9));
-        EXPECT_THAT((*agent)->send(peer, std::move(after), kBound)
+        EXPECT_THAT((*agent)
+                        ->send(peer, std::move(after), kBound)
                         .get(absl::Now() + kBound),
                     IsOk());
         if (rank == 1) {
@@ -396,8 +403,9 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
             absl::SleepFor(absl::Milliseconds(20));
             now = open_files();
           }
-          EXPECT_EQ(now, baseline) << "open files before the attack: "
-                                   << baseline << ", after: " << now;
+          EXPECT_EQ(now, baseline)
+              << "open files before the attack: " << baseline
+              << ", after: " << now;
         }
         set_key(store, absl::StrCat("test/done", rank), "1");
         wait_key(store, absl::StrCat("test/done", 1 - rank));
@@ -408,13 +416,13 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
 
 // ---------------------------------------------------- one process, by hand
 
-using internal::encode_handshake_frame;
-using internal::HandshakeFrame;
-using internal::HandshakeKind;
-using internal::parse_handshake_frame;
+using backends::internal::encode_handshake_frame;
+using backends::internal::HandshakeFrame;
+using backends::internal::HandshakeKind;
+using backends::internal::parse_handshake_frame;
 
 // Where agent `rank` of `group` listens with tether's tcp transport.
-Listening tcp_listener(::tether::testing::AgentGroup& group, int rank) {
+Listening tcp_listener(AgentGroup& group, int rank) {
   const std::string text =
       get_key(group.store(), absl::StrCat("tether/tensorpipe/", rank));
   Listening listening;
@@ -450,6 +458,13 @@ void send_frame(int fd, const HandshakeFrame& frame) {
             static_cast<ssize_t>(bytes.size()));
 }
 
+// A Hello (the first frame of the handshake) as worker `name`.
+void send_hello(int fd, const std::string& name) {
+  HandshakeFrame hello;
+  hello.name = name;
+  send_frame(fd, hello);
+}
+
 // True once the worker closes `fd` (bounded wait).
 bool closed_by_worker(int fd) {
   timeval timeout{};
@@ -463,7 +478,7 @@ bool closed_by_worker(int fd) {
   }
 }
 
-void expect_serves(::tether::testing::AgentGroup& group) {
+void expect_serves(AgentGroup& group) {
   auto call = [&group] {
     Message request = ping("still");
     request.storages.push_back(make_storage(1 << 20, 4));
@@ -485,8 +500,8 @@ void expect_serves(::tether::testing::AgentGroup& group) {
 }
 
 TEST(TensorPipeStrangers, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
-  ::tether::testing::AgentGroup group(
-      tensorpipe_backend(), 2, {{"tensorpipe.handshake_timeout_ms", "300"}});
+  AgentGroup group(tensorpipe_backend(), 2,
+                   {{"tensorpipe.handshake_timeout_ms", "300"}});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   const int fd = connect_to(tcp_listener(group, 1));
@@ -499,14 +514,12 @@ TEST(TensorPipeStrangers, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
 }
 
 TEST(TensorPipeStrangers, NonMemberIsRefusedWithTheReason) {
-  ::tether::testing::AgentGroup group(tensorpipe_backend(), 2);
+  AgentGroup group(tensorpipe_backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   const int fd = connect_to(tcp_listener(group, 1));
   ASSERT_GE(fd, 0);
-  HandshakeFrame hello;
-  hello.name = "intruder";
-  send_frame(fd, hello);
+  send_hello(fd, "intruder");
   absl::StatusOr<HandshakeFrame> verdict = read_frame(fd);
   ASSERT_THAT(verdict, IsOk());
   EXPECT_EQ(verdict->kind, HandshakeKind::kVerdict);
@@ -527,14 +540,12 @@ TEST(TensorPipeStrangers, NonMemberIsRefusedWithTheReason) {
 TEST(TensorPipeStrangers, BadFramesAfterTheHandshakeCloseThatConnection) {
   for (const bool huge : {true, false}) {
     SCOPED_TRACE(huge ? "huge length" : "not a TensorPipe message");
-    ::tether::testing::AgentGroup group(tensorpipe_backend(), 2);
+    AgentGroup group(tensorpipe_backend(), 2);
     ASSERT_TRUE(group.ok());
     group.start_all(echo);
     const int fd = connect_to(tcp_listener(group, 1));
     ASSERT_GE(fd, 0) << std::strerror(errno);
-    HandshakeFrame hello;
-    hello.name = "agent0";
-    send_frame(fd, hello);
+    send_hello(fd, "agent0");
     absl::StatusOr<HandshakeFrame> server_hello = read_frame(fd);
     ASSERT_THAT(server_hello, IsOk());
     ASSERT_EQ(server_hello->kind, HandshakeKind::kHello);
@@ -556,4 +567,4 @@ TEST(TensorPipeStrangers, BadFramesAfterTheHandshakeCloseThatConnection) {
 }
 
 }  // namespace
-}  // namespace tether::backends
+}  // namespace tether::testing

@@ -50,6 +50,41 @@ def _is_true(node):
     return isinstance(node, ast.Constant) and node.value is True
 
 
+def _is_macro(func):
+    """Whether a call is one of backends/backend_tests.bzl's macros, called
+    as `tether.<macro>(...)`."""
+    return (isinstance(func, ast.Attribute) and
+            isinstance(func.value, ast.Name) and func.value.id == "tether")
+
+
+def _macro_kwargs(kind, name, kwargs):
+    """The files and deps a macro of backends/backend_tests.bzl derives from
+    its name where they are not given (tether.unit's and tether.settings'
+    `<folder><name>.cc`, tether.backend_library's `<name>_agent.cc` and its
+    :agent_state's sources), as the kwargs of one rule."""
+    def files(*paths):
+        return ast.List([ast.Constant(p, lineno=0) for p in paths])
+    kwargs = dict(kwargs)
+    if kind in ("unit", "settings"):
+        folder = kwargs.get("folder")
+        folder = folder.value if isinstance(folder, ast.Constant) else "internal/"
+        kwargs.setdefault("srcs", files(folder + name + ".cc"))
+        kwargs.setdefault("hdrs", files(folder + name + ".h"))
+    elif kind == "backend_library":
+        kwargs["srcs"] = ast.List([files(name + "_agent.cc",
+                                         "internal/settings.cc"),
+                                   kwargs.get("state_srcs", files())])
+        kwargs["hdrs"] = ast.List([files(name + "_agent.h",
+                                         "internal/settings.h"),
+                                   kwargs.get("state_hdrs",
+                                              files("internal/agent_state.h"))])
+        kwargs["deps"] = ast.List([kwargs.get("state_deps", files()),
+                                   kwargs.get("transport", files())])
+    elif kind == "test":
+        kwargs["testonly"] = ast.Constant(True, lineno=0)
+    return kwargs
+
+
 def targets(build_path):
     """The rule calls of a BUILD file: (kind, name, line, kwargs nodes)."""
     with open(build_path, encoding="utf-8") as f:
@@ -60,10 +95,14 @@ def targets(build_path):
             continue
         kind = node.func.id if isinstance(node.func, ast.Name) else None
         kwargs = {k.arg: k.value for k in node.keywords if k.arg}
+        if _is_macro(node.func):
+            kind = node.func.attr
         if kind is None or "name" not in kwargs:
             continue
         name = kwargs["name"]
         name = name.value if isinstance(name, ast.Constant) else "?"
+        if _is_macro(node.func) and isinstance(name, str):
+            kwargs = _macro_kwargs(kind, name, kwargs)
         found.append((kind, name, node.lineno, kwargs))
     return found
 

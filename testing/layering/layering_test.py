@@ -97,6 +97,21 @@ class Checker(unittest.TestCase):
                          [("backends/grpc/BUILD.bazel", 2),
                           ("backends/grpc/agent.h", 1)])
 
+    def test_targets_of_backend_tests_bzl_macros_are_checked(self):
+        # tether.unit(name = "x") is internal/x.cc and internal/x.h.
+        write(self.root, "backends/grpc/BUILD.bazel", """
+            tether.unit(
+                name = "framing",
+                deps = ["//rref"],
+            )
+            """)
+        write(self.root, "backends/grpc/internal/framing.h",
+              '#include "optim/optimizer.h"\n')
+        violations = layering.check(self.root)
+        self.assertEqual([(p, l) for p, l, _ in violations],
+                         [("backends/grpc/BUILD.bazel", 4),
+                          ("backends/grpc/internal/framing.h", 1)])
+
     def test_tests_and_users_are_exempt(self):
         # A layer's tests may run it over anything (core's over loopback).
         write(self.root, "core/BUILD.bazel", """

@@ -18,27 +18,23 @@
 namespace tether::backends::grpc_internal {
 namespace {
 
+// The keys named outside the table too.
 constexpr char kAddressKey[] = "grpc.address";
 constexpr char kTlsCertKey[] = "grpc.tls_cert";
 constexpr char kTlsKeyKey[] = "grpc.tls_key";
 constexpr char kTlsCaKey[] = "grpc.tls_ca";
-constexpr char kTlsMutualKey[] = "grpc.tls_mutual";
 constexpr char kTlsServerNameKey[] = "grpc.tls_server_name";
-constexpr char kKeepaliveKey[] = "grpc.keepalive_ms";
-constexpr char kKeepaliveTimeoutKey[] = "grpc.keepalive_timeout_ms";
-constexpr char kCompletionThreadsKey[] = "grpc.completion_threads";
-constexpr char kMaxMessageKey[] = "grpc.max_message_bytes";
-constexpr char kChunkKey[] = "grpc.chunk_bytes";
-constexpr char kInitTimeoutKey[] = "grpc.init_timeout_ms";
-constexpr char kAuthTimeoutKey[] = "grpc.auth_timeout_ms";
 
 constexpr int kMaxCompletionThreads = 64;
 constexpr uint64_t kMinChunk = 4 << 10;
 constexpr uint64_t kMaxChunk = 64 << 20;
 
 using common::bad_value;
+using common::int_into;
+using common::ms_into;
 using common::parse_int;
 using common::parse_switch;
+using common::text_into;
 
 absl::StatusOr<std::string> read_file(absl::string_view key,
                                       const std::string& path) {
@@ -106,97 +102,93 @@ absl::Status parse_address(const std::string& value, Settings& settings) {
   return absl::OkStatus();
 }
 
+// What the table reads into: the settings, and the paths of the TLS files
+// (read once every key is in, as they go together).
+struct Reading : Settings {
+  std::string cert_path;
+  std::string key_path;
+  std::string ca_path;
+};
+
+const common::SettingsTable<Reading>& settings_table() {
+  static const auto* const kTable = new common::SettingsTable<Reading>(
+      "grpc",
+      {
+          {kAddressKey,
+           [](absl::string_view, const std::string& value, Reading& reading) {
+             return parse_address(value, reading);
+           }},
+          {kTlsCertKey, text_into(&Reading::cert_path)},
+          {kTlsKeyKey, text_into(&Reading::key_path)},
+          {kTlsCaKey, text_into(&Reading::ca_path)},
+          {"grpc.tls_mutual",
+           [](absl::string_view key, const std::string& value,
+              Reading& reading) -> absl::Status {
+             absl::StatusOr<bool> on = parse_switch(key, value);
+             if (!on.ok()) return on.status();
+             reading.tls.mutual = *on;
+             return absl::OkStatus();
+           }},
+          {kTlsServerNameKey,
+           [](absl::string_view key, const std::string& value,
+              Reading& reading) -> absl::Status {
+             if (value.empty()) return bad_value(key, value, "a host name");
+             reading.tls.server_name = value;
+             return absl::OkStatus();
+           }},
+          {"grpc.keepalive_ms", ms_into(&Settings::keepalive, 0)},
+          {"grpc.keepalive_timeout_ms",
+           ms_into(&Settings::keepalive_timeout, 1)},
+          {"grpc.completion_threads",
+           int_into(&Settings::completion_threads, 1, kMaxCompletionThreads)},
+          {"grpc.max_message_bytes",
+           int_into(&Settings::max_message_bytes, 1, kMaxMessageLimit)},
+          {"grpc.chunk_bytes",
+           int_into(&Settings::chunk_bytes, kMinChunk, kMaxChunk)},
+          {"grpc.init_timeout_ms", ms_into(&Settings::init_timeout, 1)},
+          {"grpc.auth_timeout_ms", ms_into(&Settings::auth_timeout, 1)},
+      });
+  return *kTable;
+}
+
 }  // namespace
 
 absl::StatusOr<Settings> parse_settings(
     const absl::flat_hash_map<std::string, std::string>& raw) {
-  Settings settings;
-  std::string cert_path;
-  std::string key_path;
-  std::string ca_path;
-  for (const auto& [key, value] : raw) {
-    if (!absl::StartsWith(key, "grpc.")) continue;  // another backend's
-    if (key == kAddressKey) {
-      if (absl::Status parsed = parse_address(value, settings); !parsed.ok()) {
-        return parsed;
-      }
-    } else if (key == kTlsCertKey) {
-      cert_path = value;
-    } else if (key == kTlsKeyKey) {
-      key_path = value;
-    } else if (key == kTlsCaKey) {
-      ca_path = value;
-    } else if (key == kTlsMutualKey) {
-      absl::StatusOr<bool> on = parse_switch(key, value);
-      if (!on.ok()) return on.status();
-      settings.tls.mutual = *on;
-    } else if (key == kTlsServerNameKey) {
-      if (value.empty()) return bad_value(key, value, "a host name");
-      settings.tls.server_name = value;
-    } else if (key == kKeepaliveKey || key == kKeepaliveTimeoutKey ||
-               key == kInitTimeoutKey || key == kAuthTimeoutKey) {
-      absl::StatusOr<absl::Duration> duration =
-          common::parse_milliseconds(key, value, key == kKeepaliveKey ? 0 : 1);
-      if (!duration.ok()) return duration.status();
-      absl::Duration& target = key == kKeepaliveKey ? settings.keepalive
-                               : key == kKeepaliveTimeoutKey
-                                   ? settings.keepalive_timeout
-                               : key == kInitTimeoutKey ? settings.init_timeout
-                                                        : settings.auth_timeout;
-      target = *duration;
-    } else if (key == kCompletionThreadsKey) {
-      absl::StatusOr<int64_t> threads =
-          parse_int(key, value, 1, kMaxCompletionThreads);
-      if (!threads.ok()) return threads.status();
-      settings.completion_threads = static_cast<int>(*threads);
-    } else if (key == kMaxMessageKey) {
-      absl::StatusOr<int64_t> bytes =
-          parse_int(key, value, 1, kMaxMessageLimit);
-      if (!bytes.ok()) return bytes.status();
-      settings.max_message_bytes = static_cast<uint64_t>(*bytes);
-    } else if (key == kChunkKey) {
-      absl::StatusOr<int64_t> bytes =
-          parse_int(key, value, kMinChunk, kMaxChunk);
-      if (!bytes.ok()) return bytes.status();
-      settings.chunk_bytes = static_cast<uint64_t>(*bytes);
-    } else {
-      return common::unknown_setting(
-          key, "grpc",
-          {kAddressKey, kTlsCertKey, kTlsKeyKey, kTlsCaKey, kTlsMutualKey,
-           kTlsServerNameKey, kKeepaliveKey, kKeepaliveTimeoutKey,
-           kCompletionThreadsKey, kMaxMessageKey, kChunkKey, kInitTimeoutKey,
-           kAuthTimeoutKey});
-    }
+  Reading reading;
+  if (absl::Status read = settings_table().read(raw, reading); !read.ok()) {
+    return read;
   }
-  const bool any_tls =
-      !cert_path.empty() || !key_path.empty() || !ca_path.empty();
+  const bool any_tls = !reading.cert_path.empty() ||
+                       !reading.key_path.empty() || !reading.ca_path.empty();
   if (any_tls) {
     // Each worker is a server and a client: one identity serves both.
-    for (const auto& [key, path] :
-         {std::pair<const char*, const std::string&>{kTlsCertKey, cert_path},
-          {kTlsKeyKey, key_path},
-          {kTlsCaKey, ca_path}}) {
+    for (const auto& [key, path] : {std::pair<const char*, const std::string&>{
+                                        kTlsCertKey, reading.cert_path},
+                                    {kTlsKeyKey, reading.key_path},
+                                    {kTlsCaKey, reading.ca_path}}) {
       if (path.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "setting ", key, " is missing: TLS needs ", kTlsCertKey, ", ",
             kTlsKeyKey, " and ", kTlsCaKey, " together"));
       }
     }
-    absl::StatusOr<std::string> cert = read_file(kTlsCertKey, cert_path);
+    absl::StatusOr<std::string> cert =
+        read_file(kTlsCertKey, reading.cert_path);
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = read_file(kTlsKeyKey, key_path);
+    absl::StatusOr<std::string> key = read_file(kTlsKeyKey, reading.key_path);
     if (!key.ok()) return key.status();
-    absl::StatusOr<std::string> ca = read_file(kTlsCaKey, ca_path);
+    absl::StatusOr<std::string> ca = read_file(kTlsCaKey, reading.ca_path);
     if (!ca.ok()) return ca.status();
-    settings.tls.cert_chain = *std::move(cert);
-    settings.tls.private_key = *std::move(key);
-    settings.tls.root_certs = *std::move(ca);
+    reading.tls.cert_chain = *std::move(cert);
+    reading.tls.private_key = *std::move(key);
+    reading.tls.root_certs = *std::move(ca);
   } else if (raw.contains(kTlsServerNameKey)) {
     return absl::InvalidArgumentError(
         absl::StrCat("setting ", kTlsServerNameKey, " without TLS (set ",
                      kTlsCertKey, ", ", kTlsKeyKey, " and ", kTlsCaKey, ")"));
   }
-  return settings;
+  return static_cast<Settings>(std::move(reading));
 }
 
 }  // namespace tether::backends::grpc_internal

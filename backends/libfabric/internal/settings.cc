@@ -10,20 +10,11 @@
 namespace tether::backends::libfabric::internal {
 namespace {
 
+using common::int_into;
+using common::ms_into;
 using common::parse_int;
-using common::parse_milliseconds;
 
-constexpr char kProviderKey[] = "libfabric.provider";
 constexpr char kAddressKey[] = "libfabric.address";
-constexpr char kThresholdKey[] = "libfabric.rendezvous_threshold";
-constexpr char kRendezvousKey[] = "libfabric.rendezvous";
-constexpr char kCreditsKey[] = "libfabric.credits";
-constexpr char kPeerTimeoutKey[] = "libfabric.peer_timeout_ms";
-constexpr char kInitTimeoutKey[] = "libfabric.init_timeout_ms";
-constexpr char kAcceptTimeoutKey[] = "libfabric.accept_timeout_ms";
-constexpr char kCacheEntriesKey[] = "libfabric.mr_cache_entries";
-constexpr char kCacheBytesKey[] = "libfabric.mr_cache_bytes";
-constexpr char kSpinKey[] = "libfabric.spin_us";
 
 constexpr uint64_t kMinThreshold = 256;
 constexpr uint64_t kMaxThreshold = uint64_t{64} << 20;
@@ -59,77 +50,81 @@ const char* rendezvous_mode_name(RendezvousMode mode) {
 
 absl::StatusOr<Settings> parse_settings(
     const absl::flat_hash_map<std::string, std::string>& raw) {
+  static const auto* const kTable = new common::SettingsTable<Settings>(
+      "libfabric",
+      {
+          {"libfabric.provider",
+           [](absl::string_view key, const std::string& value,
+              Settings& settings) -> absl::Status {
+             if (value.empty()) {
+               return absl::InvalidArgumentError(
+                   absl::StrCat("setting ", key,
+                                " is empty; name a libfabric provider, e.g. "
+                                "'tcp;ofi_rxm' or 'shm'"));
+             }
+             settings.provider = value;
+             return absl::OkStatus();
+           }},
+          {kAddressKey,
+           [](absl::string_view, const std::string& value,
+              Settings& settings) -> absl::Status {
+             absl::StatusOr<std::string> address = resolve_address(value);
+             if (!address.ok()) return address.status();
+             settings.address = *std::move(address);
+             settings.address_given = true;
+             return absl::OkStatus();
+           }},
+          {"libfabric.rendezvous_threshold",
+           [](absl::string_view key, const std::string& value,
+              Settings& settings) -> absl::Status {
+             absl::StatusOr<int64_t> threshold =
+                 parse_int(key, value, kMinThreshold, kMaxThreshold);
+             if (!threshold.ok()) return threshold.status();
+             settings.rendezvous_threshold = *threshold;
+             settings.threshold_given = true;
+             return absl::OkStatus();
+           }},
+          {"libfabric.rendezvous",
+           [](absl::string_view key, const std::string& value,
+              Settings& settings) -> absl::Status {
+             for (RendezvousMode mode :
+                  {RendezvousMode::kAuto, RendezvousMode::kRead,
+                   RendezvousMode::kTagged}) {
+               if (value == rendezvous_mode_name(mode)) {
+                 settings.rendezvous = mode;
+                 return absl::OkStatus();
+               }
+             }
+             return common::bad_value(key, value, "one of auto, read, tagged");
+           }},
+          {"libfabric.credits", int_into(&Settings::credits, 1, kMaxCredits)},
+          {"libfabric.peer_timeout_ms",
+           ms_into(&Settings::peer_timeout, 100, kDayMs)},
+          {"libfabric.init_timeout_ms",
+           ms_into(&Settings::init_timeout, 1, kDayMs)},
+          {"libfabric.accept_timeout_ms",
+           ms_into(&Settings::accept_timeout, 100, kDayMs)},
+          {"libfabric.mr_cache_entries",
+           int_into(&Settings::mr_cache_entries, 0, 1 << 20)},
+          {"libfabric.mr_cache_bytes",
+           int_into(&Settings::mr_cache_bytes, 0, int64_t{1} << 50)},
+          {"libfabric.spin_us",
+           [](absl::string_view key, const std::string& value,
+              Settings& settings) -> absl::Status {
+             absl::StatusOr<int64_t> us = parse_int(key, value, 0, 1000000);
+             if (!us.ok()) return us.status();
+             settings.spin = absl::Microseconds(*us);
+             return absl::OkStatus();
+           }},
+      });
+  // Values are read without the white space around them.
+  absl::flat_hash_map<std::string, std::string> stripped;
+  for (const auto& [key, value] : raw) {
+    stripped.emplace(key, absl::StripAsciiWhitespace(value));
+  }
   Settings settings;
-  for (const auto& [key, raw_value] : raw) {
-    if (key.rfind("libfabric.", 0) != 0) continue;  // another backend's
-    const std::string value(absl::StripAsciiWhitespace(raw_value));
-    absl::StatusOr<int64_t> number = 0;
-    absl::StatusOr<absl::Duration> duration = absl::ZeroDuration();
-    if (key == kProviderKey) {
-      if (value.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "setting ", key,
-            " is empty; name a libfabric provider, e.g. 'tcp;ofi_rxm' or "
-            "'shm'"));
-      }
-      settings.provider = value;
-      continue;
-    }
-    if (key == kAddressKey) {
-      absl::StatusOr<std::string> address = resolve_address(value);
-      if (!address.ok()) return address.status();
-      settings.address = *std::move(address);
-      settings.address_given = true;
-      continue;
-    }
-    if (key == kRendezvousKey) {
-      if (value == "auto") {
-        settings.rendezvous = RendezvousMode::kAuto;
-      } else if (value == "read") {
-        settings.rendezvous = RendezvousMode::kRead;
-      } else if (value == "tagged") {
-        settings.rendezvous = RendezvousMode::kTagged;
-      } else {
-        return common::bad_value(key, value, "one of auto, read, tagged");
-      }
-      continue;
-    }
-    if (key == kThresholdKey) {
-      number = parse_int(key, value, kMinThreshold, kMaxThreshold);
-      if (number.ok()) {
-        settings.rendezvous_threshold = *number;
-        settings.threshold_given = true;
-      }
-    } else if (key == kCreditsKey) {
-      number = parse_int(key, value, 1, kMaxCredits);
-      if (number.ok()) settings.credits = static_cast<uint32_t>(*number);
-    } else if (key == kPeerTimeoutKey) {
-      duration = parse_milliseconds(key, value, 100, kDayMs);
-      if (duration.ok()) settings.peer_timeout = *duration;
-    } else if (key == kInitTimeoutKey) {
-      duration = parse_milliseconds(key, value, 1, kDayMs);
-      if (duration.ok()) settings.init_timeout = *duration;
-    } else if (key == kAcceptTimeoutKey) {
-      duration = parse_milliseconds(key, value, 100, kDayMs);
-      if (duration.ok()) settings.accept_timeout = *duration;
-    } else if (key == kCacheEntriesKey) {
-      number = parse_int(key, value, 0, 1 << 20);
-      if (number.ok()) settings.mr_cache_entries = static_cast<size_t>(*number);
-    } else if (key == kCacheBytesKey) {
-      number = parse_int(key, value, 0, int64_t{1} << 50);
-      if (number.ok()) settings.mr_cache_bytes = static_cast<uint64_t>(*number);
-    } else if (key == kSpinKey) {
-      number = parse_int(key, value, 0, 1000000);
-      if (number.ok()) settings.spin = absl::Microseconds(*number);
-    } else {
-      return common::unknown_setting(
-          key, "libfabric",
-          {kProviderKey, kAddressKey, kThresholdKey, kRendezvousKey,
-           kCreditsKey, kPeerTimeoutKey, kInitTimeoutKey, kAcceptTimeoutKey,
-           kCacheEntriesKey, kCacheBytesKey, kSpinKey});
-    }
-    if (!number.ok()) return number.status();
-    if (!duration.ok()) return duration.status();
+  if (absl::Status read = kTable->read(stripped, settings); !read.ok()) {
+    return read;
   }
   return settings;
 }

@@ -20,21 +20,14 @@ void ConnectionImpl::initImplFromLoop() {
   context_->enroll(*this);
   const int on = 1;
   if (!server_) {
-    sockaddr_storage storage;
-    socklen_t length = 0;
-    if (!parse_socket_address(peer_, &storage, &length)) {
-      setError(tcp_error(absl::StrCat("cannot connect to '", peer_,
-                                      "': not an IP address and port")));
-      return;
-    }
-    fd_ = ::socket(storage.ss_family,
-                   SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) {
-      setError(TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno));
+    SocketAddress address;
+    if (tp::Error error =
+            open_socket(peer_, SocketRole::kConnect, fd_, address)) {
+      setError(std::move(error));
       return;
     }
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&storage), length) == 0) {
+    if (::connect(fd_, address.get(), address.length) == 0) {
       start_client_handshake();
     } else if (errno == EINPROGRESS) {
       state_ = State::kConnecting;

@@ -1,8 +1,10 @@
 #include "backends/tensorpipe/internal/tcp_transport_context.h"
 
+#include <absl/strings/str_cat.h>
 #include <c10/util/Logging.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <tensorpipe/common/system.h>
 #include <unistd.h>
 
@@ -20,6 +22,23 @@ tp::Error refused_error(std::string reason) {
 
 tp::Error tcp_error(std::string what) {
   return TCP_TRANSPORT_ERROR(TcpError, std::move(what));
+}
+
+tp::Error open_socket(const std::string& text, SocketRole role, int& fd,
+                      SocketAddress& address) {
+  fd = -1;
+  address.length = 0;
+  if (!parse_socket_address(text, &address.storage, &address.length)) {
+    return tcp_error(role == SocketRole::kConnect
+                         ? absl::StrCat("cannot connect to '", text,
+                                        "': not an IP address and port")
+                         : absl::StrCat("cannot listen on '", text,
+                                        "': not an IP address (and port)"));
+  }
+  fd = ::socket(address.storage.ss_family,
+                SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno);
+  return tp::Error::kSuccess;
 }
 
 std::shared_ptr<ContextImpl> ContextImpl::create(TcpTransportOptions options) {

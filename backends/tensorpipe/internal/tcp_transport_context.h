@@ -7,6 +7,7 @@
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_
 
+#include <absl/strings/string_view.h>
 #include <absl/time/time.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -58,6 +59,30 @@ tp::Error tcp_error(std::string what);
 
 // "ip:port" or "[ip6]:port".
 std::string format_address(const sockaddr_storage& storage);
+
+// A socket address, as connect() and bind() take it.
+struct SocketAddress {
+  sockaddr_storage storage;
+  socklen_t length = 0;
+
+  const sockaddr* get() const {
+    return reinterpret_cast<const sockaddr*>(&storage);
+  }
+};
+
+// What a socket is opened for, which says what its address must be.
+enum class SocketRole {
+  kConnect,  // an IP address and port
+  kListen,   // an IP address (and port: 0, the kernel picks, if none)
+};
+
+// Parses `text` (parse_socket_address) into `address` and opens a
+// non-blocking, close-on-exec stream socket of its family into `fd` (-1 on
+// error), for a connection and a listener alike. Text that does not parse:
+// "cannot connect to '<text>': not an IP address and port" (or "cannot
+// listen on ...").
+tp::Error open_socket(const std::string& text, SocketRole role, int& fd,
+                      SocketAddress& address);
 
 class ContextImpl;
 class ListenerImpl;

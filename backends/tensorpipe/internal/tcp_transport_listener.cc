@@ -15,22 +15,15 @@ namespace tether::backends::internal::tcp {
 
 void ListenerImpl::initImplFromLoop() {
   context_->enroll(*this);
-  sockaddr_storage storage;
-  socklen_t length = 0;
-  if (!parse_socket_address(requested_, &storage, &length)) {
-    setError(tcp_error(absl::StrCat("cannot listen on '", requested_,
-                                    "': not an IP address (and port)")));
-    return;
-  }
-  fd_ = ::socket(storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                 0);
-  if (fd_ < 0) {
-    setError(TCP_TRANSPORT_ERROR(tp::SystemError, "socket", errno));
+  SocketAddress address;
+  if (tp::Error error =
+          open_socket(requested_, SocketRole::kListen, fd_, address)) {
+    setError(std::move(error));
     return;
   }
   const int on = 1;
   ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  if (::bind(fd_, reinterpret_cast<sockaddr*>(&storage), length) != 0) {
+  if (::bind(fd_, address.get(), address.length) != 0) {
     setError(TCP_TRANSPORT_ERROR(tp::SystemError, "bind", errno));
     return;
   }
