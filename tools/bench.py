@@ -872,6 +872,8 @@ def main():
                         help="--scale: variant labels or backend names")
     parser.add_argument("--scale_timeout", type=int, default=900,
                         help="--scale: seconds per world")
+    parser.add_argument("--scale_logs", default=None,
+                        help="--scale: a folder for every world's output")
     args = parser.parse_args()
     cwd = os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd())
     out_dir = os.path.join(cwd, args.out or "bench_results")

@@ -94,8 +94,8 @@ def failure_lines(out, limit=3):
     seen = []
     for line in out.splitlines():
         text = re.sub(r"^\[\d+\] ", "", line)
-        if re.search(r"failed|error|Error|timed out|refus|abort", text) and (
-                not text.startswith("JSON")):
+        if (re.search(r"failed|error|Error|timed out|refus|abort", text) or
+                re.match(r"[WEF]\d{8} ", text)) and not text.startswith("JSON"):
             key = re.sub(r"\d+", "#", text)
             if key not in [k for k, _ in seen]:
                 seen.append((key, line.strip()))
@@ -136,17 +136,26 @@ def summarize(n, ranks, launched, wall, code, out, err, tail):
     if not failed:
         why += failure_lines(out + "\n" + err) or [tail(err + out)]
     record["status"] = "failed: " + "; ".join(why)
+    # What the workers logged (glog warnings and errors, first of each kind).
+    record["log_excerpt"] = failure_lines(out + "\n" + err, limit=8)
     if failed:
         record["ranks_failed"] = len(failed)
     return record
 
 
-def run_world(args, run, tail, n, worker_argv, env, log):
+def run_world(args, run, tail, name, n, worker_argv, env):
     command = [args.tether_run, "--nproc", str(n), "--"] + worker_argv
     load = os.getloadavg()[0]
     launched = time.time()
     code, out, err = run(command, args.scale_timeout, env)
     wall = time.time() - launched
+    if args.scale_logs:
+        # Every world's whole output, to read what a failed one logged.
+        os.makedirs(args.scale_logs, exist_ok=True)
+        path = os.path.join(args.scale_logs, "%s_%d.log" % (
+            re.sub(r"[^A-Za-z0-9]+", "_", name), n))
+        with open(path, "w") as f:
+            f.write(out + err)
     record = summarize(n, rank_lines(out), launched, wall, code, out, err,
                        tail)
     record["loadavg_at_start"] = load
@@ -160,8 +169,8 @@ def run_scale(args, variants, run, tail, log):
     scale = {"sizes": args.scale, "cpus": os.cpu_count(), "bare": {},
              "variants": {}}
     for n in args.scale:
-        rec = run_world(args, run, tail, n, [args.scale_worker, "--bare"], {},
-                        log)
+        rec = run_world(args, run, tail, "bare", n,
+                        [args.scale_worker, "--bare"], {})
         scale["bare"][str(n)] = rec
         log("scale %-22s %3d  %-10s launch to all at main %s s, load %.1f" % (
             "bare", n, rec["status"][:40],
@@ -173,7 +182,7 @@ def run_scale(args, variants, run, tail, log):
         argv += ["--setting=%s=%s" % kv for kv in sorted(settings.items())]
         per_n = scale["variants"].setdefault(label, {})
         for n in args.scale:
-            rec = run_world(args, run, tail, n, argv, env, log)
+            rec = run_world(args, run, tail, label, n, argv, env)
             per_n[str(n)] = rec
             log("scale %-22s %3d  %-10s up %s s, warm %s s, wall %.0f s, "
                 "load %.1f" % (
@@ -283,6 +292,8 @@ def plot_scale(scale, out_dir):
         if key == "warm_round_s_max":
             ax.axhline(1, color="grey", linestyle=":", label="target 1 s")
         ax.set_xscale("log", base=2)
+        if key.endswith("_s") or key.endswith("_s_max"):
+            ax.set_yscale("log")  # seconds over decades
         ax.set_xticks(scale["sizes"])
         ax.set_xticklabels([str(n) for n in scale["sizes"]])
         ax.set_xlabel("world size (processes on this machine)")
