@@ -37,6 +37,18 @@ here, like tether's negotiated variant) and, except in quick mode, uv only
 
 Output: the tables on stdout (Markdown) and in DIR/table.md, every number in
 DIR/results.json, DIR/latency_vs_size.png and DIR/bandwidth_vs_size.png.
+
+Scale (issue #20; tools/bench_scale.py): with --scale 2,4,8,16,32,64 it
+runs instead N scale_worker processes per world size and backend variant
+(--backends: labels or backend names; by default tensorpipe negotiated,
+grpc, libfabric tcp;ofi_rxm and shm) and a bare process start, and writes
+them under "scale" in DIR/results.json (the other results there are kept),
+the scale tables in DIR/table.md and DIR/scale.png:
+
+    bazel build -c opt //tools:scale_worker //tools:tether_run
+    tools/bench.py --scale 2,4,8,16,32,64 --out docs/bench
+
+Every path the results name is relative to the repository.
 """
 import argparse
 import datetime
@@ -49,6 +61,11 @@ import signal
 import subprocess
 import sys
 import time
+
+try:
+    from tools import bench_scale  # under Bazel: the runfiles root
+except ImportError:
+    import bench_scale  # tools/bench.py run as a script
 
 # The issue's workload keys, in table order: (key, label, unit, better).
 WORKLOADS = [
@@ -631,6 +648,8 @@ def not_available(results):
 
 
 def report(results):
+    if results.get("variants") is None:
+        return scale_report(results["scale"]) + "\n"
     host = results.get("host", {})
     parts = ["%s run%s, %s, %s CPUs, load average %s at start, %s at end, "
              "%.0f s." % ("quick" if results["quick"] else "full",
@@ -650,12 +669,32 @@ def report(results):
     missing = not_available(results)
     if missing:
         parts += ["", "## Not measured", "", missing]
+    if results.get("scale"):
+        parts += ["", scale_report(results["scale"])]
     return "\n".join(parts) + "\n"
+
+
+def scale_report(scale):
+    return "\n".join([
+        "## Scale (issue #20): `%s`, %s, load average %s at start, %s at end, "
+        "%.0f s" % (scale["command"], scale["date"],
+                    fmt(scale["loadavg_at_start"]),
+                    fmt(scale["loadavg_at_end"]), scale["seconds"]), "",
+        bench_scale.scale_table(scale)])
 
 
 # ---- plots ----
 
 def plot(results, out_dir):
+    paths = []
+    if results.get("scale"):
+        paths += bench_scale.plot_scale(results["scale"], out_dir)
+    if results.get("variants") is not None:
+        paths += plot_sweeps(results, out_dir)
+    return paths
+
+
+def plot_sweeps(results, out_dir):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -723,16 +762,80 @@ def plot_anywhere(args, results_path, out_dir, log):
 
 # ---- main ----
 
-def relative_to_workspace(arg):
-    """`arg` with an absolute path under the workspace made relative."""
-    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY", os.getcwd())
+def write_results(args, results, out_dir, log):
+    """DIR/results.json, DIR/table.md and, unless --no_plots, the plots."""
+    results_path = os.path.join(out_dir, "results.json")
+    with open(results_path, "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(report(results))
+    log("wrote %s and table.md" % results_path)
+    if not args.no_plots:
+        plot_anywhere(args, results_path, out_dir, log)
+
+
+def find_tools(args, worker, log):
+    """The path of tools/`worker`, with args.tether_run set; None, saying
+    how to build them, if either is missing."""
+    path = find_binary(args, "tools/" + worker)
+    args.tether_run = find_binary(args, "tools/tether_run")
+    if path is None or args.tether_run is None:
+        log("bench: %s or tether_run not found in %s; build them first: "
+            "bazel build -c opt //tools:%s //tools:tether_run"
+            % (worker, ", ".join(search_dirs(args)), worker))
+        return None
+    return path
+
+
+def recorded_command(argv):
+    """This run's command line, any path under the workspace relative to it."""
+    return " ".join(["tools/bench"] + [relative_to_workspace(a) for a in argv])
+
+
+def main_scale(args, out_dir, log):
+    """--scale: the scale workload alone, merged into DIR/results.json."""
+    args.scale_worker = find_tools(args, "scale_worker", log)
+    if args.scale_worker is None:
+        return 2
+    try:
+        bench_scale.pick_variants(VARIANTS, args.backends)
+    except ValueError as e:
+        log("bench: %s" % e)
+        return 2
+    started = time.time()
+    load = os.getloadavg()[0]
+    scale = bench_scale.run_scale(args, VARIANTS, run, tail, log)
+    scale.update({
+        "command": recorded_command(sys.argv[1:]),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "loadavg_at_start": load, "loadavg_at_end": os.getloadavg()[0],
+        "seconds": time.time() - started})
+    results_path = os.path.join(out_dir, "results.json")
+    results = {}
+    if os.path.exists(results_path):
+        with open(results_path) as f:
+            results = json.load(f)
+    results["scale"] = scale
+    print(scale_report(scale))
+    write_results(args, results, out_dir, log)
+    return 0
+
+
+def relative_to_workspace(arg, root=None):
+    """`arg` with an absolute path made relative to the workspace; one
+    outside it keeps only its last component (".../NAME"): the results name
+    no folder of the machine they ran on."""
+    root = root or workspace_dir()
     name, eq, value = arg.partition("=")
     path = value if eq else arg
-    if os.path.isabs(path) and os.path.commonpath(
-            [root, os.path.abspath(path)]) == root:
+    if not os.path.isabs(path):
+        return arg
+    path = os.path.abspath(path)
+    if os.path.commonpath([root, path]) == root:
         path = os.path.relpath(path, root)
-        return name + "=" + path if eq else path
-    return arg
+    else:
+        path = ".../" + os.path.basename(path)
+    return name + "=" + path if eq else path
 
 
 def main():
@@ -761,6 +864,16 @@ def main():
                         help="tests: a handful of calls (numbers meaningless)")
     parser.add_argument("--no_plots", action="store_true")
     parser.add_argument("--plot_only", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--scale", default=None, type=bench_scale.parse_sizes,
+                        help="world sizes for the scale workload, e.g. "
+                        "2,4,8,16,32,64 (runs only that)")
+    parser.add_argument("--backends", default=None,
+                        type=lambda text: [w for w in text.split(",") if w],
+                        help="--scale: variant labels or backend names")
+    parser.add_argument("--scale_timeout", type=int, default=900,
+                        help="--scale: seconds per world")
+    parser.add_argument("--scale_logs", default=None,
+                        help="--scale: a folder for every world's output")
     args = parser.parse_args()
     cwd = os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd())
     out_dir = os.path.join(cwd, args.out or "bench_results")
@@ -771,22 +884,19 @@ def main():
             for path in plot(json.load(f), out_dir):
                 print("wrote " + path)
         return 0
+    if args.scale:
+        return main_scale(args, out_dir, log)
     if not args.timeout:
         args.timeout = 120 if args.quick else 1800
-    args.worker = find_binary(args, "tools/bench_worker")
-    args.tether_run = find_binary(args, "tools/tether_run")
-    if args.worker is None or args.tether_run is None:
-        log("bench: bench_worker or tether_run not found in %s; build them "
-            "first: bazel build -c opt //tools:bench_worker //tools:tether_run"
-            % ", ".join(search_dirs(args)))
+    args.worker = find_tools(args, "bench_worker", log)
+    if args.worker is None:
         return 2
 
     started = time.time()
     results = {
         # Paths of this machine stay out of the record: an absolute path
         # under the workspace is written relative to it.
-        "command": " ".join(["tools/bench"] + [
-            relative_to_workspace(a) for a in sys.argv[1:]]),
+        "command": recorded_command(sys.argv[1:]),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                  "kernel": platform.release(),
@@ -812,16 +922,8 @@ def main():
     results["seconds"] = time.time() - started
     results["host"]["loadavg_at_end"] = os.getloadavg()[0]
 
-    text = report(results)
-    print(text)
-    results_path = os.path.join(out_dir, "results.json")
-    with open(results_path, "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(text)
-    log("wrote %s and table.md" % results_path)
-    if not args.no_plots:
-        plot_anywhere(args, results_path, out_dir, log)
+    print(report(results))
+    write_results(args, results, out_dir, log)
     log("bench: %.0f s in all" % (time.time() - started))
     return 0
 

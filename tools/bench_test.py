@@ -10,6 +10,7 @@ import tempfile
 import unittest
 
 from tools import bench
+from tools import bench_scale
 
 
 def variant(sync_p50, gbps_64, status="ok"):
@@ -118,7 +119,109 @@ class TablesTest(unittest.TestCase):
         self.assertIn("| bare gRPC | n/a | n/a | n/a: not built |", text)
 
 
+def rank_line(rank, n, status="ok", **numbers):
+    record = {"variant": "grpc", "rank": rank, "world_size": n,
+              "main_unix": 1000.5 + rank, "up_unix": 1001.0 + rank,
+              "init_s": 0.5, "cold_round_s": 0.2 + rank, "warm_round_s": 0.01,
+              "fds": 10 + rank, "vmhwm_kb": 1024 * (100 + rank),
+              "status": status}
+    record.update(numbers)
+    return "[%d] JSON %s" % (rank, json.dumps(record))
+
+
+class ScaleTest(unittest.TestCase):
+
+    def test_world_summary_over_the_ranks(self):
+        out = "\n".join([rank_line(1, 2), "[0] noise", rank_line(0, 2)])
+        r = bench_scale.summarize(2, bench_scale.rank_lines(out), 1000.0, 3.0,
+                                  0, out, "", bench.tail)
+        self.assertEqual(r["status"], "ok")
+        self.assertEqual(r["ranks_reported"], 2)
+        self.assertAlmostEqual(r["launch_to_all_up_s"], 2.0)
+        self.assertAlmostEqual(r["launch_to_all_main_s"], 1.5)
+        self.assertAlmostEqual(r["cold_round_s_median"], 0.7)
+        self.assertAlmostEqual(r["cold_round_s_max"], 1.2)
+        self.assertAlmostEqual(r["vmhwm_MB_max"], 101.0)
+
+    def test_failure_names_the_rank_and_the_missing(self):
+        out = "\n".join([
+            rank_line(0, 3, status="failed: UNAVAILABLE: cold round: w0 -> w2: "
+                      "lost the connection"),
+            rank_line(1, 3)])
+        r = bench_scale.summarize(3, bench_scale.rank_lines(out), 1000.0, 9.0,
+                                  1, out, "", bench.tail)
+        self.assertIn("tether_run exit 1", r["status"])
+        self.assertIn("2 of 3 ranks reported", r["status"])
+        self.assertIn("rank 0: failed: UNAVAILABLE: cold round: w0 -> w2",
+                      r["status"])
+        self.assertNotIn("launch_to_all_up_s", r)
+        timed_out = bench_scale.summarize(2, {}, 1000.0, 900.0, None,
+                                          "[1] E0101 init failed: refused", "",
+                                          bench.tail)
+        self.assertIn("timed out after 900 s", timed_out["status"])
+        self.assertIn("[1] E0101 init failed: refused", timed_out["status"])
+
+    def test_growth_per_peer_and_table(self):
+        def world(fds, mb, status="ok"):
+            return {"status": status, "loadavg_at_start": 1.0,
+                    "fds_median": fds, "fds_max": fds, "vmhwm_MB_median": mb,
+                    "vmhwm_MB_max": mb, "wall_s": 1.0}
+        scale = {"sizes": [2, 4, 8], "bare": {},
+                 "variants": {"grpc": {"2": world(10, 100), "4": world(14, 102),
+                                       "8": world(0, 0, "failed: x")}}}
+        self.assertEqual(bench_scale.growth(scale["variants"]["grpc"]),
+                         (2.0, 1.0, 2, 4))
+        text = bench_scale.scale_table(scale)
+        self.assertIn("| grpc | 2.00 | 1.00 | 2 and 4 |", text)
+        self.assertIn("| grpc | 8 | n/a |", text)
+        self.assertIn("failed: x |", text)
+
+    def test_variants_by_label_or_backend(self):
+        self.assertEqual(bench_scale.pick_variants(bench.VARIANTS, None),
+                         bench_scale.SCALE_DEFAULT)
+        self.assertEqual(
+            bench_scale.pick_variants(bench.VARIANTS,
+                                      ["libfabric", "tensorpipe uv"]),
+            ["libfabric tcp;ofi_rxm", "libfabric shm", "tensorpipe uv"])
+        with self.assertRaises(ValueError):
+            bench_scale.pick_variants(bench.VARIANTS, ["nccl"])
+        self.assertEqual(bench_scale.parse_sizes("64,2,4,2"), [2, 4, 64])
+        with self.assertRaises(ValueError):
+            bench_scale.parse_sizes("1,4")
+
+    def test_recorded_paths_are_relative_to_the_repository(self):
+        root = "/srv/checkout"
+        self.assertEqual(bench.relative_to_workspace(
+            "--out=/srv/checkout/docs/bench", root), "--out=docs/bench")
+        self.assertEqual(bench.relative_to_workspace(
+            "/srv/checkout/docs/bench", root), "docs/bench")
+        self.assertEqual(bench.relative_to_workspace("--out=/tmp/x/run1", root),
+                         "--out=.../run1")
+        self.assertEqual(bench.relative_to_workspace("--only=grpc", root),
+                         "--only=grpc")
+
+
 class SmokeTest(unittest.TestCase):
+
+    def test_scale_end_to_end(self):
+        out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        run = subprocess.run(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "bench.py"),
+             "--scale", "2", "--backends", "tensorpipe negotiated",
+             "--no_plots", "--scale_timeout", "200", "--out", out],
+            capture_output=True, text=True, timeout=240)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(out, "results.json")) as f:
+            text = f.read()
+        scale = json.loads(text)["scale"]
+        world = scale["variants"]["tensorpipe negotiated"]["2"]
+        self.assertEqual(world["status"], "ok", world)
+        for key in ("launch_to_all_up_s", "init_s_max", "cold_round_s_max",
+                    "warm_round_s_max", "fds_median", "vmhwm_MB_median"):
+            self.assertIn(key, world)
+        self.assertEqual(scale["bare"]["2"]["status"], "ok")
+        self.assertNotIn(out, text)
+        self.assertIn("## Scale", run.stdout)
 
     def test_one_variant_end_to_end(self):
         out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))

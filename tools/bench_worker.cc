@@ -54,6 +54,7 @@
 #include "backends/builtin.h"
 #include "core/worker.h"
 #include "rref/rref.h"
+#include "tools/internal/json.h"
 #include "tools/internal/launcher_env.h"
 #include "tools/internal/raw_baselines.h"
 #include "tools/internal/samples.h"
@@ -126,45 +127,7 @@ int warmup_of(int iterations, int at_least) {
   return std::max(at_least, iterations / 10);
 }
 
-// ---- JSON output (flat objects of numbers and strings, one sweep list) ----
-
-std::string json_string(absl::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double v) {
-  return std::isfinite(v) ? absl::StrCat(v) : "null";
-}
-
-class JsonObject {
- public:
-  void number(absl::string_view key, double v) {
-    add(key, json_number(v));
-  }
-  void string(absl::string_view key, absl::string_view v) {
-    add(key, json_string(v));
-  }
-  void integer(absl::string_view key, int64_t v) { add(key, absl::StrCat(v)); }
-  void raw(absl::string_view key, std::string json) { add(key, std::move(json)); }
-  std::string str() const { return absl::StrCat("{", absl::StrJoin(fields_, ", "), "}"); }
-
- private:
-  void add(absl::string_view key, std::string value) {
-    fields_.push_back(absl::StrCat(json_string(key), ": ", value));
-  }
-  std::vector<std::string> fields_;
-};
+// ---- JSON output (flat objects from tools/internal/json.h, one sweep list) ----
 
 struct SweepRow {
   int64_t bytes = 0;
@@ -194,11 +157,6 @@ double sweep_gbps(const std::vector<SweepRow>& rows, int64_t bytes) {
     }
   }
   return std::nan("");
-}
-
-void print_json(const JsonObject& o) {
-  std::printf("JSON %s\n", o.str().c_str());
-  std::fflush(stdout);
 }
 
 // ---- a backend variant ----

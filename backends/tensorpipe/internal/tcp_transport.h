@@ -24,7 +24,7 @@
 //     closes that connection (TensorPipe's own transports throw, ending the
 //     process). Either way the reason is logged and the connection closed.
 //   - At most kMaxHandshakes connections handshake at once per listener;
-//     more are closed at accept. Every socket a refused or failed connection
+//     more wait in the kernel's backlog until one ends. Every socket a refused or failed connection
 //     held is closed when it fails.
 //   - Writes use MSG_NOSIGNAL: a peer that went away is an error on that
 //     connection, never a SIGPIPE.

@@ -27,7 +27,10 @@ void ListenerImpl::initImplFromLoop() {
     setError(TCP_TRANSPORT_ERROR(tp::SystemError, "bind", errno));
     return;
   }
-  if (::listen(fd_, 128) != 0) {
+  // The kernel's full backlog (net.core.somaxconn): a world of many workers
+  // connects to one peer at once, and past the backlog their connections
+  // wait for a SYN retransmit (a second or more) each.
+  if (::listen(fd_, SOMAXCONN) != 0) {
     setError(TCP_TRANSPORT_ERROR(tp::SystemError, "listen", errno));
     return;
   }
@@ -49,6 +52,15 @@ void ListenerImpl::on_events(uint32_t events) {
     return;
   }
   for (int i = 0; i < 64 && !error_; ++i) {
+    if (handshaking_.size() >= kMaxHandshakes) {
+      // Backpressure, not refusal: the rest wait in the kernel's backlog
+      // until a handshake ends (handshake_done). Closing them failed the
+      // calls of a busy group's own workers (issue #20: 32 workers calling
+      // rank 0 at once).
+      context_->unwatch(fd_);
+      full_ = true;
+      return;
+    }
     sockaddr_storage from{};
     socklen_t length = sizeof(from);
     const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&from), &length,
@@ -73,27 +85,12 @@ void ListenerImpl::on_events(uint32_t events) {
           std::shared_ptr<ListenerImpl> self = weak.lock();
           if (self == nullptr || self->error_ || !self->paused_) return;
           self->paused_ = false;
-          self->context_->watch(self->fd_, EPOLLIN, self);
+          if (!self->full_) self->context_->watch(self->fd_, EPOLLIN, self);
         });
         return;
       }
       setError(TCP_TRANSPORT_ERROR(tp::SystemError, "accept", errno));
       return;
-    }
-    if (handshaking_.size() >= kMaxHandshakes) {
-      ::close(fd);
-      int suppressed = 0;
-      if (context_->may_log(&suppressed)) {
-        LOG(WARNING) << context_->options().log_prefix
-                     << " closed a connection from " << format_address(from)
-                     << " at once: " << kMaxHandshakes
-                     << " connections are already in their handshake"
-                     << (suppressed > 0
-                             ? absl::StrCat(" (", suppressed,
-                                            " more refusals not logged)")
-                             : "");
-      }
-      continue;
     }
     const uint64_t key = next_key_++;
     handshaking_[key] = createAndInitConnection(
@@ -107,6 +104,10 @@ void ListenerImpl::handshake_done(uint64_t key, bool ok) {
   if (it == handshaking_.end()) return;
   std::shared_ptr<tpt::Connection> connection = std::move(it->second);
   handshaking_.erase(it);
+  if (full_ && !error_) {
+    full_ = false;
+    if (!paused_) context_->watch(fd_, EPOLLIN, shared_from_this());
+  }
   if (!ok || error_) return;  // dropping it closes it
   ready_.push_back(std::move(connection));
   deliver();

@@ -1,6 +1,6 @@
 // The listener of tether's TCP transport (tcp_transport.h): accepts
 // connections, holds each until its handshake ends (at most kMaxHandshakes
-// at once), and hands TensorPipe only those that passed. Internal to that
+// at once; the rest wait in the kernel's backlog), and hands TensorPipe only those that passed. Internal to that
 // transport.
 //
 // Threads: every method runs in the context's loop (on whichever thread
@@ -53,6 +53,8 @@ class ListenerImpl final
   std::string address_;
   int fd_ = -1;
   bool paused_ = false;
+  // kMaxHandshakes are handshaking: not accepting until one ends.
+  bool full_ = false;
   uint64_t next_key_ = 1;
   std::deque<accept_callback_fn> fns_;
   std::deque<std::shared_ptr<tpt::Connection>> ready_;
