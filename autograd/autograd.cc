@@ -219,10 +219,19 @@ class AutogradState final : public AutogradHook,
     return static_cast<int64_t>(contexts_.size());
   }
 
+  // The peer's text ("Error on Node <rank>: <what>"), then where.
+  absl::Status backward_failed(absl::string_view what) const {
+    return absl::InternalError(absl::StrCat("Error on Node ", self_.id, ": ",
+                                            what, " (in the backward pass on "
+                                            "worker ", describe(self_), ")"));
+  }
+
   absl::Status unknown_context(int64_t id) const {
     return absl::NotFoundError(
-        absl::StrCat("no distributed autograd context ", id, " on worker ",
-                     describe(self_), " (never entered, or released)"));
+        // The peer's text first: programs match it.
+        absl::StrCat("Could not find autograd context with id: ", id,
+                     " (no distributed autograd context ", id, " on worker ",
+                     describe(self_), ": never entered, or released)"));
   }
 
   // ---- AutogradHook
@@ -344,10 +353,11 @@ class AutogradState final : public AutogradHook,
         results = torch::autograd::Engine::get_default_engine().execute(
             roots, grads, /*keep_graph=*/true, /*create_graph=*/false,
             /*accumulate_grad=*/false, outputs);
+      } catch (const c10::Error& e) {
+        return Future<bool>::ready(
+            backward_failed(e.what_without_backtrace()));
       } catch (const std::exception& e) {
-        return Future<bool>::ready(absl::InternalError(absl::StrCat(
-            "Error on worker ", describe(self_),
-            ": backward failed: ", e.what())));
+        return Future<bool>::ready(backward_failed(e.what()));
       }
     }
     {
@@ -651,8 +661,9 @@ absl::StatusOr<Context> Context::enter(Worker& worker) {
   if (state == nullptr) return no_extension(worker);
   if (internal::thread_context >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "distributed autograd context ", internal::thread_context,
-        " is already current on this thread; contexts do not nest"));
+        "Already have an autograd context id for this thread: distributed "
+        "autograd context ", internal::thread_context,
+        " is current here; contexts do not nest"));
   }
   const int64_t id = state->new_context();
   internal::thread_context = id;
@@ -712,20 +723,36 @@ absl::Status backward(Worker& worker, int64_t context_id,
   if (state == nullptr) return no_extension(worker);
   std::shared_ptr<ContextRecord> record = state->find(context_id);
   if (record == nullptr) return state->unknown_context(context_id);
+  // The peer's texts, which programs match, then ours.
   if (roots.empty()) {
-    return absl::InvalidArgumentError("backward needs at least one root");
+    return absl::InvalidArgumentError(
+        "No tensors provided for gradient computation: backward needs at "
+        "least one root");
   }
   edge_list edges;
   variable_list grads;
   for (size_t i = 0; i < roots.size(); ++i) {
     const at::Tensor& root = roots[i];
-    if (!root.defined() || !root.requires_grad() || root.numel() != 1) {
+    if (!root.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("root ", i, " of backward is an undefined tensor"));
+    }
+    if (!root.requires_grad()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("requires_grad not set on root ", i,
+                       " of backward: it does not require grad, and a root "
+                       "must be a scalar that requires grad"));
+    }
+    if (root.numel() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "root ", i, " of backward must be a scalar that requires grad, got ",
-          !root.defined()        ? std::string("an undefined tensor")
-          : !root.requires_grad() ? std::string("a tensor that does not")
-                                 : absl::StrCat("a tensor of ", root.numel(),
-                                                " elements")));
+          "root ", i, " of backward must be a scalar that requires grad: it "
+          "is not a scalar, all roots need to be scalar (it has ",
+          root.numel(), " elements)"));
+    }
+    if (root.grad_fn() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "root ", i, " of backward does not have a valid gradient function: "
+          "it is a leaf, which no operation computed"));
     }
     edges.push_back(torch::autograd::impl::gradient_edge(root));
     grads.push_back(at::ones_like(root, c10::MemoryFormat::Contiguous));

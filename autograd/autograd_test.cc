@@ -324,9 +324,11 @@ TEST_F(DistAutograd, ErrorInRemoteBackwardReachesTheRoot) {
   at::Tensor z = call("bob", "aten::mul.Tensor", {y, y});
   absl::Status failed = backward(a(), context->id(), {z.sum()});
   EXPECT_THAT(failed, StatusIs(absl::StatusCode::kInternal,
-                               HasSubstr("Error on worker 2 (carol)")));
-  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kInternal,
-                               HasSubstr("injected failure in backward")));
+                               HasSubstr("backward pass on worker 2 (carol)")));
+  EXPECT_THAT(failed,
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("Error on Node 2: injected failure in "
+                                 "backward")));
 }
 
 TEST_F(DistAutograd, LocalBackwardThroughARecvNodeIsAClearError) {
