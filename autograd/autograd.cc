@@ -360,24 +360,7 @@ class AutogradState final : public AutogradHook,
         return Future<bool>::ready(backward_failed(e.what()));
       }
     }
-    {
-      absl::MutexLock lock(&record->mu);
-      for (size_t i = 0; i < leaves.size(); ++i) {
-        const at::Tensor& grad = results[i];
-        if (!grad.defined()) continue;
-        const at::Tensor& leaf =
-            static_cast<torch::autograd::AccumulateGrad*>(leaves[i].get())
-                ->variable;
-        auto [it, fresh] = record->grad_index.emplace(
-            leaf.unsafeGetTensorImpl(), record->grads.size());
-        if (fresh) {
-          record->grads.emplace_back(leaf, grad.clone());
-        } else {
-          at::Tensor& sum = record->grads[it->second].second;
-          sum = sum + grad;
-        }
-      }
-    }
+    accumulate(*record, leaves, results);
     std::vector<Future<bool>> sent;
     size_t next = leaves.size();
     for (const auto& recv : recvs) {
@@ -393,6 +376,41 @@ class AutogradState final : public AutogradHook,
       }
     }
     return all_of(sent);
+  }
+
+  // Adds the gradients this pass computed for `leaves` (the first of
+  // `results`) to the context, as the peer's engine does: each leaf's
+  // AccumulateGrad pre-hooks and tensor hooks change the gradient first,
+  // its post-hooks see it after, and a gradient nothing else holds is kept
+  // without a copy (AccumulateGrad's own rule; one that `results` holds for
+  // another leaf too is copied, as the peer holds every result until all
+  // are accumulated).
+  void accumulate(ContextRecord& record,
+                  const std::vector<std::shared_ptr<Node>>& leaves,
+                  const variable_list& results) {
+    using torch::autograd::AccumulateGrad;
+    at::NoGradGuard no_grad;  // the rule steals only without grad mode
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      auto* node = static_cast<AccumulateGrad*>(leaves[i].get());
+      if (!results[i].defined()) continue;
+      // Hooks run outside the lock: a Python hook takes the GIL.
+      variable_list grad{results[i]};
+      for (const auto& hook : node->pre_hooks()) grad = (*hook)(grad);
+      grad[0] = AccumulateGrad::callHooks(node->variable, std::move(grad[0]));
+      if (grad[0].defined()) {
+        absl::MutexLock lock(&record.mu);
+        const at::Tensor& leaf = node->variable;
+        auto [it, fresh] = record.grad_index.emplace(
+            leaf.unsafeGetTensorImpl(), record.grads.size());
+        if (fresh) record.grads.emplace_back(leaf, at::Tensor());
+        at::Tensor& sum = record.grads[it->second].second;
+        // Two references: `grad`'s and `results`'.
+        AccumulateGrad::accumulateGrad(
+            leaf, sum, grad[0], /*num_expected_refs=*/2,
+            [&sum](at::Tensor&& update) { sum = std::move(update); });
+      }
+      for (const auto& hook : node->post_hooks()) (*hook)({}, grad);
+    }
   }
 
   // Ships the gradients of `recv` to the worker that sent its tensors.
