@@ -219,10 +219,19 @@ class AutogradState final : public AutogradHook,
     return static_cast<int64_t>(contexts_.size());
   }
 
+  // The peer's text ("Error on Node <rank>: <what>"), then where.
+  absl::Status backward_failed(absl::string_view what) const {
+    return absl::InternalError(absl::StrCat("Error on Node ", self_.id, ": ",
+                                            what, " (in the backward pass on "
+                                            "worker ", describe(self_), ")"));
+  }
+
   absl::Status unknown_context(int64_t id) const {
     return absl::NotFoundError(
-        absl::StrCat("no distributed autograd context ", id, " on worker ",
-                     describe(self_), " (never entered, or released)"));
+        // The peer's text first: programs match it.
+        absl::StrCat("Could not find autograd context with id: ", id,
+                     " (no distributed autograd context ", id, " on worker ",
+                     describe(self_), ": never entered, or released)"));
   }
 
   // ---- AutogradHook
@@ -344,30 +353,14 @@ class AutogradState final : public AutogradHook,
         results = torch::autograd::Engine::get_default_engine().execute(
             roots, grads, /*keep_graph=*/true, /*create_graph=*/false,
             /*accumulate_grad=*/false, outputs);
+      } catch (const c10::Error& e) {
+        return Future<bool>::ready(
+            backward_failed(e.what_without_backtrace()));
       } catch (const std::exception& e) {
-        return Future<bool>::ready(absl::InternalError(absl::StrCat(
-            "Error on worker ", describe(self_),
-            ": backward failed: ", e.what())));
+        return Future<bool>::ready(backward_failed(e.what()));
       }
     }
-    {
-      absl::MutexLock lock(&record->mu);
-      for (size_t i = 0; i < leaves.size(); ++i) {
-        const at::Tensor& grad = results[i];
-        if (!grad.defined()) continue;
-        const at::Tensor& leaf =
-            static_cast<torch::autograd::AccumulateGrad*>(leaves[i].get())
-                ->variable;
-        auto [it, fresh] = record->grad_index.emplace(
-            leaf.unsafeGetTensorImpl(), record->grads.size());
-        if (fresh) {
-          record->grads.emplace_back(leaf, grad.clone());
-        } else {
-          at::Tensor& sum = record->grads[it->second].second;
-          sum = sum + grad;
-        }
-      }
-    }
+    accumulate(*record, leaves, results);
     std::vector<Future<bool>> sent;
     size_t next = leaves.size();
     for (const auto& recv : recvs) {
@@ -383,6 +376,41 @@ class AutogradState final : public AutogradHook,
       }
     }
     return all_of(sent);
+  }
+
+  // Adds the gradients this pass computed for `leaves` (the first of
+  // `results`) to the context, as the peer's engine does: each leaf's
+  // AccumulateGrad pre-hooks and tensor hooks change the gradient first,
+  // its post-hooks see it after, and a gradient nothing else holds is kept
+  // without a copy (AccumulateGrad's own rule; one that `results` holds for
+  // another leaf too is copied, as the peer holds every result until all
+  // are accumulated).
+  void accumulate(ContextRecord& record,
+                  const std::vector<std::shared_ptr<Node>>& leaves,
+                  const variable_list& results) {
+    using torch::autograd::AccumulateGrad;
+    at::NoGradGuard no_grad;  // the rule steals only without grad mode
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      auto* node = static_cast<AccumulateGrad*>(leaves[i].get());
+      if (!results[i].defined()) continue;
+      // Hooks run outside the lock: a Python hook takes the GIL.
+      variable_list grad{results[i]};
+      for (const auto& hook : node->pre_hooks()) grad = (*hook)(grad);
+      grad[0] = AccumulateGrad::callHooks(node->variable, std::move(grad[0]));
+      if (grad[0].defined()) {
+        absl::MutexLock lock(&record.mu);
+        const at::Tensor& leaf = node->variable;
+        auto [it, fresh] = record.grad_index.emplace(
+            leaf.unsafeGetTensorImpl(), record.grads.size());
+        if (fresh) record.grads.emplace_back(leaf, at::Tensor());
+        at::Tensor& sum = record.grads[it->second].second;
+        // Two references: `grad`'s and `results`'.
+        AccumulateGrad::accumulateGrad(
+            leaf, sum, grad[0], /*num_expected_refs=*/2,
+            [&sum](at::Tensor&& update) { sum = std::move(update); });
+      }
+      for (const auto& hook : node->post_hooks()) (*hook)({}, grad);
+    }
   }
 
   // Ships the gradients of `recv` to the worker that sent its tensors.
@@ -651,8 +679,9 @@ absl::StatusOr<Context> Context::enter(Worker& worker) {
   if (state == nullptr) return no_extension(worker);
   if (internal::thread_context >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "distributed autograd context ", internal::thread_context,
-        " is already current on this thread; contexts do not nest"));
+        "Already have an autograd context id for this thread: distributed "
+        "autograd context ", internal::thread_context,
+        " is current here; contexts do not nest"));
   }
   const int64_t id = state->new_context();
   internal::thread_context = id;
@@ -712,20 +741,36 @@ absl::Status backward(Worker& worker, int64_t context_id,
   if (state == nullptr) return no_extension(worker);
   std::shared_ptr<ContextRecord> record = state->find(context_id);
   if (record == nullptr) return state->unknown_context(context_id);
+  // The peer's texts, which programs match, then ours.
   if (roots.empty()) {
-    return absl::InvalidArgumentError("backward needs at least one root");
+    return absl::InvalidArgumentError(
+        "No tensors provided for gradient computation: backward needs at "
+        "least one root");
   }
   edge_list edges;
   variable_list grads;
   for (size_t i = 0; i < roots.size(); ++i) {
     const at::Tensor& root = roots[i];
-    if (!root.defined() || !root.requires_grad() || root.numel() != 1) {
+    if (!root.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("root ", i, " of backward is an undefined tensor"));
+    }
+    if (!root.requires_grad()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("requires_grad not set on root ", i,
+                       " of backward: it does not require grad, and a root "
+                       "must be a scalar that requires grad"));
+    }
+    if (root.numel() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "root ", i, " of backward must be a scalar that requires grad, got ",
-          !root.defined()        ? std::string("an undefined tensor")
-          : !root.requires_grad() ? std::string("a tensor that does not")
-                                 : absl::StrCat("a tensor of ", root.numel(),
-                                                " elements")));
+          "root ", i, " of backward must be a scalar that requires grad: it "
+          "is not a scalar, all roots need to be scalar (it has ",
+          root.numel(), " elements)"));
+    }
+    if (root.grad_fn() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "root ", i, " of backward does not have a valid gradient function: "
+          "it is a leaf, which no operation computed"));
     }
     edges.push_back(torch::autograd::impl::gradient_edge(root));
     grads.push_back(at::ones_like(root, c10::MemoryFormat::Contiguous));

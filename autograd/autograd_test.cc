@@ -137,6 +137,28 @@ TEST_F(DistAutograd, OneRemoteAddAndMul) {
   EXPECT_FALSE(x.grad().defined()) << ".grad must be left alone";
 }
 
+TEST_F(DistAutograd, LeafHooksRunAndALoneGradientIsKeptWithoutACopy) {
+  at::Tensor x = leaf({3}, 5);
+  x.register_hook([](const at::Tensor& g) { return g * 2; });
+  absl::StatusOr<Context> context = Context::enter(a());
+  ASSERT_THAT(context, IsOk());
+  at::Tensor y = call("bob", "aten::mul.Tensor", {x, x});
+  ASSERT_THAT(backward(a(), context->id(), {y.sum()}), IsOk());
+  // The hook doubled d(x*x)/dx = 2x, as in a local backward.
+  expect_close(grad_of(grads(a(), context->id()), x), 4 * x.detach());
+  EXPECT_FALSE(x.grad().defined());
+
+  // A gradient nothing else holds is the context's as it is; one that two
+  // leaves receive is copied for each (AccumulateGrad's rule).
+  at::Tensor u = leaf({2}, 6), v = leaf({2}, 7);
+  absl::StatusOr<Context> second = Context::enter(a());
+  EXPECT_FALSE(second.ok());  // contexts do not nest
+  ASSERT_THAT(backward(a(), context->id(), {(u + v).sum()}), IsOk());
+  auto g = grads(a(), context->id());
+  EXPECT_NE(grad_of(g, u).data_ptr(), grad_of(g, v).data_ptr());
+  expect_close(grad_of(g, u), at::ones({2}));
+}
+
 TEST_F(DistAutograd, RoundTripsABAB) {
   at::Tensor x = leaf({4}, 3), w = leaf({4}, 4);
   absl::StatusOr<Context> context = Context::enter(a());
@@ -324,9 +346,11 @@ TEST_F(DistAutograd, ErrorInRemoteBackwardReachesTheRoot) {
   at::Tensor z = call("bob", "aten::mul.Tensor", {y, y});
   absl::Status failed = backward(a(), context->id(), {z.sum()});
   EXPECT_THAT(failed, StatusIs(absl::StatusCode::kInternal,
-                               HasSubstr("Error on worker 2 (carol)")));
-  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kInternal,
-                               HasSubstr("injected failure in backward")));
+                               HasSubstr("backward pass on worker 2 (carol)")));
+  EXPECT_THAT(failed,
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("Error on Node 2: injected failure in "
+                                 "backward")));
 }
 
 TEST_F(DistAutograd, LocalBackwardThroughARecvNodeIsAClearError) {

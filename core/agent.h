@@ -55,6 +55,12 @@ struct WorkerInfo {
   }
 };
 
+// An ip address and a port a worker listens on (Agent::endpoint_of).
+struct Endpoint {
+  std::string ip;
+  int port = 0;
+};
+
 // Called for each incoming request; see the header comment for its contract.
 using RequestHandler = std::function<Future<Message>(Message request)>;
 
@@ -106,6 +112,19 @@ class Agent {
   // Stops at once: pending sends fail with CANCELLED, later sends fail with
   // CANCELLED, incoming requests are refused. Idempotent.
   virtual void shutdown() = 0;
+
+  // Where `worker` (this one included) listens for its peers, when its
+  // transport has an ip and a port (tcp-like: TensorPipe's tcp and uv,
+  // gRPC), from the address it published: Paddle's WorkerInfo.ip/.port.
+  // nullopt when it has none (libfabric) or the backend does not say (this
+  // default). NOT_FOUND for a worker not in the group; UNAVAILABLE if what
+  // it published cannot be read. Blocks briefly (a store read): not on an
+  // agent thread.
+  [[nodiscard]] virtual absl::StatusOr<std::optional<Endpoint>> endpoint_of(
+      const WorkerInfo& worker) const {
+    (void)worker;
+    return std::optional<Endpoint>();
+  }
 };
 
 // What a backend factory gets to build an agent for one worker.

@@ -76,8 +76,9 @@ std::string type_name(const c10::IValue& v) {
 }
 
 // Whether `v` can be passed where `type` is declared; adds to `cost` one per
-// conversion (a number passed as Scalar, a value as Any or a type variable)
-// and rewrites an empty list to the declared element type.
+// conversion (a number passed as Scalar, a value as Any or a type variable,
+// a tuple as a list) and rewrites an empty list or a tuple to a list of the
+// declared element type.
 bool accepts(c10::IValue& v, const c10::TypePtr& type, int& cost) {
   switch (type->kind()) {
     case c10::TypeKind::TensorType:
@@ -104,9 +105,22 @@ bool accepts(c10::IValue& v, const c10::TypePtr& type, int& cost) {
       ++cost;
       return true;
     case c10::TypeKind::ListType: {
-      if (!v.isList()) return false;
       const c10::TypePtr& element =
           type->expectRef<c10::ListType>().getElementType();
+      if (v.isTuple()) {
+        // A tuple where a list is declared (torch.stack((a, b))), as
+        // Python's torch takes it: a list of the declared element type if
+        // every element fits one.
+        c10::impl::GenericList list(element);
+        for (c10::IValue e : v.toTupleRef().elements()) {
+          if (!accepts(e, element, cost)) return false;
+          list.push_back(std::move(e));
+        }
+        ++cost;
+        v = std::move(list);
+        return true;
+      }
+      if (!v.isList()) return false;
       if (element->hasFreeVariables()) {
         ++cost;
         return true;

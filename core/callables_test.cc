@@ -57,6 +57,26 @@ TEST(Callables, BareNamePicksTheOverloadThatFits) {
   EXPECT_TRUE(relu->toTensor().equal(at::zeros({2})));
 }
 
+TEST(Callables, TupleFitsWhereAListIsDeclared) {
+  // As Python's torch takes them: torch.stack((a, b)), t.sum((0, 1)).
+  Callables callables;
+  at::Tensor a = at::ones({2});
+  absl::StatusOr<c10::IValue> stacked = callables.call(
+      "aten::stack", {c10::ivalue::Tuple::create({a, a * 2})}, {});
+  ASSERT_THAT(stacked, IsOk());
+  EXPECT_TRUE(stacked->toTensor().equal(at::stack({a, a * 2})));
+  absl::StatusOr<c10::IValue> summed = callables.call(
+      "aten::sum",
+      {at::ones({2, 3}), c10::ivalue::Tuple::create({int64_t{0}, int64_t{1}})},
+      {});
+  ASSERT_THAT(summed, IsOk());
+  EXPECT_EQ(summed->toTensor().item<double>(), 6.0);
+  // An element that fits no list of the declared type is still refused.
+  absl::StatusOr<c10::IValue> mixed = callables.call(
+      "aten::stack", {c10::ivalue::Tuple::create({a, c10::IValue("x")})}, {});
+  EXPECT_THAT(mixed.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(Callables, ExactConversionBeatsAScalar) {
   Callables callables;
   absl::StatusOr<c10::IValue> by_int =

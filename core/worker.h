@@ -305,6 +305,12 @@ class Worker {
   const WorkerInfo& get_current_worker_info() const;
   // A copy: in a dynamic group the members change.
   std::vector<WorkerInfo> get_all_worker_infos() const;
+  // Where `worker` listens, if its transport has an ip and a port
+  // (Agent::endpoint_of). Blocks briefly: not on an agent thread.
+  [[nodiscard]] absl::StatusOr<std::optional<Endpoint>> endpoint_of(
+      const WorkerInfo& worker) const {
+    return agent_->endpoint_of(worker);
+  }
   // Whether this worker joined a dynamic group.
   bool is_dynamic() const { return dynamic_; }
 

@@ -164,8 +164,10 @@ struct LocalOptimizer : torch::CustomClassHolder {
       TORCH_CHECK(param->isTensor(), "parameter ", params.size(),
                   " holds a ", param->tagKind(), ", not a tensor");
       const at::Tensor& t = param->toTensor();
-      TORCH_CHECK(t.is_leaf() && t.requires_grad(), "parameter ",
-                  params.size(), " is not a leaf tensor that requires grad");
+      // One that does not require grad gets no gradient and is skipped, as
+      // torch.optim skips it.
+      TORCH_CHECK(t.is_leaf(), "parameter ", params.size(),
+                  " is not a leaf tensor");
       params.push_back(t);
     }
     optimizer = make_optimizer(*kind, options, params);

@@ -214,6 +214,22 @@ TEST_F(DistOptimizer, ConstructorFailureOnAnOwnerNamesIt) {
                      HasSubstr("not a tensor"))));
 }
 
+TEST_F(DistOptimizer, ParameterThatRequiresNoGradIsSkipped) {
+  // As torch.optim: a frozen parameter gets no gradient and stays as it is.
+  auto [w1, r1] = param(1, randn({4, 3}, 1));
+  at::Tensor frozen = randn({3, 1}, 2);
+  RRef r2 = send_to_trainer(2, frozen);
+  Options sgd;
+  sgd.lr = 0.1;
+  absl::StatusOr<DistributedOptimizer> opt =
+      DistributedOptimizer::create(trainer(), Kind::kSGD, {r1, r2}, sgd);
+  ASSERT_THAT(opt, IsOk());
+  at::Tensor w1_before = w1.detach().clone();
+  ASSERT_THAT(train_step(*opt, r1, r2, randn({8, 4}, 100)), IsOk());
+  EXPECT_FALSE(at::equal(w1.detach(), w1_before));
+  EXPECT_TRUE(at::equal(frozen, randn({3, 1}, 2)));
+}
+
 TEST_F(DistOptimizer, StepFailureOnAnOwnerNamesIt) {
   auto [w, r] = param(1, randn({2}, 1));
   Options sgd;

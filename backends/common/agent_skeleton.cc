@@ -1,5 +1,9 @@
 #include "backends/common/agent_skeleton.h"
 
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_split.h>
+#include <absl/strings/strip.h>
+
 namespace tether::backends::common {
 
 std::string agent_of(const BackendNames& names, absl::string_view self) {
@@ -11,6 +15,30 @@ absl::Status no_shared_transport(const BackendNames& names,
   return absl::UnavailableError(absl::StrCat("worker '", to, "' shares no ",
                                              names.name, " transport with '",
                                              self, "'"));
+}
+
+std::optional<Endpoint> tcp_endpoint(absl::string_view published) {
+  for (absl::string_view line :
+       absl::StrSplit(published, '\n', absl::SkipEmpty())) {
+    if (size_t eq = line.find('='); eq != absl::string_view::npos) {
+      absl::string_view transport = line.substr(0, eq);
+      if (transport != "tcp" && transport != "uv") continue;
+      line.remove_prefix(eq + 1);
+    }
+    size_t colon = line.rfind(':');
+    if (colon == absl::string_view::npos || colon == 0) continue;
+    absl::string_view host = line.substr(0, colon);
+    int port = 0;
+    if (!absl::SimpleAtoi(line.substr(colon + 1), &port) || port <= 0 ||
+        port > 65535) {
+      continue;
+    }
+    if (absl::ConsumePrefix(&host, "[") && !absl::ConsumeSuffix(&host, "]")) {
+      continue;
+    }
+    return Endpoint{std::string(host), port};
+  }
+  return std::nullopt;
 }
 
 absl::Status publish_addresses(

@@ -98,6 +98,11 @@ std::string agent_of(const BackendNames& names, absl::string_view self);
 absl::Status no_shared_transport(const BackendNames& names,
                                  absl::string_view self, absl::string_view to);
 
+// The ip and port in a published address record: "host:port" (gRPC) or
+// lines "transport=address" (TensorPipe), of which tcp and uv are tcp-like;
+// nullopt if no part is a host and a port.
+std::optional<Endpoint> tcp_endpoint(absl::string_view published);
+
 // The store set-up of every backend: a static group exchanges addresses
 // (waiting up to `timeout` for all), a dynamic one publishes its own and
 // reads the members'; each published text becomes a peer's address through
@@ -168,6 +173,21 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
         joiner_, pending_, [this] { return incoming_.unanswered(); },
         [this] { return closed(); }, self_.name, timeout,
         liveness_of(&derived(), peer_timeout_));
+  }
+
+  // Agent::endpoint_of, from what `worker` published in the store.
+  absl::StatusOr<std::optional<Endpoint>> endpoint_of(
+      const WorkerInfo& worker) const {
+    std::optional<Peer> peer = peers_.by_name(worker.name);
+    if (!(worker == self_) && !(peer.has_value() && peer->info == worker)) {
+      return absl::NotFoundError(absl::StrCat(
+          "worker '", worker.name, "' (rank ", worker.id,
+          ") is not in the group of ", who()));
+    }
+    absl::StatusOr<std::string> published =
+        lookup_address(*store_, names_.address_key_prefix, worker, who());
+    if (!published.ok()) return published.status();
+    return tcp_endpoint(*published);
   }
 
   absl::Status add_peer(const WorkerInfo& worker) {

@@ -274,6 +274,36 @@ TEST(AgentSkeleton, PeerWithoutASharedTransportIsUnavailable) {
               tether::testing::IsOk());
 }
 
+TEST(AgentSkeleton, TcpEndpointIsReadFromAPublishedRecord) {
+  auto is = [](const std::optional<Endpoint>& e, const std::string& ip,
+               int port) {
+    return e.has_value() && e->ip == ip && e->port == port;
+  };
+  EXPECT_TRUE(is(tcp_endpoint("10.0.0.2:29500"), "10.0.0.2", 29500));
+  EXPECT_TRUE(is(tcp_endpoint("shm=tp_1\nuv=127.0.0.1:4242\n"), "127.0.0.1",
+                 4242));
+  EXPECT_TRUE(is(tcp_endpoint("tcp=[::1]:80"), "::1", 80));
+  EXPECT_FALSE(tcp_endpoint("shm=tp_1\n").has_value());
+  EXPECT_FALSE(tcp_endpoint("").has_value());
+  EXPECT_FALSE(tcp_endpoint("host:port").has_value());
+  EXPECT_FALSE(tcp_endpoint("host:70000").has_value());
+}
+
+TEST(AgentSkeleton, EndpointOfAWorkerIsWhatItPublished) {
+  AgentGroup group(mailbox_backend(), 2);
+  ASSERT_TRUE(group.ok());
+  // The mailbox publishes no host and port: none, for itself and a peer.
+  absl::StatusOr<std::optional<Endpoint>> mine =
+      group[0].endpoint_of(group[0].self());
+  ASSERT_THAT(mine, tether::testing::IsOk());
+  EXPECT_FALSE(mine->has_value());
+  ASSERT_THAT(group[0].endpoint_of(group[1].self()), tether::testing::IsOk());
+  EXPECT_THAT(group[0].endpoint_of(WorkerInfo{"stranger", 7}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("worker 'stranger' (rank 7) is not in the "
+                                 "group")));
+}
+
 TEST(AgentSkeleton, CreationNeedsTheStoreAndKnownSettings) {
   AgentSetup setup;
   setup.self = {"w", 0};

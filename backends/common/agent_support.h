@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -62,6 +64,14 @@ class ScopedMark {
 // forwards every call, and shuts the state down when destroyed. `State` has
 // the Agent's methods under these names: start, send, self, workers, join,
 // add_peer, remove_peer, shutdown.
+// Whether State answers Agent::endpoint_of (AgentSkeleton's states do).
+template <typename S, typename = void>
+struct HasEndpointOf : std::false_type {};
+template <typename S>
+struct HasEndpointOf<S, std::void_t<decltype(std::declval<const S&>().endpoint_of(
+                            std::declval<const WorkerInfo&>()))>>
+    : std::true_type {};
+
 template <typename State>
 class SharedStateAgent final : public Agent {
  public:
@@ -90,6 +100,14 @@ class SharedStateAgent final : public Agent {
     state_->remove_peer(worker);
   }
   void shutdown() override { state_->shutdown(); }
+  absl::StatusOr<std::optional<Endpoint>> endpoint_of(
+      const WorkerInfo& worker) const override {
+    if constexpr (HasEndpointOf<State>::value) {
+      return state_->endpoint_of(worker);
+    } else {
+      return Agent::endpoint_of(worker);
+    }
+  }
 
   // For backend-specific queries (statistics) on the agent users hold.
   State& state() { return *state_; }

@@ -581,6 +581,23 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("get_all_worker_infos",
         [] { return value_or_throw(tether::get_all_worker_infos()); });
+  // (ip, port) where `worker` listens, or None (Paddle's WorkerInfo.ip and
+  // .port; Agent::endpoint_of).
+  m.def("endpoint_of", [](const WorkerInfo& worker) -> py::object {
+    absl::StatusOr<std::optional<Endpoint>> endpoint;
+    {
+      py::gil_scoped_release nogil;  // a store read
+      Worker* me = current_worker();
+      if (me == nullptr) {
+        endpoint = get_current_worker_info().status();  // the same text
+      } else {
+        endpoint = me->endpoint_of(worker);
+      }
+    }
+    std::optional<Endpoint> found = value_or_throw(std::move(endpoint));
+    if (!found.has_value()) return py::none();
+    return py::make_tuple(found->ip, found->port);
+  });
   bind_training(m);
 }
 

@@ -5,6 +5,7 @@ tensors, TorchScript
 functions by reference, Paddle's init_rpc(master_endpoint=). Real worker
 processes on loopback."""
 import os
+import re
 
 import pytest
 import torch
@@ -139,6 +140,25 @@ def test_paddle_program(backend):
     assert "me worker0 rank 0" in out0 and "me worker1 rank 1" in out1
     assert "all [('worker0', 0), ('worker1', 1)]" in out0, out0
     assert "sum [3.0, 3.0]" in out0, out0
+    # WorkerInfo.ip/.port: from the address each backend published; the
+    # libfabric backend's is no ip and port.
+    endpoints = [re.search(r"^endpoint (\S+) (\S+)$", out, re.M).groups()
+                 for out in (out0, out1)]
+    if backend == "libfabric":
+        assert endpoints == [("None", "None")] * 2, out0 + out1
+        assert "endpoints [('worker0', None, None), ('worker1', None, None)]" \
+            in out0, out0
+        return
+    (ip0, port0), (ip1, port1) = endpoints
+    assert ip0 == ip1 == "127.0.0.1", out0 + out1
+    assert int(port0) > 0 and int(port1) > 0 and port0 != port1
+    # Every worker sees the same endpoints, its own included.
+    seen = "endpoints [('worker0', '127.0.0.1', %s), ('worker1', '127.0.0.1', " \
+        "%s)]" % (port0, port1)
+    assert seen in out0 and seen in out1, out0 + out1
+    assert "worker1's port is taken: True" in out0, out0
+    # Read while the group was up, kept after shutdown.
+    assert "after shutdown 127.0.0.1 %s" % port0 in out0, out0
 
 
 def test_paddle_master_endpoint_must_be_ip_port():

@@ -51,3 +51,23 @@ def gradients_here(module_rref, context_id):
 
 def grads_are_not_in_dot_grad(module_rref):
     return all(p.grad is None for p in module_rref.local_value().parameters())
+
+
+class SignSGD(torch.optim.Optimizer):
+    """A user's optimizer class (the owner allows this module): the
+    DistributedOptimizer builds it on the owner in Python."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"])
+
+
+class FailingStep(SignSGD):
+    def step(self, closure=None):
+        raise ValueError("no step today")

@@ -200,6 +200,12 @@ def test_parameter_rrefs_and_distributed_optimizer_match_torch_optim(callee):
         (optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
         (optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
         (optim.RMSprop, dict(lr=0.01, momentum=0.5, centered=True)),
+        # Built in Python on the owner: another torch.optim class, one of
+        # the five with an argument LibTorch lacks, a user's class.
+        (optim.Adadelta, dict(rho=0.95)),
+        (optim.Rprop, dict(lr=0.05)),
+        (optim.Adam, dict(lr=0.01, maximize=True)),
+        (tf.SignSGD, dict(lr=0.1)),
     ]
     x = torch.arange(6.0).reshape(2, 3)
     for cls, kwargs in cases:
@@ -244,14 +250,25 @@ def test_distributed_optimizer_over_parameters_of_two_workers(callee):
 def test_distributed_optimizer_errors(callee):
     module = rpc.remote(callee, tf.Model, args=(2, 1))
     params = module.rpc_sync().parameter_rrefs()
-    with pytest.raises(ValueError, match="supports torch.optim.SGD, Adam, "
-                                         "AdamW, Adagrad and RMSprop, not "
-                                         "'Adadelta'"):
-        DistributedOptimizer(optim.Adadelta, params, lr=0.1)
+    # A class of a module the owner does not allow: its refusal, naming
+    # the class and how to allow it.
+    with pytest.raises(RuntimeError, match=r"refused to run "
+                       r"training_test\.Unallowed: module 'training_test' "
+                       r"is not allowed.*allowed_modules"):
+        DistributedOptimizer(Unallowed, params, lr=0.1)
+    with pytest.raises(TypeError, match="must be a class"):
+        DistributedOptimizer("SGD", params, lr=0.1)
+    # The class's own errors, from its constructor and its step.
+    with pytest.raises(ValueError, match="Invalid learning rate: -1"):
+        DistributedOptimizer(optim.Adadelta, params, lr=-1)
+    failing = DistributedOptimizer(tf.FailingStep, params, lr=0.1)
+    with dist_autograd.context() as context_id:
+        dist_autograd.backward(
+            context_id, [module.rpc_sync().forward(torch.ones(1, 2)).sum()])
+        with pytest.raises(ValueError, match="no step today"):
+            failing.step(context_id)
     with pytest.raises(ValueError, match="SGD needs the argument 'lr'"):
         DistributedOptimizer(optim.SGD, params)
-    with pytest.raises(ValueError, match="no 'maximize'"):
-        DistributedOptimizer(optim.Adam, params, maximize=True)
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         DistributedOptimizer(optim.SGD, params, lr=0.1, betas=(0.9, 0.9))
     DistributedOptimizer(optim.Adam, params, foreach=None)  # its default
@@ -263,6 +280,11 @@ def test_distributed_optimizer_errors(callee):
     opt = DistributedOptimizer(optim.SGD, params, lr=0.1)
     with pytest.raises(RuntimeError, match="424242"):
         opt.step(424242)
+
+
+class Unallowed(tf.SignSGD):
+    """An optimizer class of this module, which the callee does not
+    allow."""
 
 
 def test_remote_module(callee):

@@ -45,10 +45,13 @@ def backward(context_id, roots, retain_graph=False):
     forward pass crossed, and returns when it is done everywhere. Without
     ``retain_graph`` the graph's saved tensors are freed, so a second
     backward through it raises, as in LibTorch."""
+    # "incompatible function arguments": the peer's text (its binding's).
     if not isinstance(context_id, int) or isinstance(context_id, bool):
-        raise TypeError("context_id must be an int, got %r" % (context_id,))
+        raise TypeError("backward(): incompatible function arguments: "
+                        "context_id must be an int, got %r" % (context_id,))
     if not isinstance(roots, (list, tuple)):
-        raise TypeError("roots must be a list of tensors, got %s"
+        raise TypeError("backward(): incompatible function arguments: roots "
+                        "must be a list of tensors, got %s"
                         % type(roots).__qualname__)
     _C.autograd_backward(context_id, list(roots), bool(retain_graph))
 

@@ -47,6 +47,23 @@ RpcTimeoutError = _errors.RpcTimeoutError
 WorkerInfo = _C.WorkerInfo
 # Paddle's name for the id.
 WorkerInfo.rank = property(lambda self: self.id, doc="the worker's rank")
+_endpoints = {}  # (name, rank) -> (ip, port) or None, read once per group
+
+
+def _endpoint(info):
+    key = (info.name, info.id)
+    if key not in _endpoints:
+        _endpoints[key] = _C.endpoint_of(info)
+    return _endpoints[key]
+
+
+# Paddle's: where the worker listens, from the address its backend
+# published in the group's store (None where it has no ip and port: the
+# libfabric backend). Read on first use while the group is up.
+WorkerInfo.ip = property(lambda self: (_endpoint(self) or (None, None))[0],
+                         doc="the ip address the worker listens on, or None")
+WorkerInfo.port = property(lambda self: (_endpoint(self) or (None, None))[1],
+                           doc="the port the worker listens on, or None")
 RRef = _C.RRef
 # RRef[T] in annotations, as the peer's `def f(rref: RRef[nn.Module])`.
 RRef.__class_getitem__ = classmethod(types.GenericAlias)
@@ -190,6 +207,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
     options = rpc_backend_options or RpcBackendOptions()
     for module in options.allowed_modules:
         allow_module(module)
+    _endpoints.clear()  # a new group
     _C.init_rpc(
         name, -1 if rank is None else int(rank),
         -1 if world_size is None else int(world_size), _backend_name(backend),

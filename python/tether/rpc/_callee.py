@@ -7,9 +7,13 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
 - defined in a module allowed at init (``allowed_modules``, or
   ``tether.rpc.allow_module``; a package allows its submodules),
 - registered with the ``@tether.rpc.expose`` decorator, or
-- one of the harmless builtins in ``HARMLESS_BUILTINS``, or
+- one of the harmless builtins in ``HARMLESS_BUILTINS``,
+- an optimizer class of ``torch.optim`` (a subclass of
+  ``torch.optim.Optimizer`` defined there: the DistributedOptimizer's
+  owners build them over their parameters), or
 - one of tether's own functions in ``INTERNAL`` (an RRef proxy's call of a
-  method of the object the RRef holds, remote modules).
+  method of the object the RRef holds, remote modules, the
+  DistributedOptimizer's optimizers of Python classes).
 
 A TorchScript function (``@torch.jit.script``) is named the same way, by
 the module that defines it: the callee runs its own scripted function of
@@ -51,6 +55,8 @@ INTERNAL = frozenset({
     "py::tether.rpc._proxy:created",
     "py::tether.rpc._proxy:type_of",
     "py::tether.nn.api.remote_module:_parameter_rrefs",
+    "py::tether.optim:_LocalOptimizer",
+    "py::tether.optim:_local_optimizer_step",
 })
 
 _lock = threading.Lock()
@@ -122,6 +128,22 @@ def _module_allowed(module):
                    for m in _allowed_modules)
 
 
+def _torch_optimizer(module, qualname):
+    """Whether module:qualname names an optimizer class of torch.optim
+    (torch.optim.adadelta:Adadelta): looked up in torch.optim, which torch
+    has imported, so nothing is imported or run here."""
+    if module != "torch.optim" and not module.startswith("torch.optim."):
+        return False
+    found = sys.modules.get(module)
+    if found is None or "." in qualname or qualname.startswith("_"):
+        return False
+    found = getattr(found, qualname, None)
+    return (inspect.isclass(found)
+            and issubclass(found, torch.optim.Optimizer)
+            and found is not torch.optim.Optimizer
+            and found.__module__ == module and found.__qualname__ == qualname)
+
+
 def _resolve(name):
     if not name.startswith(PREFIX) or ":" not in name[len(PREFIX):]:
         raise Failure(_errors.INVALID_ARGUMENT,
@@ -138,7 +160,7 @@ def _resolve(name):
         if qualname not in HARMLESS_BUILTINS:
             _refuse("builtins." + qualname, "it is not a harmless builtin")
         return getattr(builtins, qualname)
-    if not _module_allowed(module):
+    if not _module_allowed(module) and not _torch_optimizer(module, qualname):
         _refuse("%s.%s" % (module, qualname),
                 "module %r is not allowed" % (module,))
     parts = qualname.split(".")
