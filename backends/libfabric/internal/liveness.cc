@@ -26,7 +26,7 @@ void State::heard_from(Peer& peer) {
 }
 
 void State::fail_peer(int rank, const absl::Status& status) {
-  Peer& peer = peers_[rank];
+  Peer& peer = ranks_[rank];
   if (peer.lost) return;
   if (!peer.requests.empty() || !peer.transfers.empty() ||
       !peer.incoming.empty()) {
@@ -46,13 +46,13 @@ void State::fail_peer(int rank, const absl::Status& status) {
   for (uint64_t id : peer.transfers) transfers_.erase(id);
   peer.transfers.clear();
   // Their regions stay registered until their pulls in flight end.
-  for (const std::shared_ptr<Incoming>& in : peer.incoming) {
+  for (const std::shared_ptr<Arrival>& in : peer.incoming) {
     in->abandoned = true;
   }
   peer.incoming.clear();
   pulls_waiting_.erase(
       std::remove_if(pulls_waiting_.begin(), pulls_waiting_.end(),
-                     [rank](const std::shared_ptr<Incoming>& in) {
+                     [rank](const std::shared_ptr<Arrival>& in) {
                        return in->rank == rank;
                      }),
       pulls_waiting_.end());
@@ -82,7 +82,7 @@ void State::housekeeping(absl::Time now) {
       last_housekeeping_ != absl::InfinitePast() &&
       now - last_housekeeping_ > keepalive_interval_;
   last_housekeeping_ = now;
-  for (Peer& peer : peers_) {
+  for (Peer& peer : ranks_) {
     if (absent(peer) || peer.rank == self_.id || peer.lost) continue;
     if (prune) {
       absl::erase_if(peer.requests,
