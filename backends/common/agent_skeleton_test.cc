@@ -378,7 +378,7 @@ TEST(AgentSkeleton, AddPeerReadiesTheBackendAndRemovePeerTellsItOnce) {
 }
 
 TEST(AgentSkeleton, AddPeerFailingInTheBackendLeavesThePeerOut) {
-  DynamicPair pair({{kRefusedPeerKey, "b"}});
+  DynamicPair pair(tether::testing::AgentSettings{{kRefusedPeerKey, "b"}});
   ASSERT_THAT(pair.status, tether::testing::IsOk());
   EXPECT_THAT(pair.a->add_peer(pair.b->self()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
