@@ -13,11 +13,11 @@
 #include <absl/synchronization/notification.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <memory>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <utility>
 
 #include "backends/common/refusals.h"

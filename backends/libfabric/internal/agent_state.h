@@ -58,8 +58,8 @@
 
 namespace tether::backends::libfabric::internal {
 
-inline constexpr common::BackendNames kLibfabricNames{
-    "libfabric", "libfabric", "tether/libfabric/"};
+inline constexpr common::BackendNames kLibfabricNames{"libfabric", "libfabric",
+                                                      "tether/libfabric/"};
 constexpr size_t kSendBuffers = 64;
 
 // Which agent's progress thread this is (nullptr: none).
@@ -255,8 +255,7 @@ class State : public common::AgentSkeleton<State, int> {
   }
   std::string describe(int rank) const {
     if (installed(rank) && !ranks_[rank].name.empty()) {
-      return absl::StrCat("worker '", ranks_[rank].name, "' (rank ", rank,
-                          ")");
+      return absl::StrCat("worker '", ranks_[rank].name, "' (rank ", rank, ")");
     }
     return absl::StrCat("rank ", rank);
   }

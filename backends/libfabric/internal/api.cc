@@ -34,9 +34,9 @@ absl::Status State::call_on_progress_thread(std::function<void()> command,
         absl::StrCat("worker '", self_.name, "' has shut down"));
   }
   if (!done->WaitForNotificationWithTimeout(kCallBound)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "' did not ", doing,
-        " within ", absl::FormatDuration(kCallBound)));
+    return absl::DeadlineExceededError(
+        absl::StrCat(who(), " did not ", doing, " within ",
+                     absl::FormatDuration(kCallBound)));
   }
   return absl::OkStatus();
 }

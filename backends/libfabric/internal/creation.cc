@@ -252,8 +252,7 @@ absl::Status State::set_up_wakeups() {
         ::getsockname(doorbell_fd_, reinterpret_cast<sockaddr*>(&address),
                       &(length = sizeof(address))) != 0) {
       // Peers will not ring: the progress thread polls.
-      LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                   << "' has no doorbell: " << std::strerror(errno);
+      LOG(WARNING) << who() << " has no doorbell: " << std::strerror(errno);
       if (doorbell_fd_ >= 0) ::close(doorbell_fd_);
       doorbell_fd_ = -1;
       return absl::OkStatus();

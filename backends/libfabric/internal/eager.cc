@@ -135,16 +135,14 @@ void State::on_frame(Op* op, size_t length) {
   const bool first_word = header.ok() && dynamic_ &&
                           (header->kind == FrameKind::kAuth ||
                            header->kind == FrameKind::kRequest);
-  if (unknown ||
-      (first_word && ranks_[header->src_rank].leaving)) {
+  if (unknown || (first_word && ranks_[header->src_rank].leaving)) {
     if (!first_word || !adopt_unknown(static_cast<int>(header->src_rank))) {
       header = absl::InvalidArgumentError(absl::StrCat(
           "source rank ", header->src_rank, " not in the group"));
     }
   }
   if (!header.ok()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' drops a frame: " << header.status().message();
+    LOG(WARNING) << who() << " drops a frame: " << header.status().message();
     return;
   }
   ++stats_.frames_received;

@@ -19,8 +19,7 @@ constexpr absl::Duration kGuardInterval = absl::Milliseconds(500);
 void State::heard_from(Peer& peer) {
   peer.last_heard = absl::Now();
   if (peer.lost && !peer.gone) {
-    LOG(INFO) << "libfabric agent of worker '" << self_.name << "': "
-              << describe(peer.rank) << " is back";
+    LOG(INFO) << who() << ": " << describe(peer.rank) << " is back";
     peer.lost.reset();
   }
 }
@@ -30,8 +29,7 @@ void State::fail_peer(int rank, const absl::Status& status) {
   if (peer.lost) return;
   if (!peer.requests.empty() || !peer.transfers.empty() ||
       !peer.incoming.empty()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' fails what waits on " << describe(rank) << ": "
+    LOG(WARNING) << who() << " fails what waits on " << describe(rank) << ": "
                  << status.message();
   }
   peer.lost = status;
@@ -66,8 +64,7 @@ void State::housekeeping(absl::Time now) {
     const ListenerGuard::Swept swept = listener_guard_->sweep(now);
     if (swept.reset > 0) {
       stats_.strangers_reset += swept.reset;
-      LOG(WARNING) << "libfabric agent of worker '" << self_.name << "' reset "
-                   << swept.reset
+      LOG(WARNING) << who() << " reset " << swept.reset
                    << " connection(s) to its TCP listener that made no "
                       "connection request ("
                    << swept.pending << " pending)";

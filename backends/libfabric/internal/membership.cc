@@ -16,23 +16,21 @@ absl::StatusOr<Record> State::peer_record(const WorkerInfo& worker,
                                           absl::string_view published) const {
   absl::StatusOr<Record> record = decode_record(published);
   if (!record.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "': worker '", worker.name,
-        "' (rank ", worker.id, "): ", record.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who(), ": worker '", worker.name, "' (rank ", worker.id,
+                     "): ", record.status().message()));
   }
   if (record->provider != fabric_->provider_name()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "' uses provider '",
-        fabric_->provider_name(), "' but worker '", worker.name, "' (rank ",
-        worker.id, ") uses '", record->provider,
+        who(), " uses provider '", fabric_->provider_name(), "' but worker '",
+        worker.name, "' (rank ", worker.id, ") uses '", record->provider,
         "': every worker of a group must use the same"));
   }
   if (!worker.name.empty() && !record->name.empty() &&
       record->name != worker.name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "': the address of rank ",
-        worker.id, " is worker '", record->name, "''s, not '", worker.name,
-        "''s"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who(), ": the address of rank ", worker.id, " is worker '",
+                     record->name, "''s, not '", worker.name, "''s"));
   }
   return record;
 }
@@ -89,12 +87,10 @@ void State::drop_peer(int rank, const absl::Status& why) {
   }
   peer.incoming.clear();
   if (absl::Status removed = fabric_->remove(peer.address); !removed.ok()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' cannot forget the address of " << describe(rank)
+    LOG(WARNING) << who() << " cannot forget the address of " << describe(rank)
                  << ": " << removed.message();
   }
-  VLOG(1) << "libfabric agent of worker '" << self_.name << "' drops "
-          << describe(rank) << ": " << why.message();
+  VLOG(1) << who() << " drops " << describe(rank) << ": " << why.message();
   peer.address = FI_ADDR_NOTAVAIL;
   peer.left = true;
   peer.talked = false;
@@ -131,8 +127,8 @@ bool State::adopt_unknown(int rank) {
   if (added.ok()) added = install_peer(joiner, *record);
   if (!added.ok()) {
     if (record.ok()) peers_.remove(joiner);
-    LOG(WARNING) << who() << " drops a frame from unknown rank " << rank
-                 << ": " << added.message();
+    LOG(WARNING) << who() << " drops a frame from unknown rank " << rank << ": "
+                 << added.message();
     return false;
   }
   LOG(INFO) << who() << ": " << describe(rank)

@@ -214,8 +214,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   const uint64_t transfer = header.arg0;
   absl::StatusOr<MessageHead> head = frame::read_message_head(rest);
   if (!head.ok()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' drops a message from " << describe(rank) << ": "
+    LOG(WARNING) << who() << " drops a message from " << describe(rank) << ": "
                  << head.status().message();
     if (transfer != 0) send_control(rank, FrameKind::kRelease, transfer);
     return;
@@ -371,8 +370,7 @@ void State::finish_incoming(const std::shared_ptr<Arrival>& in) {
   const absl::Status error = in->error;
   if (in->kind == FrameKind::kRequest) {
     Message text;
-    text.payload = absl::StrCat("libfabric agent of worker '", self_.name,
-                                "' could not receive a ",
+    text.payload = absl::StrCat(who(), " could not receive a ",
                                 message_type_name(in->head.type), " from ",
                                 describe(in->rank), ": ", error.message());
     send_message(in->rank, FrameKind::kError, in->head.id, error.raw_code(),

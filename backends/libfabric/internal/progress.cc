@@ -158,8 +158,7 @@ bool State::poll_completions() {
     return true;
   }
   if (n != -FI_EAGAIN) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "': fi_cq_read failed: "
+    LOG(WARNING) << who() << ": fi_cq_read failed: "
                  << libfabric::internal::fi_error_text(static_cast<int>(-n));
   }
   return false;
@@ -198,8 +197,7 @@ void State::post_receive(Op* op) {
     refused_ = true;
     retry_.push_back(op);
   } else if (rc != 0) {
-    LOG(ERROR) << "libfabric agent of worker '" << self_.name
-               << "' cannot re-post an eager buffer: "
+    LOG(ERROR) << who() << " cannot re-post an eager buffer: "
                << libfabric::internal::fi_error_text(-rc);
   }
 }
@@ -239,8 +237,7 @@ void State::on_error(const fi_cq_err_entry& error) {
   switch (op->kind) {
     case OpKind::kEagerReceive:
       if (error.err != FI_ECANCELED) {
-        LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                     << "': an eager receive failed: " << reason;
+        LOG(WARNING) << who() << ": an eager receive failed: " << reason;
       }
       post_receive(op);
       return;
@@ -286,8 +283,7 @@ bool State::pump() {
     retry_.pop_front();
     worked = true;
     if (rc != 0) {
-      LOG(ERROR) << "libfabric agent of worker '" << self_.name
-                 << "' cannot re-post an eager buffer: "
+      LOG(ERROR) << who() << " cannot re-post an eager buffer: "
                  << libfabric::internal::fi_error_text(-rc);
     }
   }

@@ -123,9 +123,8 @@ void State::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
   if (it == transfers_.end() || it->second->rank != peer.rank) return;
   const std::shared_ptr<Transfer>& found = it->second;
   if (first > found->chunks.size() || count > found->chunks.size() - first) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name << "': "
-                 << describe(peer.rank) << " asks for chunks " << first
-                 << " + " << count << " of " << found->chunks.size();
+    LOG(WARNING) << who() << ": " << describe(peer.rank) << " asks for chunks "
+                 << first << " + " << count << " of " << found->chunks.size();
     return;
   }
   sends_waiting_.push_back(SendRange{found, first, first + count});
