@@ -39,6 +39,15 @@
 //   // Sets the transport up and calls publish_addresses() (create_agent).
 //   absl::Status init();
 //
+// and, if it keeps something per peer (the skeleton's defaults do nothing):
+//
+//   // Dynamic groups: `peer` is in the table now (add_peer()); readies the
+//   // transport for it. An error is add_peer()'s, and takes the peer out
+//   // of the table again unless it was there before.
+//   absl::Status on_peer_added(const Peer& peer);
+//   // Dynamic groups: `worker` has left the table (remove_peer()).
+//   void on_peer_removed(const WorkerInfo& worker);
+//
 // Ownership: the state is held by a shared_ptr (SharedStateAgent's);
 // callbacks hold it weakly. The timer queue is owned here and joined last.
 //
@@ -191,12 +200,28 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
   }
 
   absl::Status add_peer(const WorkerInfo& worker) {
-    return common::add_peer(
+    const bool known = peers_.by_name(worker.name).has_value();
+    absl::Status added = common::add_peer(
         *store_, names_.address_key_prefix, dynamic_, worker, peers_,
         [this](const std::string& published) {
           return derived().address_of(published);
         },
         agent_of(names_, self_.name));
+    if (!added.ok()) return added;
+    std::optional<Peer> peer = peers_.by_rank(worker.id);
+    if (!peer.has_value()) {  // removed meanwhile
+      return absl::UnavailableError(absl::StrCat(
+          who(), ": worker '", worker.name, "' left while it was being added"));
+    }
+    added = derived().on_peer_added(*peer);
+    if (!added.ok() && !known) peers_.remove(worker);
+    return added;
+  }
+
+  // Takes `worker` out of the table (sends to it fail at once from now on)
+  // and tells the backend.
+  void remove_peer(const WorkerInfo& worker) {
+    if (peers_.remove(worker)) derived().on_peer_removed(worker);
   }
 
   // Stops at once (Agent::shutdown): refuses from now on, takes the
@@ -273,6 +298,10 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
                                        return derived().address_of(published);
                                      });
   }
+
+  // The defaults of the optional hooks (a backend's own hide them).
+  absl::Status on_peer_added(const Peer& /*peer*/) { return absl::OkStatus(); }
+  void on_peer_removed(const WorkerInfo& /*worker*/) {}
 
   // Fails registered request `id` with `status` on the refusal thread: for
   // a start_send() that finds the request cannot leave.

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <utility>
 
 #include "backends/common/refusals.h"
@@ -37,15 +38,22 @@ using tether::testing::StatusIs;
 constexpr BackendNames kNames{"mailbox", "Mailbox", "tether/mailbox/"};
 // The worker of this rank publishes an address no peer can use.
 constexpr char kUnreachableKey[] = "mailbox.unreachable_rank";
+// The transport cannot be readied for a joiner of this name (add_peer()).
+constexpr char kRefusedPeerKey[] = "mailbox.refused_peer";
 
 struct Settings {
   int unreachable_rank = -1;
+  std::string refused_peer;
 };
 
 absl::StatusOr<Settings> parse_settings(
     const absl::flat_hash_map<std::string, std::string>& raw) {
   Settings settings;
   for (const auto& [key, value] : raw) {
+    if (key == kRefusedPeerKey) {
+      settings.refused_peer = value;
+      continue;
+    }
     if (key != kUnreachableKey) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown mailbox setting '", key, "'"));
@@ -107,7 +115,12 @@ class Mailbox : public AgentSkeleton<Mailbox, Route> {
     return publish_addresses(
         self_.id == settings_.unreachable_rank ? "" : address_, kBound);
   }
-  void remove_peer(const WorkerInfo& worker) { peers_.remove(worker); }
+
+  // The workers on_peer_removed() was told of.
+  std::vector<std::string> removed() {
+    absl::MutexLock lock(&mu_);
+    return removed_;
+  }
 
  private:
   friend class AgentSkeleton<Mailbox, Route>;
@@ -128,6 +141,15 @@ class Mailbox : public AgentSkeleton<Mailbox, Route> {
   }
   absl::StatusOr<std::string> address_of(const std::string& published) {
     return published;
+  }
+  absl::Status on_peer_added(const Peer& peer) {
+    if (peer.info.name != settings_.refused_peer) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no mailbox for worker '", peer.info.name, "'"));
+  }
+  void on_peer_removed(const WorkerInfo& worker) {
+    absl::MutexLock lock(&mu_);
+    removed_.push_back(worker.name);
   }
 
   Future<Message> start_send(const Peer& peer, Message request,
@@ -196,6 +218,7 @@ class Mailbox : public AgentSkeleton<Mailbox, Route> {
   const Settings settings_;
   std::string address_;  // set by init(), then const
   std::unique_ptr<SerialExecutor> io_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> removed_ ABSL_GUARDED_BY(mu_);
 };
 
 Backend mailbox_backend() {
@@ -332,6 +355,70 @@ TEST(AgentSkeleton, PendingRequestFailsWithTheSharedShutdownText) {
                        HasSubstr("worker 'agent0' shut down with the "
                                  "request pending")));
   held->release_all();
+}
+
+// A dynamic group on `store`: "a" (rank 0) alone, then "b" (rank 1)
+// joining it; "a" has `settings`. Both answer with echo.
+struct DynamicPair {
+  explicit DynamicPair(tether::testing::AgentSettings settings = {}) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    AgentSetup setup;
+    setup.dynamic = true;
+    setup.store =
+        std::shared_ptr<c10d::Store>(store.get(), [store](c10d::Store*) {});
+    setup.self = {"a", 0};
+    setup.workers = {setup.self};
+    setup.settings = std::move(settings);
+    absl::StatusOr<std::unique_ptr<Agent>> created =
+        mailbox_backend().create(setup);
+    if (created.ok()) a = *std::move(created);
+    status = created.status();
+    setup.self = {"b", 1};
+    setup.workers = {{"a", 0}, setup.self};
+    setup.settings.clear();
+    created = mailbox_backend().create(setup);
+    if (created.ok()) b = *std::move(created);
+    if (status.ok()) status = created.status();
+    if (status.ok()) status = a->start(tether::testing::echo);
+    if (status.ok()) status = b->start(tether::testing::echo);
+  }
+  absl::Status status;
+  std::unique_ptr<Agent> a;
+  std::unique_ptr<Agent> b;
+};
+
+Mailbox& mailbox_of(Agent& agent) {
+  return dynamic_cast<SharedStateAgent<Mailbox>&>(agent).state();
+}
+
+TEST(AgentSkeleton, AddPeerReadiesTheBackendAndRemovePeerTellsItOnce) {
+  DynamicPair pair;
+  ASSERT_THAT(pair.status, tether::testing::IsOk());
+  ASSERT_THAT(pair.a->add_peer(pair.b->self()), tether::testing::IsOk());
+  EXPECT_THAT(pair.a->send(pair.b->self(), tether::testing::ping("hi"), kBound)
+                  .get(absl::Now() + kBound),
+              tether::testing::IsOk());
+  pair.a->remove_peer(pair.b->self());
+  pair.a->remove_peer(pair.b->self());  // not known any more: no news
+  EXPECT_THAT(mailbox_of(*pair.a).removed(), ::testing::ElementsAre("b"));
+  EXPECT_THAT(pair.a->send(pair.b->self(), tether::testing::ping("x"), kBound)
+                  .get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("worker 'b' is not in the group")));
+}
+
+TEST(AgentSkeleton, AddPeerFailingInTheBackendLeavesThePeerOut) {
+  DynamicPair pair(tether::testing::AgentSettings{{kRefusedPeerKey, "b"}});
+  ASSERT_THAT(pair.status, tether::testing::IsOk());
+  EXPECT_THAT(pair.a->add_peer(pair.b->self()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no mailbox for worker 'b'")));
+  EXPECT_THAT(pair.a->send(pair.b->self(), tether::testing::ping("x"), kBound)
+                  .get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("worker 'b' is not in the group")));
+  // Nothing was removed that the backend had readied.
+  EXPECT_THAT(mailbox_of(*pair.a).removed(), ::testing::IsEmpty());
 }
 
 }  // namespace

@@ -12,34 +12,18 @@
 namespace tether::backends {
 namespace {
 
-using libfabric::internal::kBackendName;
+using libfabric::internal::kLibfabricNames;
 using libfabric::internal::Settings;
 using libfabric::internal::State;
 
 using LibfabricAgent = common::SharedStateAgent<State>;
-
-absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
-  if (setup.store == nullptr) {
-    return absl::InvalidArgumentError(
-        "the libfabric backend needs the group's rendezvous store");
-  }
-  absl::StatusOr<Settings> settings =
-      libfabric::internal::parse_settings(setup.settings);
-  if (!settings.ok()) return settings.status();
-  auto state = std::make_shared<State>(std::move(setup), *std::move(settings));
-  if (absl::Status initialized = state->init(); !initialized.ok()) {
-    state->shutdown();
-    return initialized;
-  }
-  return std::make_unique<LibfabricAgent>(std::move(state));
-}
 
 }  // namespace
 
 Backend libfabric_backend(
     absl::flat_hash_map<std::string, std::string> defaults) {
   Backend backend;
-  backend.name = kBackendName;
+  backend.name = kLibfabricNames.name;
   backend.viable = [defaults]() -> absl::Status {
     absl::StatusOr<Settings> settings =
         libfabric::internal::parse_settings(defaults);
@@ -50,7 +34,8 @@ Backend libfabric_backend(
     for (const auto& [key, value] : defaults) {
       setup.settings.try_emplace(key, value);
     }
-    return create_agent(std::move(setup));
+    return common::create_agent<State>(kLibfabricNames, std::move(setup),
+                                       libfabric::internal::parse_settings);
   };
   return backend;
 }

@@ -1,11 +1,11 @@
 // The State of a libfabric agent (internal to the libfabric backend): what
-// one agent has, shared by the public Agent (common::SharedStateAgent) and
-// the callbacks of its futures, and used by its progress thread until
-// shutdown() has joined it. libfabric_agent.h describes the agent; its
-// methods are defined by seam:
+// one agent has beyond the agent skeleton it is built on, shared by the
+// public Agent (common::SharedStateAgent) and the callbacks of its futures,
+// and used by its progress thread until shutdown() has joined it.
+// libfabric_agent.h describes the agent; its methods are defined by seam:
 //   creation.cc        opening the fabric, wake-ups, exchanging records
 //   membership.cc      peers' records, adding and removing peers
-//   api.cc             the Agent's calls and the any-thread helpers
+//   api.cc             the skeleton's hooks and the any-thread helpers
 //   progress.cc        the progress loop, completions, teardown
 //   eager.cc           eager frames and their credits
 //   peer_auth.cc       the authentication handshake
@@ -40,7 +40,8 @@
 #include <utility>
 #include <vector>
 
-#include "backends/common/agent_support.h"
+#include "backends/common/agent_skeleton.h"
+#include "backends/common/peer_table.h"
 #include "backends/libfabric/internal/fabric.h"
 #include "backends/libfabric/internal/frame.h"
 #include "backends/libfabric/internal/listener_guard.h"
@@ -54,12 +55,11 @@
 #include "core/auth/auth.h"
 #include "core/internal/pending_requests.h"
 #include "core/internal/timer.h"
-#include "core/join/store_join.h"
 
 namespace tether::backends::libfabric::internal {
 
-constexpr char kBackendName[] = "libfabric";
-constexpr char kAddressKeyPrefix[] = "tether/libfabric/";
+inline constexpr common::BackendNames kLibfabricNames{"libfabric", "libfabric",
+                                                      "tether/libfabric/"};
 constexpr size_t kSendBuffers = 64;
 
 // Which agent's progress thread this is (nullptr: none).
@@ -72,35 +72,23 @@ using tether::internal::TimerQueue;
 // they did before the split out of libfabric_agent.cc.
 namespace frame = libfabric::internal;
 
-// Everything an agent has. Callbacks of futures hold it weakly; its
-// progress thread uses it until shutdown() has joined that thread.
+// Everything an agent has, over the agent skeleton
+// (backends/common/agent_skeleton.h), which owns the setup, the peer table
+// (rank by name, each peer's published record), the pending and incoming
+// requests, the closed flag and the shutdown order. A response's route is
+// the requester's rank. Callbacks of futures hold it weakly; its progress
+// thread uses it until shutdown() has joined that thread.
 //
 // Thread safety: the creating thread runs init() before the progress thread
 // exists; from then on the progress thread (run()) alone calls libfabric
 // and alone touches the members under "the progress thread's own". Other
-// threads hand it work with post() and wake() (commands_, under mu_) and
-// find a peer's rank under names_mu_; the members set by the constructor
-// are const.
-class State : public std::enable_shared_from_this<State> {
+// threads hand it work with post() and wake() (commands_, under the
+// skeleton's mu_); the members set by the constructor and by init() before
+// the thread starts are const.
+class State : public common::AgentSkeleton<State, int> {
  public:
   State(AgentSetup setup, Settings settings)
-      : self_(std::move(setup.self)),
-        workers_(std::move(setup.workers)),
-        store_(std::move(setup.store)),
-        settings_(std::move(settings)),
-        limits_(setup.limits),
-        auth_(std::move(setup.auth)),
-        peer_timeout_(setup.peer_timeout),
-        dynamic_(setup.dynamic),
-        joiner_(store_, kBackendName, self_.id,
-                static_cast<int>(workers_.size())),
-        timers_(std::make_unique<TimerQueue>(/*owner=*/this)),
-        pending_(timers_.get()) {
-    absl::MutexLock lock(&names_mu_);
-    for (const WorkerInfo& worker : workers_) {
-      rank_by_name_[worker.name] = worker.id;
-    }
-  }
+      : AgentSkeleton(setup, kLibfabricNames), settings_(std::move(settings)) {}
 
   ~State() {
     // WARNING: this may run on any thread that held the last reference;
@@ -110,27 +98,45 @@ class State : public std::enable_shared_from_this<State> {
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
   }
 
-  // ---- the Agent's calls, from any thread but the progress thread's own
-  // callbacks where they wait (api.cc; creation.cc: init; membership.cc:
-  // add_peer, remove_peer)
+  // ---- the Agent's calls the skeleton does not make, from any thread
+  // (creation.cc: init; api.cc: stats)
   absl::Status init();
-  absl::Status start(RequestHandler handler);
-  Future<Message> send(const WorkerInfo& to, Message request,
-                       absl::Duration timeout);
-  absl::Status join(absl::Duration timeout);
-  void shutdown();
-  // Dynamic groups: reads the joiner's record from the store and has the
-  // progress thread insert it (install_peer()).
-  absl::Status add_peer(const WorkerInfo& worker);
-  // Dynamic groups: sends to it fail at once; the progress thread takes
-  // its address out of the address vector and drops its state.
-  void remove_peer(const WorkerInfo& worker);
   absl::StatusOr<LibfabricStats> stats();
 
-  const WorkerInfo& self() const { return self_; }
-  const std::vector<WorkerInfo>& workers() const { return workers_; }
-
  private:
+  friend class AgentSkeleton<State, int>;
+
+  // What shutdown() takes out of the state, closes and joins, outside the
+  // lock: the commands may hold user objects.
+  struct Resources {
+    std::thread progress;
+    std::deque<std::function<void()>> commands;
+  };
+
+  // ---- the skeleton's hooks (api.cc; membership.cc: the peer hooks)
+  bool on_own_thread() const { return t_progress_of == this; }
+  void take_resources(Resources& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the progress thread, which sees closed_, says goodbye and closes
+  // the fabric.
+  void close_resources(Resources& resources);
+  void join_resources(Resources& resources);
+  Future<Message> start_send(const common::Peer& peer, Message request,
+                             PendingRequests::Request pending);
+  void send_response(int rank, int64_t id,
+                     const absl::StatusOr<Message>& result);
+  void run_deferred_later(Incoming::Deferred deferred);
+  // The table holds each peer's record as published; install_peer() checks
+  // it (peer_record()) against the worker it is for.
+  static absl::StatusOr<std::string> address_of(const std::string& published) {
+    return published;
+  }
+  // Dynamic groups: the progress thread checks the joiner's record and
+  // inserts it (install_peer()).
+  absl::Status on_peer_added(const common::Peer& peer);
+  // Dynamic groups: the progress thread marks it leaving; it is dropped on
+  // its goodbye or when a worker joins with its rank.
+  void on_peer_removed(const WorkerInfo& worker);
+
   // ---- any thread (api.cc)
   // Runs `command` on the progress thread; false once shut down.
   bool post(std::function<void()> command) ABSL_LOCKS_EXCLUDED(mu_);
@@ -143,7 +149,6 @@ class State : public std::enable_shared_from_this<State> {
       ABSL_LOCKS_EXCLUDED(mu_);
   void wake();
   bool has_commands() ABSL_LOCKS_EXCLUDED(mu_);
-  void finish_handling() ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- creation: the creating thread, before the progress thread runs
   // (creation.cc)
@@ -227,15 +232,12 @@ class State : public std::enable_shared_from_this<State> {
                     Message message);
   void on_message_frame(Peer& peer, const FrameHeader& header,
                         absl::string_view rest);
-  absl::Status set_up_segments(Incoming& in, absl::string_view body);
-  void finish_incoming(const std::shared_ptr<Incoming>& in);
-  void deliver(Incoming& in);
-  void handle_request(int rank, Message request) ABSL_LOCKS_EXCLUDED(mu_);
-  void serve_deferred() ABSL_LOCKS_EXCLUDED(mu_);
-  void run_handler(const RequestHandler& handler, int rank, Message request);
+  absl::Status set_up_segments(Arrival& in, absl::string_view body);
+  void finish_incoming(const std::shared_ptr<Arrival>& in);
+  void deliver(Arrival& in);
 
   // ---- large buffers by rendezvous: the progress thread (rendezvous.cc)
-  void pump_pull(const std::shared_ptr<Incoming>& in);
+  void pump_pull(const std::shared_ptr<Arrival>& in);
   void on_pulled(Op* op, const absl::Status& status);
   void on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
                         uint64_t count);
@@ -252,14 +254,16 @@ class State : public std::enable_shared_from_this<State> {
            static_cast<uint64_t>(peer.rank + 1);
   }
   std::string describe(int rank) const {
-    if (rank >= 0 && static_cast<size_t>(rank) < peers_.size() &&
-        !peers_[rank].name.empty()) {
-      return absl::StrCat("worker '", peers_[rank].name, "' (rank ", rank,
-                          ")");
+    if (installed(rank) && !ranks_[rank].name.empty()) {
+      return absl::StrCat("worker '", ranks_[rank].name, "' (rank ", rank, ")");
     }
     return absl::StrCat("rank ", rank);
   }
   static bool absent(const Peer& peer) { return peer.rank < 0 || peer.left; }
+  // Whether install_peer() has given `rank` a slot (it may have left since).
+  bool installed(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < ranks_.size();
+  }
   uint32_t in_flight(const Peer& peer) const {
     return peer.granted - peer.credits + (peer.control_slot_free ? 0 : 1);
   }
@@ -267,36 +271,12 @@ class State : public std::enable_shared_from_this<State> {
   // ======== members
 
   // ---- set by the constructor: any thread
-  const WorkerInfo self_;
-  const std::vector<WorkerInfo> workers_;
-  const std::shared_ptr<c10d::Store> store_;
   const Settings settings_;
-  const MessageLimits limits_;
-  const std::optional<auth::Authenticator> auth_;
-  // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
-  const absl::Duration peer_timeout_;
-  const bool dynamic_;
-  // The thread that calls join().
-  join::StoreJoin joiner_;
 
-  // ---- the peers sends may go to, by name (dynamic groups change it):
-  // any thread, under names_mu_
-  absl::Mutex names_mu_;
-  absl::flat_hash_map<std::string, int> rank_by_name_ ABSL_GUARDED_BY(names_mu_);
-
-  // ---- what other threads hand the progress thread, and the shutdown:
-  // any thread, under mu_ (pending_ and shutdown_ are thread-safe)
-  common::ShutdownSequence shutdown_;
-  absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // ---- what other threads hand the progress thread: any thread, under
+  // mu_ (the skeleton's)
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
-  // Requests received and not yet answered (for join).
-  int64_t incoming_active_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread progress_ ABSL_GUARDED_BY(mu_);
-  // WARNING: declared before pending_, which uses it.
-  std::unique_ptr<TimerQueue> timers_ ABSL_GUARDED_BY(mu_);
-  PendingRequests pending_;
 
   // ---- wake-ups of the progress thread: set by init(), then read by any
   // thread
@@ -356,17 +336,15 @@ class State : public std::enable_shared_from_this<State> {
   std::vector<std::unique_ptr<Op>> send_ops_;
   std::vector<size_t> free_send_buffers_;
 
-  // Peers and their eager frames (membership.cc, eager.cc).
-  std::vector<Peer> peers_;
+  // Peers by rank, with their eager frames (membership.cc, eager.cc).
+  std::vector<Peer> ranks_;
   std::vector<int> queued_ranks_;
   std::vector<int> credit_due_;
 
   // Messages and rendezvous (messages.cc, rendezvous.cc).
   // WARNING: declared before the transfers, whose handles it must outlive.
   std::unique_ptr<MrCache> mr_cache_;
-  // Requests that arrived before start().
-  std::vector<Deferred> deferred_;
-  std::deque<std::shared_ptr<Incoming>> pulls_waiting_;
+  std::deque<std::shared_ptr<Arrival>> pulls_waiting_;
   std::deque<SendRange> sends_waiting_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_;
   uint64_t next_transfer_ = 1;

@@ -4,8 +4,6 @@
 #include <c10/core/Device.h>
 #include <unistd.h>
 
-#include "backends/common/refusals.h"
-
 namespace tether::backends::libfabric::internal {
 
 namespace {
@@ -14,24 +12,6 @@ namespace {
 constexpr absl::Duration kCallBound = absl::Seconds(10);
 
 }  // namespace
-
-absl::Status State::start(RequestHandler handler) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::CancelledError(
-          absl::StrCat("worker '", self_.name, "' has shut down"));
-    }
-    if (handler_ != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("start() called twice on worker '", self_.name, "'"));
-    }
-    handler_ = std::make_shared<const RequestHandler>(std::move(handler));
-  }
-  // After what the progress thread is doing now, which may defer one more.
-  post([this] { serve_deferred(); });
-  return absl::OkStatus();
-}
 
 bool State::post(std::function<void()> command) {
   {
@@ -54,9 +34,9 @@ absl::Status State::call_on_progress_thread(std::function<void()> command,
         absl::StrCat("worker '", self_.name, "' has shut down"));
   }
   if (!done->WaitForNotificationWithTimeout(kCallBound)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "' did not ", doing,
-        " within ", absl::FormatDuration(kCallBound)));
+    return absl::DeadlineExceededError(
+        absl::StrCat(who(), " did not ", doing, " within ",
+                     absl::FormatDuration(kCallBound)));
   }
   return absl::OkStatus();
 }
@@ -74,102 +54,52 @@ bool State::has_commands() {
   return !commands_.empty() || closed_;
 }
 
-void State::finish_handling() {
-  absl::MutexLock lock(&mu_);
-  --incoming_active_;
+void State::take_resources(Resources& out) {
+  out.progress = std::move(progress_);
+  out.commands.swap(commands_);
 }
 
-Future<Message> State::send(const WorkerInfo& to, Message request,
-                            absl::Duration timeout) {
-  int rank = -1;
-  {
-    absl::MutexLock lock(&names_mu_);
-    auto peer = rank_by_name_.find(to.name);
-    if (peer != rank_by_name_.end()) rank = peer->second;
-  }
-  if (rank < 0) {
-    return common::refused(absl::UnavailableError(
-        absl::StrCat("worker '", to.name, "' is not in the group of worker '",
-                     self_.name, "'")));
-  }
+void State::close_resources(Resources& /*resources*/) {
+  if (event_fd_ < 0) return;  // init() failed before the thread
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t written = ::write(event_fd_, &one, sizeof(one));
+}
+
+void State::join_resources(Resources& resources) {
+  if (resources.progress.joinable()) resources.progress.join();
+}
+
+Future<Message> State::start_send(const common::Peer& peer, Message request,
+                                  PendingRequests::Request pending) {
   for (const c10::Storage& storage : request.storages) {
     if (!storage.device().is_cpu()) {
-      return common::refused(absl::InvalidArgumentError(absl::StrCat(
-          "the libfabric backend moves CPU storages only; a ",
-          message_type_name(request.type), " to worker '", to.name,
-          "' has one on ", storage.device().str())));
+      fail_later(pending.id,
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "the libfabric backend moves CPU storages only; a ",
+                     message_type_name(request.type), " to worker '",
+                     peer.info.name, "' has one on ", storage.device().str())));
+      return std::move(pending.response);
     }
   }
-  absl::StatusOr<PendingRequests::Request> pending;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) {
-      return common::refused(
-          common::sent_after_shutdown(self_.name, request.type, to.name));
-    }
-    // Under mu_, so that shutdown() fails it.
-    pending = pending_.add(timeout,
-                           absl::StrCat(message_type_name(request.type),
-                                        " request to worker '", to.name, "'"));
-    if (pending.ok()) {
-      commands_.push_back(
-          [this, rank, id = pending->id, request = std::move(request)]() mutable {
-            start_request(rank, id, std::move(request));
-          });
-    }
-  }
-  if (!pending.ok()) return common::refused(pending.status());
-  wake();
-  return std::move(pending->response);
-}
-
-absl::Status State::join(absl::Duration timeout) {
-  return common::join_agent(
-      joiner_, pending_,
-      [this] {
-        absl::MutexLock lock(&mu_);
-        return incoming_active_;
-      },
-      [this] {
-        absl::MutexLock lock(&mu_);
-        return closed_;
-      },
-      self_.name, timeout, common::liveness_of(this, peer_timeout_));
-}
-
-void State::shutdown() {
-  const bool on_own_thread =
-      t_progress_of == this || TimerQueue::running_owner() == this;
-  if (!shutdown_.begin(on_own_thread)) return;
-  // Joined (and destroyed) outside the lock: the handler, the deferred
-  // requests and the commands may hold user objects.
-  struct Resources {
-    std::thread progress;
-    std::unique_ptr<TimerQueue> timers;
-    std::shared_ptr<const RequestHandler> handler;
-    std::deque<std::function<void()>> commands;
-  };
-  auto resources = std::make_shared<Resources>();
-  {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    resources->progress = std::move(progress_);
-    resources->timers = std::move(timers_);
-    resources->handler = std::move(handler_);
-    resources->commands.swap(commands_);
-  }
-  // Before the timers go.
-  pending_.cancel_all(absl::CancelledError(absl::StrCat(
-      "worker '", self_.name, "' shut down with the request pending")));
-  // The progress thread sees closed_, says goodbye and closes the fabric.
-  if (event_fd_ >= 0) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t written = ::write(event_fd_, &one, sizeof(one));
-  }
-  shutdown_.finish(on_own_thread, [resources, self = shared_from_this()] {
-    if (resources->progress.joinable()) resources->progress.join();
-    resources->timers.reset();
+  // Once shut down, shutdown() fails it.
+  post([this, rank = peer.info.id, id = pending.id,
+        request = std::move(request)]() mutable {
+    start_request(rank, id, std::move(request));
   });
+  return std::move(pending.response);
+}
+
+void State::send_response(int rank, int64_t id,
+                          const absl::StatusOr<Message>& result) {
+  auto shared = std::make_shared<absl::StatusOr<Message>>(result);
+  if (!post([this, rank, id, shared] { respond(rank, id, *shared); })) {
+    incoming_.answered();  // shut down: the response is dropped
+  }
+}
+
+void State::run_deferred_later(Incoming::Deferred deferred) {
+  auto shared = std::make_shared<Incoming::Deferred>(std::move(deferred));
+  post([this, shared] { incoming_.run_deferred(std::move(*shared)); });
 }
 
 absl::StatusOr<LibfabricStats> State::stats() {

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <exception>
 
-#include "backends/common/peer_table.h"
 #include "backends/libfabric/internal/shared_endpoints.h"
+#include "core/internal/check.h"
 
 namespace tether::backends::libfabric::internal {
 
@@ -187,41 +187,18 @@ absl::Status State::exchange_records() {
   mine.doorbell = doorbell_name_;
   mine.name = self_.name;
   host_ = mine.host;
-  const std::string who =
-      absl::StrCat("libfabric agent of worker '", self_.name, "'");
-  // Every worker's record, in rank order.
+  // Every worker's record, in rank order: a dynamic group's members
+  // present now (joiners come through add_peer(), or their first frame).
+  absl::Status published =
+      publish_addresses(encode_record(mine), settings_.init_timeout);
+  if (!published.ok()) return published;
   std::vector<std::pair<WorkerInfo, Record>> records;
-  if (dynamic_) {
-    // The members present now; joiners come through add_peer() (or their
-    // first frame).
-    absl::Status published = common::publish_address(
-        *store_, kAddressKeyPrefix, self_.id, encode_record(mine), who);
-    if (!published.ok()) return published;
-    for (const WorkerInfo& worker : workers_) {
-      if (worker.id == self_.id) {
-        records.emplace_back(worker, mine);
-        continue;
-      }
-      absl::StatusOr<std::string> text =
-          common::lookup_address(*store_, kAddressKeyPrefix, worker, who);
-      if (!text.ok()) return text.status();
-      absl::StatusOr<Record> record = peer_record(worker, *text);
-      if (!record.ok()) return record.status();
-      records.emplace_back(worker, *std::move(record));
-    }
-  } else {
-    absl::StatusOr<std::vector<std::string>> published =
-        common::exchange_addresses(*store_, kAddressKeyPrefix, self_.id,
-                                   static_cast<int>(workers_.size()),
-                                   encode_record(mine), settings_.init_timeout,
-                                   who);
-    if (!published.ok()) return published.status();
-    for (size_t rank = 0; rank < published->size(); ++rank) {
-      absl::StatusOr<Record> record =
-          peer_record(workers_[rank], (*published)[rank]);
-      if (!record.ok()) return record.status();
-      records.emplace_back(workers_[rank], *std::move(record));
-    }
+  for (const WorkerInfo& worker : workers_) {
+    std::optional<common::Peer> peer = peers_.by_rank(worker.id);
+    TETHER_CHECK(peer.has_value(), "a worker of the group is not in its table");
+    absl::StatusOr<Record> record = peer_record(worker, peer->address);
+    if (!record.ok()) return record.status();
+    records.emplace_back(worker, *std::move(record));
   }
   send_buffer_size_ = buffer_size_;
   for (const auto& [worker, record] : records) {
@@ -275,8 +252,7 @@ absl::Status State::set_up_wakeups() {
         ::getsockname(doorbell_fd_, reinterpret_cast<sockaddr*>(&address),
                       &(length = sizeof(address))) != 0) {
       // Peers will not ring: the progress thread polls.
-      LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                   << "' has no doorbell: " << std::strerror(errno);
+      LOG(WARNING) << who() << " has no doorbell: " << std::strerror(errno);
       if (doorbell_fd_ >= 0) ::close(doorbell_fd_);
       doorbell_fd_ = -1;
       return absl::OkStatus();

@@ -12,7 +12,7 @@
 namespace tether::backends::libfabric::internal {
 
 void State::enqueue(int rank, OutFrame frame) {
-  Peer& peer = peers_[rank];
+  Peer& peer = ranks_[rank];
   if (peer.lost) return;
   peer.queue.push_back(std::move(frame));
   flush(peer);
@@ -107,7 +107,7 @@ bool State::send_due_credits() {
   std::vector<int> ranks;
   ranks.swap(credit_due_);
   for (int rank : ranks) {
-    Peer& peer = peers_[rank];
+    Peer& peer = ranks_[rank];
     peer.credit_listed = false;
     const uint32_t threshold = std::max<uint32_t>(1, credits_ / 2);
     if (peer.owed < threshold || peer.lost) continue;  // returned meanwhile
@@ -127,28 +127,26 @@ bool State::send_due_credits() {
 void State::on_frame(Op* op, size_t length) {
   absl::string_view bytes(op->buffer, length);
   absl::StatusOr<FrameHeader> header = frame::read_header(bytes);
-  const bool unknown = header.ok() && (header->src_rank >= peers_.size() ||
-                                       absent(peers_[header->src_rank]));
+  const bool unknown = header.ok() && (header->src_rank >= ranks_.size() ||
+                                       absent(ranks_[header->src_rank]));
   // In a dynamic group, a joiner's first word (its hello or a request) may
   // come before the Worker has been told of it, and its rank may be that of
   // a worker that is leaving.
   const bool first_word = header.ok() && dynamic_ &&
                           (header->kind == FrameKind::kAuth ||
                            header->kind == FrameKind::kRequest);
-  if (unknown ||
-      (first_word && peers_[header->src_rank].leaving)) {
+  if (unknown || (first_word && ranks_[header->src_rank].leaving)) {
     if (!first_word || !adopt_unknown(static_cast<int>(header->src_rank))) {
       header = absl::InvalidArgumentError(absl::StrCat(
           "source rank ", header->src_rank, " not in the group"));
     }
   }
   if (!header.ok()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' drops a frame: " << header.status().message();
+    LOG(WARNING) << who() << " drops a frame: " << header.status().message();
     return;
   }
   ++stats_.frames_received;
-  Peer& peer = peers_[header->src_rank];
+  Peer& peer = ranks_[header->src_rank];
   heard_from(peer);
   peer.talked = true;
   peer.credits = std::min(peer.granted, peer.credits + header->credits);

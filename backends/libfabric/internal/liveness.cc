@@ -19,19 +19,17 @@ constexpr absl::Duration kGuardInterval = absl::Milliseconds(500);
 void State::heard_from(Peer& peer) {
   peer.last_heard = absl::Now();
   if (peer.lost && !peer.gone) {
-    LOG(INFO) << "libfabric agent of worker '" << self_.name << "': "
-              << describe(peer.rank) << " is back";
+    LOG(INFO) << who() << ": " << describe(peer.rank) << " is back";
     peer.lost.reset();
   }
 }
 
 void State::fail_peer(int rank, const absl::Status& status) {
-  Peer& peer = peers_[rank];
+  Peer& peer = ranks_[rank];
   if (peer.lost) return;
   if (!peer.requests.empty() || !peer.transfers.empty() ||
       !peer.incoming.empty()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' fails what waits on " << describe(rank) << ": "
+    LOG(WARNING) << who() << " fails what waits on " << describe(rank) << ": "
                  << status.message();
   }
   peer.lost = status;
@@ -46,13 +44,13 @@ void State::fail_peer(int rank, const absl::Status& status) {
   for (uint64_t id : peer.transfers) transfers_.erase(id);
   peer.transfers.clear();
   // Their regions stay registered until their pulls in flight end.
-  for (const std::shared_ptr<Incoming>& in : peer.incoming) {
+  for (const std::shared_ptr<Arrival>& in : peer.incoming) {
     in->abandoned = true;
   }
   peer.incoming.clear();
   pulls_waiting_.erase(
       std::remove_if(pulls_waiting_.begin(), pulls_waiting_.end(),
-                     [rank](const std::shared_ptr<Incoming>& in) {
+                     [rank](const std::shared_ptr<Arrival>& in) {
                        return in->rank == rank;
                      }),
       pulls_waiting_.end());
@@ -66,8 +64,7 @@ void State::housekeeping(absl::Time now) {
     const ListenerGuard::Swept swept = listener_guard_->sweep(now);
     if (swept.reset > 0) {
       stats_.strangers_reset += swept.reset;
-      LOG(WARNING) << "libfabric agent of worker '" << self_.name << "' reset "
-                   << swept.reset
+      LOG(WARNING) << who() << " reset " << swept.reset
                    << " connection(s) to its TCP listener that made no "
                       "connection request ("
                    << swept.pending << " pending)";
@@ -82,7 +79,7 @@ void State::housekeeping(absl::Time now) {
       last_housekeeping_ != absl::InfinitePast() &&
       now - last_housekeeping_ > keepalive_interval_;
   last_housekeeping_ = now;
-  for (Peer& peer : peers_) {
+  for (Peer& peer : ranks_) {
     if (absent(peer) || peer.rank == self_.id || peer.lost) continue;
     if (prune) {
       absl::erase_if(peer.requests,

@@ -16,23 +16,21 @@ absl::StatusOr<Record> State::peer_record(const WorkerInfo& worker,
                                           absl::string_view published) const {
   absl::StatusOr<Record> record = decode_record(published);
   if (!record.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "': worker '", worker.name,
-        "' (rank ", worker.id, "): ", record.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who(), ": worker '", worker.name, "' (rank ", worker.id,
+                     "): ", record.status().message()));
   }
   if (record->provider != fabric_->provider_name()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "' uses provider '",
-        fabric_->provider_name(), "' but worker '", worker.name, "' (rank ",
-        worker.id, ") uses '", record->provider,
+        who(), " uses provider '", fabric_->provider_name(), "' but worker '",
+        worker.name, "' (rank ", worker.id, ") uses '", record->provider,
         "': every worker of a group must use the same"));
   }
   if (!worker.name.empty() && !record->name.empty() &&
       record->name != worker.name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "libfabric agent of worker '", self_.name, "': the address of rank ",
-        worker.id, " is worker '", record->name, "''s, not '", worker.name,
-        "''s"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who(), ": the address of rank ", worker.id, " is worker '",
+                     record->name, "''s, not '", worker.name, "''s"));
   }
   return record;
 }
@@ -45,7 +43,7 @@ absl::Status State::install_peer(const WorkerInfo& worker,
                      frame::kMaxRanks, ", not ", worker.id));
   }
   const size_t rank = static_cast<size_t>(worker.id);
-  if (rank >= peers_.size()) peers_.resize(rank + 1);
+  if (rank >= ranks_.size()) ranks_.resize(rank + 1);
   absl::StatusOr<std::vector<fi_addr_t>> address =
       fabric_->insert({record.address});
   if (!address.ok()) return address.status();
@@ -64,7 +62,7 @@ absl::Status State::install_peer(const WorkerInfo& worker,
   peer.pid = record.pid;
   peer.same_host = !host_.empty() && record.host == host_;
   // A worker that joins with a leaver's rank is on a new connection.
-  peer.epoch = peers_[rank].epoch + 1;
+  peer.epoch = ranks_[rank].epoch + 1;
   if (peer.same_host && !record.doorbell.empty()) {
     peer.doorbell.sun_family = AF_UNIX;
     std::memcpy(peer.doorbell.sun_path, record.doorbell.data(),
@@ -74,31 +72,25 @@ absl::Status State::install_peer(const WorkerInfo& worker,
   } else if (peer.rank != self_.id) {
     all_peers_ring_ = false;
   }
-  peers_[rank] = std::move(peer);
+  ranks_[rank] = std::move(peer);
   ++known_peers_;
-  {
-    absl::MutexLock lock(&names_mu_);
-    rank_by_name_[worker.name] = worker.id;
-  }
   // Credits granted to it are backed by buffers.
   return grow_pool(known_peers_);
 }
 
 void State::drop_peer(int rank, const absl::Status& why) {
-  Peer& peer = peers_[rank];
+  Peer& peer = ranks_[rank];
   if (absent(peer)) return;
   fail_peer(rank, why);
-  for (const std::shared_ptr<Incoming>& in : peer.incoming) {
+  for (const std::shared_ptr<Arrival>& in : peer.incoming) {
     in->abandoned = true;
   }
   peer.incoming.clear();
   if (absl::Status removed = fabric_->remove(peer.address); !removed.ok()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' cannot forget the address of " << describe(rank)
+    LOG(WARNING) << who() << " cannot forget the address of " << describe(rank)
                  << ": " << removed.message();
   }
-  VLOG(1) << "libfabric agent of worker '" << self_.name << "' drops "
-          << describe(rank) << ": " << why.message();
+  VLOG(1) << who() << " drops " << describe(rank) << ": " << why.message();
   peer.address = FI_ADDR_NOTAVAIL;
   peer.left = true;
   peer.talked = false;
@@ -106,87 +98,63 @@ void State::drop_peer(int rank, const absl::Status& why) {
 }
 
 bool State::adopt_unknown(int rank) {
-  const std::string who =
-      absl::StrCat("libfabric agent of worker '", self_.name, "'");
   const WorkerInfo unknown{absl::StrCat("rank ", rank), rank};
-  absl::StatusOr<std::string> text =
-      common::lookup_address(*store_, kAddressKeyPrefix, unknown, who);
+  absl::StatusOr<std::string> text = common::lookup_address(
+      *store_, kLibfabricNames.address_key_prefix, unknown, who());
   // Its name is what its record says.
   absl::StatusOr<Record> record =
       text.ok() ? peer_record(WorkerInfo{"", rank}, *text) : text.status();
   if (record.ok() && record->name.empty()) {
     record = absl::InvalidArgumentError("its address record has no name");
   }
-  if (static_cast<size_t>(rank) < peers_.size() && !absent(peers_[rank])) {
+  if (installed(rank) && !absent(ranks_[rank])) {
     // A leaving worker's rank: is the frame the leaver's or a joiner's?
-    if (!record.ok() || peers_[rank].raw_address == record->address) {
+    if (!record.ok() || ranks_[rank].raw_address == record->address) {
       return true;
     }
     drop_peer(rank, absl::UnavailableError(absl::StrCat(
                         describe(rank), " has left: worker '", record->name,
                         "' joins with its rank")));
   }
-  if (record.ok()) {
-    absl::MutexLock lock(&names_mu_);
-    auto taken = rank_by_name_.find(record->name);
-    if (taken != rank_by_name_.end() && taken->second != rank) {
-      record = absl::AlreadyExistsError(
-          absl::StrCat("worker '", record->name, "' is rank ", taken->second));
-    }
+  const WorkerInfo joiner{record.ok() ? record->name : "", rank};
+  // A leaver the Worker has not removed yet gives the joiner its rank.
+  std::optional<common::Peer> leaver = peers_.by_rank(rank);
+  if (record.ok() && leaver.has_value() && leaver->info.name != joiner.name) {
+    peers_.remove(leaver->info);
   }
-  absl::Status installed =
-      record.ok() ? install_peer(WorkerInfo{record->name, rank}, *record)
-                  : record.status();
-  if (!installed.ok()) {
-    LOG(WARNING) << who << " drops a frame from unknown rank " << rank << ": "
-                 << installed.message();
+  absl::Status added =
+      record.ok() ? peers_.add(common::Peer{joiner, *text}) : record.status();
+  if (added.ok()) added = install_peer(joiner, *record);
+  if (!added.ok()) {
+    if (record.ok()) peers_.remove(joiner);
+    LOG(WARNING) << who() << " drops a frame from unknown rank " << rank << ": "
+                 << added.message();
     return false;
   }
-  LOG(INFO) << who << ": " << describe(rank)
+  LOG(INFO) << who() << ": " << describe(rank)
             << " makes contact before it has been announced (it is joining)";
   return true;
 }
 
-absl::Status State::add_peer(const WorkerInfo& worker) {
-  if (!dynamic_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "libfabric agent of worker '", self_.name,
-        "' is in a static group: worker '", worker.name, "' cannot join it"));
-  }
-  const std::string who =
-      absl::StrCat("libfabric agent of worker '", self_.name, "'");
-  absl::StatusOr<std::string> text =
-      common::lookup_address(*store_, kAddressKeyPrefix, worker, who);
-  if (!text.ok()) return text.status();
+absl::Status State::on_peer_added(const common::Peer& peer) {
+  const WorkerInfo& worker = peer.info;
   auto result = std::make_shared<absl::Status>();
   absl::Status called = call_on_progress_thread(
-      [this, worker, who, text = *std::move(text), result] {
+      [this, worker, text = peer.address, result] {
         *result = [&]() -> absl::Status {
           absl::StatusOr<Record> record = peer_record(worker, text);
           if (!record.ok()) return record.status();
-          {
-            absl::MutexLock lock(&names_mu_);
-            auto taken = rank_by_name_.find(worker.name);
-            if (taken != rank_by_name_.end() && taken->second != worker.id) {
-              return absl::AlreadyExistsError(absl::StrCat(
-                  who, ": worker '", worker.name, "' is rank ", taken->second,
-                  ", not ", worker.id));
-            }
-          }
-          const size_t rank = static_cast<size_t>(worker.id);
-          if (worker.id >= 0 && rank < peers_.size() && !absent(peers_[rank])) {
-            Peer& known = peers_[rank];
+          if (installed(worker.id) && !absent(ranks_[worker.id])) {
+            Peer& known = ranks_[worker.id];
             if (known.name != worker.name && !known.leaving) {
               return absl::AlreadyExistsError(
-                  absl::StrCat(who, ": rank ", worker.id, " is worker '",
+                  absl::StrCat(who(), ": rank ", worker.id, " is worker '",
                                known.name, "', not '", worker.name, "'"));
             }
             // Its first frame came before MEMBER_JOIN: known already.
             if (known.name == worker.name &&
                 known.raw_address == record->address) {
               known.leaving = false;
-              absl::MutexLock lock(&names_mu_);
-              rank_by_name_[worker.name] = worker.id;
               return absl::OkStatus();
             }
             drop_peer(worker.id, absl::UnavailableError(absl::StrCat(
@@ -201,23 +169,15 @@ absl::Status State::add_peer(const WorkerInfo& worker) {
   return *result;
 }
 
-void State::remove_peer(const WorkerInfo& worker) {
-  if (!dynamic_) return;
-  {
-    absl::MutexLock lock(&names_mu_);
-    auto known = rank_by_name_.find(worker.name);
-    if (known == rank_by_name_.end() || known->second != worker.id) return;
-    rank_by_name_.erase(known);
-  }
+void State::on_peer_removed(const WorkerInfo& worker) {
   post([this, worker] {
-    const size_t rank = static_cast<size_t>(worker.id);
-    if (rank >= peers_.size() || absent(peers_[rank]) ||
-        peers_[rank].name != worker.name) {
+    if (!installed(worker.id) || absent(ranks_[worker.id]) ||
+        ranks_[worker.id].name != worker.name) {
       return;
     }
     // Dropped on its goodbye, or when a worker joins with its rank: until
     // then it may still answer, and is answered.
-    peers_[rank].leaving = true;
+    ranks_[worker.id].leaving = true;
   });
 }
 

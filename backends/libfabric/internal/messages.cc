@@ -20,7 +20,14 @@ absl::Status status_from_code(int32_t code, std::string text) {
 }  // namespace
 
 void State::start_request(int rank, int64_t id, Message request) {
-  Peer& peer = peers_[rank];
+  if (!installed(rank)) {  // in the table, not yet installed (add_peer())
+    pending_.complete(
+        id, absl::UnavailableError(absl::StrCat(
+                who(), ": worker '", peers_.name_of(rank), "' (rank ", rank,
+                ") is joining and cannot be reached yet")));
+    return;
+  }
+  Peer& peer = ranks_[rank];
   if (peer.lost) {
     pending_.complete(id, *peer.lost);
     return;
@@ -46,12 +53,12 @@ void State::respond(int rank, int64_t id,
     send_message(rank, FrameKind::kError, id, result.status().raw_code(),
                  std::move(text));
   }
-  finish_handling();
+  incoming_.answered();
 }
 
 void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
                          Message message) {
-  Peer& peer = peers_[rank];
+  Peer& peer = ranks_[rank];
   auto fail = [&](const absl::Status& status) {
     if (kind == FrameKind::kRequest) {
       peer.requests.erase(id);
@@ -207,8 +214,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   const uint64_t transfer = header.arg0;
   absl::StatusOr<MessageHead> head = frame::read_message_head(rest);
   if (!head.ok()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' drops a message from " << describe(rank) << ": "
+    LOG(WARNING) << who() << " drops a message from " << describe(rank) << ": "
                  << head.status().message();
     if (transfer != 0) send_control(rank, FrameKind::kRelease, transfer);
     return;
@@ -219,7 +225,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
     if (transfer != 0) send_control(rank, FrameKind::kRelease, transfer);
     return;
   }
-  auto in = std::make_shared<Incoming>();
+  auto in = std::make_shared<Arrival>();
   in->rank = rank;
   in->kind = header.kind;
   in->head = *head;
@@ -296,7 +302,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   pump_pull(in);
 }
 
-absl::Status State::set_up_segments(Incoming& in, absl::string_view bytes) {
+absl::Status State::set_up_segments(Arrival& in, absl::string_view bytes) {
   absl::StatusOr<Body> body = frame::read_body(bytes);
   if (!body.ok()) return body.status();
   if (in.kind == FrameKind::kError && body->segments.size() != 1) {
@@ -349,8 +355,8 @@ absl::Status State::set_up_segments(Incoming& in, absl::string_view bytes) {
   return frame::plan_chunks(in.segments, in.chunk_size, in.chunks);
 }
 
-void State::finish_incoming(const std::shared_ptr<Incoming>& in) {
-  Peer& peer = peers_[in->rank];
+void State::finish_incoming(const std::shared_ptr<Arrival>& in) {
+  Peer& peer = ranks_[in->rank];
   peer.incoming.erase(in);
   in->segment_regions.clear();
   in->body_region.reset();
@@ -364,8 +370,7 @@ void State::finish_incoming(const std::shared_ptr<Incoming>& in) {
   const absl::Status error = in->error;
   if (in->kind == FrameKind::kRequest) {
     Message text;
-    text.payload = absl::StrCat("libfabric agent of worker '", self_.name,
-                                "' could not receive a ",
+    text.payload = absl::StrCat(who(), " could not receive a ",
                                 message_type_name(in->head.type), " from ",
                                 describe(in->rank), ": ", error.message());
     send_message(in->rank, FrameKind::kError, in->head.id, error.raw_code(),
@@ -381,11 +386,11 @@ void State::finish_incoming(const std::shared_ptr<Incoming>& in) {
   }
 }
 
-void State::deliver(Incoming& in) {
-  Peer& peer = peers_[in.rank];
+void State::deliver(Arrival& in) {
+  Peer& peer = ranks_[in.rank];
   switch (in.kind) {
     case FrameKind::kRequest:
-      handle_request(in.rank, std::move(in.message));
+      incoming_.arrived(in.rank, std::move(in.message));
       return;
     case FrameKind::kResponse:
       if (peer.requests.erase(in.head.id) > 0) {
@@ -404,53 +409,6 @@ void State::deliver(Incoming& in) {
     default:
       return;
   }
-}
-
-void State::handle_request(int rank, Message request) {
-  std::shared_ptr<const RequestHandler> handler;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    ++incoming_active_;
-    handler = handler_;
-  }
-  if (handler == nullptr) {
-    // Served by the serve_deferred() that start() posts.
-    deferred_.push_back(Deferred{rank, std::move(request)});
-    return;
-  }
-  run_handler(*handler, rank, std::move(request));
-}
-
-void State::serve_deferred() {
-  std::shared_ptr<const RequestHandler> handler;
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    handler = handler_;
-  }
-  std::vector<Deferred> deferred;
-  deferred.swap(deferred_);
-  for (Deferred& entry : deferred) {
-    run_handler(*handler, entry.rank, std::move(entry.request));
-  }
-}
-
-void State::run_handler(const RequestHandler& handler, int rank,
-                        Message request) {
-  const int64_t id = request.id;
-  Future<Message> response =
-      common::call_handler(handler, std::move(request), self_.name);
-  response.on_complete([weak = weak_from_this(), rank,
-                        id](const absl::StatusOr<Message>& result) {
-    std::shared_ptr<State> state = weak.lock();
-    if (state == nullptr) return;
-    State* raw = state.get();
-    auto shared = std::make_shared<absl::StatusOr<Message>>(result);
-    if (!state->post([raw, rank, id, shared] { raw->respond(rank, id, *shared); })) {
-      state->finish_handling();  // shut down: the response is dropped
-    }
-  });
 }
 
 }  // namespace tether::backends::libfabric::internal

@@ -1,6 +1,6 @@
 // The operations a libfabric agent hands to libfabric and the messages they
 // serve (internal to the libfabric backend): an Op per posted buffer or
-// chunk, a Transfer per message lent by rendezvous, an Incoming per message
+// chunk, a Transfer per message lent by rendezvous, an Arrival per message
 // being pulled, the frames waiting to go.
 //
 // Thread safety: none; the agent's progress thread alone uses them (and
@@ -42,7 +42,7 @@ enum class OpKind {
   kBulkSend,      // a chunk sent on a peer's clear-to-send
 };
 
-struct Incoming;
+struct Arrival;
 struct Transfer;
 
 struct Op {
@@ -63,7 +63,7 @@ struct Op {
   uint64_t key = 0;
   uint64_t tag = 0;
   // Pulls: the message they fill; bulk sends: the transfer they read.
-  std::shared_ptr<Incoming> incoming;
+  std::shared_ptr<Arrival> incoming;
   std::shared_ptr<Transfer> transfer;
 };
 
@@ -88,7 +88,7 @@ struct Transfer {
 };
 
 // A message being received: its remote parts being pulled.
-struct Incoming {
+struct Arrival {
   int rank = -1;
   FrameKind kind = FrameKind::kRequest;
   MessageHead head;
@@ -116,12 +116,6 @@ struct Incoming {
 struct OutFrame {
   FrameHeader header;  // credits and the slot return are set when it goes
   std::string tail;    // what follows the header
-};
-
-// A request that arrived before start().
-struct Deferred {
-  int rank = -1;
-  Message request;
 };
 
 // A range of chunks a peer asked for (tagged mode).

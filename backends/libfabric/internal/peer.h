@@ -58,7 +58,7 @@ struct Peer {
   // released; its messages we are pulling.
   absl::flat_hash_set<int64_t> requests;
   absl::flat_hash_set<uint64_t> transfers;
-  absl::flat_hash_set<std::shared_ptr<Incoming>> incoming;
+  absl::flat_hash_set<std::shared_ptr<Arrival>> incoming;
 
   // Liveness.
   absl::Time last_heard = absl::InfinitePast();

@@ -63,10 +63,9 @@ bool State::admitted(Peer& peer, const FrameHeader& header) {
       if (client_ready || server_ready) return true;
       break;
   }
-  LOG(WARNING) << "libfabric agent of worker '" << self_.name
-               << "' drops a frame (kind " << static_cast<int>(header.kind)
-               << ") from " << describe(peer.rank)
-               << ", which has not authenticated";
+  LOG(WARNING) << who() << " drops a frame (kind "
+               << static_cast<int>(header.kind) << ") from "
+               << describe(peer.rank) << ", which has not authenticated";
   if (frame::carries_message(header.kind) && header.arg0 != 0) {
     // Its buffers are not pulled: let it release them.
     send_control(peer.rank, FrameKind::kRelease, header.arg0);
@@ -82,8 +81,7 @@ bool State::admitted(Peer& peer, const FrameHeader& header) {
 void State::on_auth_frame(Peer& peer, absl::string_view tail) {
   absl::StatusOr<AuthFrame> frame = frame::read_auth(tail);
   if (!frame.ok()) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "' drops an authentication frame from "
+    LOG(WARNING) << who() << " drops an authentication frame from "
                  << describe(peer.rank) << ": " << frame.status().message();
     return;
   }
@@ -176,24 +174,21 @@ void State::on_auth_frame(Peer& peer, absl::string_view tail) {
       }
       return;
   }
-  LOG(WARNING) << "libfabric agent of worker '" << self_.name
-               << "' drops an out-of-turn authentication frame (step "
+  LOG(WARNING) << who() << " drops an out-of-turn authentication frame (step "
                << static_cast<int>(frame->step) << ") from "
                << describe(peer.rank);
 }
 
 void State::refuse(Peer& peer, const std::string& why) {
-  LOG(WARNING) << "libfabric agent of worker '" << self_.name << "' refused "
-               << describe(peer.rank) << ": " << why;
+  LOG(WARNING) << who() << " refused " << describe(peer.rank) << ": " << why;
   peer.server_auth = Peer::ServerAuth::kNone;
   peer.server_handshake.reset();
   send_auth(peer.rank, AuthFrame{AuthStep::kRefused, self_.name, "", why});
 }
 
 void State::fail_client_auth(Peer& peer, const absl::Status& status) {
-  LOG(WARNING) << "libfabric agent of worker '" << self_.name
-               << "' fails its requests to " << describe(peer.rank) << ": "
-               << status.message();
+  LOG(WARNING) << who() << " fails its requests to " << describe(peer.rank)
+               << ": " << status.message();
   peer.client_auth = Peer::ClientAuth::kNone;
   peer.client_handshake.reset();
   peer.auth_waiting.clear();

@@ -158,8 +158,7 @@ bool State::poll_completions() {
     return true;
   }
   if (n != -FI_EAGAIN) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                 << "': fi_cq_read failed: "
+    LOG(WARNING) << who() << ": fi_cq_read failed: "
                  << libfabric::internal::fi_error_text(static_cast<int>(-n));
   }
   return false;
@@ -168,7 +167,7 @@ bool State::poll_completions() {
 int State::issue(Op* op) {
   fid_ep* ep = fabric_->ep();
   const fi_addr_t address =
-      op->rank >= 0 ? peers_[op->rank].address : FI_ADDR_UNSPEC;
+      op->rank >= 0 ? ranks_[op->rank].address : FI_ADDR_UNSPEC;
   ssize_t rc = 0;
   switch (op->kind) {
     case OpKind::kEagerReceive:
@@ -198,8 +197,7 @@ void State::post_receive(Op* op) {
     refused_ = true;
     retry_.push_back(op);
   } else if (rc != 0) {
-    LOG(ERROR) << "libfabric agent of worker '" << self_.name
-               << "' cannot re-post an eager buffer: "
+    LOG(ERROR) << who() << " cannot re-post an eager buffer: "
                << libfabric::internal::fi_error_text(-rc);
   }
 }
@@ -239,8 +237,7 @@ void State::on_error(const fi_cq_err_entry& error) {
   switch (op->kind) {
     case OpKind::kEagerReceive:
       if (error.err != FI_ECANCELED) {
-        LOG(WARNING) << "libfabric agent of worker '" << self_.name
-                     << "': an eager receive failed: " << reason;
+        LOG(WARNING) << who() << ": an eager receive failed: " << reason;
       }
       post_receive(op);
       return;
@@ -286,14 +283,13 @@ bool State::pump() {
     retry_.pop_front();
     worked = true;
     if (rc != 0) {
-      LOG(ERROR) << "libfabric agent of worker '" << self_.name
-                 << "' cannot re-post an eager buffer: "
+      LOG(ERROR) << who() << " cannot re-post an eager buffer: "
                  << libfabric::internal::fi_error_text(-rc);
     }
   }
   if (!sends_waiting_.empty()) worked |= pump_sends();
   for (size_t n = pulls_waiting_.size(); n > 0 && retry_.empty(); --n) {
-    std::shared_ptr<Incoming> in = std::move(pulls_waiting_.front());
+    std::shared_ptr<Arrival> in = std::move(pulls_waiting_.front());
     pulls_waiting_.pop_front();
     const size_t before = in->next_chunk;
     pump_pull(in);
@@ -303,7 +299,7 @@ bool State::pump() {
     std::vector<int> ranks;
     ranks.swap(queued_ranks_);
     for (int rank : ranks) {
-      Peer& peer = peers_[rank];
+      Peer& peer = ranks_[rank];
       peer.queued_listed = false;
       worked |= flush(peer);
       if (!peer.queue.empty() && !peer.queued_listed) {
@@ -317,11 +313,11 @@ bool State::pump() {
 }
 
 void State::teardown() {
-  if (fabric_ != nullptr && fabric_->ep() != nullptr && !peers_.empty() &&
+  if (fabric_ != nullptr && fabric_->ep() != nullptr && !ranks_.empty() &&
       !send_ops_.empty()) {
     // Goodbyes, so that peers fail what waits for us at once.
     size_t said = 0;
-    for (Peer& peer : peers_) {
+    for (Peer& peer : ranks_) {
       if (absent(peer) || peer.rank == self_.id || !peer.talked || peer.lost) {
         continue;
       }
@@ -362,8 +358,7 @@ void State::teardown() {
   retry_.clear();  // eager buffers only, owned by receive_ops_
   pulls_waiting_.clear();
   sends_waiting_.clear();
-  deferred_.clear();
-  for (Peer& peer : peers_) {
+  for (Peer& peer : ranks_) {
     peer.queue.clear();
     peer.transfers.clear();
     peer.incoming.clear();

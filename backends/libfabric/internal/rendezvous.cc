@@ -7,7 +7,7 @@
 
 namespace tether::backends::libfabric::internal {
 
-void State::pump_pull(const std::shared_ptr<Incoming>& in) {
+void State::pump_pull(const std::shared_ptr<Arrival>& in) {
   const bool read = mode_ == RendezvousMode::kRead;
   while (in->next_chunk < in->chunks.size() && in->error.ok()) {
     if (read ? !have_tx_room() : rx_inflight_ >= rx_limit_) break;
@@ -76,7 +76,7 @@ void State::on_pulled(Op* raw, const absl::Status& status) {
   } else {
     --rx_inflight_;
   }
-  std::shared_ptr<Incoming> in = std::move(op->incoming);
+  std::shared_ptr<Arrival> in = std::move(op->incoming);
   --in->outstanding;
   if (status.ok()) {
     ++in->completed;
@@ -123,9 +123,8 @@ void State::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
   if (it == transfers_.end() || it->second->rank != peer.rank) return;
   const std::shared_ptr<Transfer>& found = it->second;
   if (first > found->chunks.size() || count > found->chunks.size() - first) {
-    LOG(WARNING) << "libfabric agent of worker '" << self_.name << "': "
-                 << describe(peer.rank) << " asks for chunks " << first
-                 << " + " << count << " of " << found->chunks.size();
+    LOG(WARNING) << who() << ": " << describe(peer.rank) << " asks for chunks "
+                 << first << " + " << count << " of " << found->chunks.size();
     return;
   }
   sends_waiting_.push_back(SendRange{found, first, first + count});
@@ -137,7 +136,7 @@ bool State::pump_sends() {
   while (!sends_waiting_.empty()) {
     SendRange& range = sends_waiting_.front();
     const std::shared_ptr<Transfer>& transfer = range.transfer;
-    if (peers_[transfer->rank].lost) {
+    if (ranks_[transfer->rank].lost) {
       sends_waiting_.pop_front();
       continue;
     }
@@ -175,7 +174,7 @@ bool State::pump_sends() {
       ++tx_inflight_;
       inflight_.insert(op.release());
     }
-    if (range.next < range.end && !peers_[transfer->rank].lost) break;
+    if (range.next < range.end && !ranks_[transfer->rank].lost) break;
     sends_waiting_.pop_front();
   }
   return worked;
