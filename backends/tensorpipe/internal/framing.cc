@@ -146,10 +146,14 @@ size_t header_size(const FrameHeader& header) {
 
 namespace {
 
+// The payload (the codec's envelope, some hundred bytes beside a tensor)
+// and the storages are bounded apart, as decode_header() bounds them: a
+// 16 KiB tensor travels inline with its envelope instead of taking the
+// channel's path (a second frame and the channel's own round of writes).
 bool fits_inline(const OutgoingFrame& frame) {
-  uint64_t bytes = frame.payload.size();
+  uint64_t bytes = 0;
   for (const c10::Storage& storage : frame.storages) bytes += storage.nbytes();
-  return bytes <= kInlineLimit;
+  return frame.payload.size() <= kInlineLimit && bytes <= kInlineLimit;
 }
 
 }  // namespace
