@@ -35,6 +35,7 @@ c10::Storage storage_of(size_t nbytes, uint8_t fill) {
     ::tensorpipe::Descriptor::Tensor entry;
     entry.length = tensor.length;
     entry.sourceDevice = tensor.buffer.device();
+    entry.targetDevice = tensor.targetDevice;
     descriptor.tensors.push_back(entry);
   }
   return descriptor;
@@ -123,6 +124,12 @@ TEST(Framing, LargeRequestTravelsWithPayloadAndStoragesOutOfBand) {
   ASSERT_EQ(message.tensors.size(), 2u);
   EXPECT_EQ(message.tensors[0].length, big);
   EXPECT_EQ(message.tensors[1].length, 3u);
+  // Every tensor names its target device (the receiver's pipe then sends
+  // no descriptor reply before the channel starts).
+  for (const ::tensorpipe::Message::Tensor& tensor : message.tensors) {
+    ASSERT_TRUE(tensor.targetDevice.has_value());
+    EXPECT_EQ(tensor.targetDevice->type, ::tensorpipe::kCpuDeviceType);
+  }
   // Zero-copy: the tensorpipe message points at the caller's bytes.
   EXPECT_EQ(message.tensors[0].buffer.unwrap<::tensorpipe::CpuBuffer>().ptr,
             request.storages[0].data());
