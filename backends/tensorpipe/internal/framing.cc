@@ -139,6 +139,10 @@ size_t header_size(const FrameHeader& header) {
     ::tensorpipe::Message::Tensor tensor;
     tensor.buffer = ::tensorpipe::CpuBuffer{storage.data()};
     tensor.length = storage.nbytes();
+    // Named, so that the receiver's pipe does not answer the descriptor
+    // with the devices it chose and the channel starts at once: without it
+    // every out-of-band message pays an extra round trip before its bytes.
+    tensor.targetDevice = ::tensorpipe::Device{::tensorpipe::kCpuDeviceType, 0};
     message.tensors.push_back(std::move(tensor));
   }
   return message;
@@ -146,10 +150,14 @@ size_t header_size(const FrameHeader& header) {
 
 namespace {
 
+// The payload (the codec's envelope, some hundred bytes beside a tensor)
+// and the storages are bounded apart, as decode_header() bounds them: a
+// 16 KiB tensor travels inline with its envelope instead of taking the
+// channel's path (a second frame and the channel's own round of writes).
 bool fits_inline(const OutgoingFrame& frame) {
-  uint64_t bytes = frame.payload.size();
+  uint64_t bytes = 0;
   for (const c10::Storage& storage : frame.storages) bytes += storage.nbytes();
-  return bytes <= kInlineLimit;
+  return frame.payload.size() <= kInlineLimit && bytes <= kInlineLimit;
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 //         | status code i32 | id i64 | payload size u64 | storage count u32
 //         | count x u64 sizes
 //
-// Small messages (payload and storages together at most kInlineLimit bytes)
-// set flag kInline and carry the payload and then every storage's bytes in
+// Small messages (payload at most kInlineLimit bytes, and storages together
+// at most kInlineLimit bytes) set flag kInline and carry the payload and then every storage's bytes in
 // the metadata, after the header, with no tensorpipe payload or tensor: the
 // peer gets the whole message in the descriptor, saving a read (and, on the
 // uv transport, a loop round trip) per message; the copy is cheaper than
@@ -69,7 +69,8 @@ struct AuthFrame {
   std::string data;
 };
 
-// Payload and storages together up to this many bytes travel inline.
+// A payload up to this many bytes, with storages together up to as many,
+// travels inline.
 constexpr uint64_t kInlineLimit = 16 << 10;
 
 struct FrameHeader {

@@ -35,6 +35,7 @@ c10::Storage storage_of(size_t nbytes, uint8_t fill) {
     ::tensorpipe::Descriptor::Tensor entry;
     entry.length = tensor.length;
     entry.sourceDevice = tensor.buffer.device();
+    entry.targetDevice = tensor.targetDevice;
     descriptor.tensors.push_back(entry);
   }
   return descriptor;
@@ -123,6 +124,12 @@ TEST(Framing, LargeRequestTravelsWithPayloadAndStoragesOutOfBand) {
   ASSERT_EQ(message.tensors.size(), 2u);
   EXPECT_EQ(message.tensors[0].length, big);
   EXPECT_EQ(message.tensors[1].length, 3u);
+  // Every tensor names its target device (the receiver's pipe then sends
+  // no descriptor reply before the channel starts).
+  for (const ::tensorpipe::Message::Tensor& tensor : message.tensors) {
+    ASSERT_TRUE(tensor.targetDevice.has_value());
+    EXPECT_EQ(tensor.targetDevice->type, ::tensorpipe::kCpuDeviceType);
+  }
   // Zero-copy: the tensorpipe message points at the caller's bytes.
   EXPECT_EQ(message.tensors[0].buffer.unwrap<::tensorpipe::CpuBuffer>().ptr,
             request.storages[0].data());
@@ -171,6 +178,28 @@ TEST(Framing, SmallMessageTravelsInlineInTheMetadata) {
   EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[9], 1);
   EXPECT_EQ(received->storages[1].nbytes(), 0u);
   EXPECT_EQ(static_cast<uint8_t*>(received->storages[2].data())[2], 2);
+}
+
+// A 16 KiB tensor with its envelope (payload and storages over the limit
+// together, each within it) still travels inline; one byte more of
+// storage does not.
+TEST(Framing, PayloadAndStoragesAreBoundedApartForInline) {
+  Message request;
+  request.type = MessageType::kCallRet;
+  request.payload = std::string(300, 'e');
+  request.storages = {storage_of(kInlineLimit - 1, 7), storage_of(1, 8)};
+  absl::StatusOr<Message> received = through_inline_frame(request);
+  ASSERT_THAT(received, IsOk());
+  EXPECT_EQ(received->payload, request.payload);
+  ASSERT_EQ(received->storages.size(), 2u);
+  EXPECT_EQ(received->storages[0].nbytes(), kInlineLimit - 1);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[100], 7);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[1].data())[0], 8);
+
+  request.storages.push_back(storage_of(1, 9));
+  ::tensorpipe::Message over = make_request_frame(request)->to_tensorpipe();
+  EXPECT_EQ(over.payloads.size(), 1u);
+  EXPECT_EQ(over.tensors.size(), 3u);
 }
 
 TEST(Framing, InlineFrameWithWrongLengthIsRejected) {
