@@ -351,7 +351,8 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
         absl::StrCat("tether/name/", name), {}, to_bytes(rank_str)));
     if (name_holder != rank_str) {
       return refuse(absl::AlreadyExistsError(absl::StrCat(
-          "worker name '", name, "' is already taken by rank ", name_holder)));
+          "worker name '", name, "' is already taken by rank ", name_holder,
+          ": a worker's name is not unique")));
     }
     std::string rank_holder = from_bytes(s.compareSet(
         absl::StrCat("tether/rank/", rank), {}, to_bytes(name)));

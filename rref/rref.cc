@@ -159,7 +159,9 @@ absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
   });
   if (!alive) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "to_here() on RRef ", impl()->id().str(), " after its worker shut down"));
+        "to_here() on RRef ", impl()->id().str(),
+        " after its worker shut down: the RRef has been deleted. Cannot call "
+        "to_here() on it after deletion."));
   }
   absl::StatusOr<Message> fetched = response.get();
   if (!fetched.ok()) {

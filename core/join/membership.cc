@@ -191,7 +191,8 @@ absl::Status MembershipToken::claim() {
     if (name_holder != rank) {
       return absl::AlreadyExistsError(
           absl::StrCat("worker name '", self_.name,
-                       "' is already taken by rank ", name_holder));
+                       "' is already taken by rank ", name_holder,
+                       ": a worker's name is not unique"));
     }
     std::string rank_holder = from_bytes(store_->compareSet(
         absl::StrCat("tether/rank/", rank), {}, to_bytes(self_.name)));

@@ -72,8 +72,15 @@ struct TcpTransportOptions {
   std::optional<auth::Authenticator> auth;
   // The largest frame a read of unknown size accepts.
   size_t max_unsized_read_bytes = size_t{64} << 20;
-  // How long a new connection may take to complete the handshake.
+  // How long a connection accepted here may take to complete the handshake
+  // (what a stranger that connects and says nothing costs).
   absl::Duration handshake_timeout = absl::Seconds(10);
+  // How long a connection opened here may take, from connect() to the end
+  // of the handshake. It includes the wait in a busy peer's backlog and for
+  // a core (64 workers on 2 cores came up, but 10 s was too short for
+  // hundreds of connections at once): the agent sets its peer timeout,
+  // the bound of a peer that is alive.
+  absl::Duration connect_timeout = absl::Seconds(60);
   // Starts every log line, e.g. "tensorpipe agent of worker 'w0'".
   std::string log_prefix = "tensorpipe tcp transport";
 };

@@ -41,7 +41,7 @@ void ConnectionImpl::initImplFromLoop() {
     step_ = Step::kAwaitHello;
   }
   std::weak_ptr<ConnectionImpl> weak = shared_from_this();
-  context_->after(context_->options().handshake_timeout, [weak] {
+  context_->after(handshake_bound(), [weak] {
     if (std::shared_ptr<ConnectionImpl> self = weak.lock()) {
       self->on_handshake_timeout();
     }

@@ -116,6 +116,12 @@ class ConnectionImpl final
   void fail(tp::Error error, const std::string& why, bool log);
   void established();
   void on_handshake_timeout();
+  // handshake_timeout for a connection accepted here, connect_timeout for
+  // one opened here.
+  absl::Duration handshake_bound() const {
+    return server_ ? context_->options().handshake_timeout
+                   : context_->options().connect_timeout;
+  }
   void notify_listener(bool ok);
 
   // Data.

@@ -307,7 +307,7 @@ void ConnectionImpl::on_handshake_timeout() {
   }
   const std::string why =
       absl::StrCat("no handshake within ",
-                   absl::FormatDuration(context_->options().handshake_timeout));
+                   absl::FormatDuration(handshake_bound()));
   fail(tcp_error(why), why, /*log=*/true);
 }
 
