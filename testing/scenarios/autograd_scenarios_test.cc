@@ -191,8 +191,9 @@ TEST(AutogradScenarios, ErrorInRemoteBackwardReachesTheRoot) {
       ASSERT_THAT(z, IsOk());
       EXPECT_THAT(autograd::backward(context->id(), {z->toTensor().sum()}),
                   StatusIs(absl::StatusCode::kInternal,
-                           AllOf(HasSubstr("Error on worker 2 (w2)"),
-                                 HasSubstr("injected failure in backward"))));
+                           AllOf(HasSubstr("Error on Node 2: injected failure "
+                                           "in backward"),
+                                 HasSubstr("on worker 2 (w2)"))));
     }
     EXPECT_THAT(shutdown(), IsOk());
   });
