@@ -25,7 +25,12 @@ TimerQueue::Id TimerQueue::schedule(absl::Time deadline,
   if (deadline == absl::InfiniteFuture()) return 0;
   absl::MutexLock lock(&mu_);
   Id id = next_id_++;
-  ++generation_;
+  // The thread wakes by itself at sleeping_until_ and looks again; only an
+  // earlier deadline needs it now. (Cancelled timers leave sleeping_until_
+  // stale: the thread then wakes once for nothing. A call's timer is
+  // scheduled and cancelled on every call, and waking the timer thread for
+  // each was a context switch on the caller's path.)
+  if (deadline < sleeping_until_) ++generation_;
   timers_.emplace(std::make_pair(deadline, id), std::move(fn));
   deadlines_.emplace(id, deadline);
   return id;
@@ -49,6 +54,7 @@ void TimerQueue::run() {
     if (absl::Now() < next) {
       // Wakes at the earliest deadline, at shutdown, or when a timer is
       // added (it may be earlier than `next`).
+      sleeping_until_ = next;
       const uint64_t generation = generation_;
       auto changed = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || generation_ != generation;

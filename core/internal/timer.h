@@ -55,6 +55,8 @@ class TimerQueue {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the thread wakes next by itself (it waits with this deadline).
+  absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Keyed by (deadline, id) so equal deadlines keep their order.
   std::map<std::pair<absl::Time, Id>, std::function<void()>> timers_
       ABSL_GUARDED_BY(mu_);

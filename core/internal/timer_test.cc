@@ -55,6 +55,29 @@ TEST(TimerQueue, CancelledTimerDoesNotRun) {
   EXPECT_FALSE(ran.load());
 }
 
+// The thread sleeps until the earliest deadline it saw, even after that
+// timer is cancelled; a later timer must still run, and an earlier one
+// must still wake it.
+TEST(TimerQueue, TimersAfterACancelledOneStillRunOnTime) {
+  TimerQueue timers;
+  TimerQueue::Id far = timers.schedule(absl::Now() + absl::Seconds(30), [] {});
+  absl::SleepFor(absl::Milliseconds(20));  // the thread now sleeps until it
+  EXPECT_TRUE(timers.cancel(far));
+  Promise<int> sooner;
+  absl::Time start = absl::Now();
+  timers.schedule(absl::Now() + absl::Milliseconds(10), [&] { sooner.set(1); });
+  ASSERT_TRUE(sooner.future().get(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+
+  TimerQueue::Id near =
+      timers.schedule(absl::Now() + absl::Milliseconds(20), [] {});
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(timers.cancel(near));
+  Promise<int> later;
+  timers.schedule(absl::Now() + absl::Milliseconds(50), [&] { later.set(1); });
+  ASSERT_TRUE(later.future().get(absl::Now() + absl::Seconds(10)).ok());
+}
+
 TEST(TimerQueue, InfiniteDeadlineSchedulesNothing) {
   TimerQueue timers;
   EXPECT_EQ(timers.schedule(absl::InfiniteFuture(), [] {}), 0u);
