@@ -157,6 +157,10 @@ struct AgentSetup {
   // challenge-response when it sets up each connection and refuses, with a
   // log line, a peer that fails it.
   std::optional<auth::Authenticator> auth;
+  // How long the backend's thread that waits for messages keeps polling
+  // after its last one before it sleeps (RpcOptions::busy_poll); zero:
+  // it sleeps at once.
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 using AgentFactory =

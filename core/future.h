@@ -24,8 +24,12 @@
 
 #include "core/internal/check.h"
 
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -37,6 +41,18 @@ template <typename T>
 class Future;
 
 namespace internal {
+
+// How long a thread that waits for a future polls its result before it
+// sleeps (RpcOptions::busy_poll), in nanoseconds; process-wide.
+inline std::atomic<int64_t> wait_spin_ns{0};
+
+// Makes waits poll for at least `spin` (the longest any worker asked for).
+inline void spin_waits_for(absl::Duration spin) {
+  const int64_t ns = absl::ToInt64Nanoseconds(spin);
+  int64_t now = wait_spin_ns.load();
+  while (ns > now && !wait_spin_ns.compare_exchange_weak(now, ns)) {
+  }
+}
 
 template <typename T>
 class FutureState {
@@ -50,6 +66,7 @@ class FutureState {
       absl::MutexLock lock(&mu_);
       if (result_.has_value()) return false;
       result_.emplace(std::move(result));
+      done_.store(true, std::memory_order_release);
       callbacks.swap(callbacks_);
     }
     // result_ is immutable from here on: callbacks read it without the lock.
@@ -75,6 +92,17 @@ class FutureState {
 
   // Returns true if complete by `deadline`.
   bool wait_until(absl::Time deadline) const {
+    // Polls first, yielding the core between looks, if waits may spin: a
+    // thread that is running needs no wake-up when the result comes.
+    if (const int64_t spin = wait_spin_ns.load(std::memory_order_relaxed);
+        spin > 0 && !done_.load(std::memory_order_acquire)) {
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin);
+      while (!done_.load(std::memory_order_acquire) &&
+             std::chrono::steady_clock::now() < until && absl::Now() < deadline) {
+        std::this_thread::yield();
+      }
+    }
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return result_.has_value();
@@ -88,6 +116,8 @@ class FutureState {
  private:
   mutable absl::Mutex mu_;
   std::optional<absl::StatusOr<T>> result_ ABSL_GUARDED_BY(mu_);
+  // Set with result_, for waits that poll without the lock.
+  std::atomic<bool> done_{false};
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 

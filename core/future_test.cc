@@ -79,6 +79,34 @@ TEST(Future, WaitHonoursItsDeadline) {
   EXPECT_THAT(future.wait(absl::Now()), IsOk());
 }
 
+// RpcOptions::busy_poll makes waits poll before they sleep: a result that
+// comes while polling, one that comes after, and a deadline that comes
+// first all end the wait as without polling.
+TEST(Future, PollingWaitsSeeResultsAndDeadlines) {
+  struct Restore {
+    ~Restore() { internal::wait_spin_ns.store(0); }
+  } restore;
+  for (absl::Duration spin : {absl::Milliseconds(200), absl::Microseconds(50)}) {
+    internal::wait_spin_ns.store(absl::ToInt64Nanoseconds(spin));
+    Promise<int> promise;
+    std::thread completer([promise]() mutable {
+      absl::SleepFor(absl::Milliseconds(20));
+      promise.set(7);
+    });
+    absl::StatusOr<int> value = promise.future().get();
+    completer.join();
+    ASSERT_THAT(value, IsOk());
+    EXPECT_EQ(*value, 7);
+    Promise<int> never;
+    EXPECT_THAT(never.future().get(absl::Now() + absl::Milliseconds(30)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded));
+  }
+  internal::wait_spin_ns.store(0);
+  internal::spin_waits_for(absl::Microseconds(10));
+  internal::spin_waits_for(absl::Microseconds(5));  // the longest stays
+  EXPECT_EQ(internal::wait_spin_ns.load(), 10000);
+}
+
 TEST(Future, ManyThreadsRaceToComplete) {
   for (int round = 0; round < 50; ++round) {
     Promise<int> promise;

@@ -179,6 +179,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.limits = message_limits(options.limits);
   setup.auth = *std::move(authenticator);
   setup.peer_timeout = options.peer_timeout;
+  setup.busy_poll = options.busy_poll;
+  internal::spin_waits_for(options.busy_poll);
   absl::StatusOr<std::unique_ptr<Agent>> agent =
       (*backend)->create(std::move(setup));
   if (!agent.ok()) return unclaim(agent.status());

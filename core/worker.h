@@ -85,6 +85,16 @@ struct RpcOptions {
   // once, by its refused connection). Long enough for a peer stopped by a
   // debugger or a scheduler for half a minute.
   absl::Duration peer_timeout = absl::Seconds(60);
+  // How long a thread that waits keeps polling before it sleeps: the
+  // backend's thread that waits for messages (after its last one), and a
+  // thread waiting for a future (Future::wait, rpc_sync), which then spins
+  // on the result instead of being woken. Each wake-up of a sleeping thread
+  // costs tens of microseconds, and on an idle virtual machine about a
+  // hundred (docs/benchmarks.md); polling saves them when cores are to
+  // spare, at the price of CPU, and costs the threads it keeps from a core
+  // when they are not. Zero (the default): sleep at once. The future's
+  // wait is process-wide: the longest any worker of the process asked for.
+  absl::Duration busy_poll = absl::ZeroDuration();
   // Per-backend settings, "key" -> "value"; each backend documents its keys.
   absl::flat_hash_map<std::string, std::string> backend_settings;
   // TorchScript sources compiled at init, before this worker serves: peers

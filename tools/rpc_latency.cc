@@ -17,7 +17,9 @@
 // --variants keeps the variants whose labels contain one of its words
 // and the raw ping-pong if one names it: --variants=tcp runs the default
 // transport alone (under strace -c or perf stat the counts are then that
-// variant's), --variants=tcp,raw adds the baseline.
+// variant's), --variants=tcp,raw adds the baseline. --set=KEY=VALUE
+// (repeatable) gives every variant of KEY's backend that setting, e.g.
+// --set=libfabric.provider=shm. --busy_poll_us=N sets RpcOptions::busy_poll.
 #include <ATen/ATen.h>
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
@@ -32,6 +34,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/builtin.h"
@@ -70,12 +73,14 @@ void die(const std::string& what, const absl::Status& status) {
 // One variant: both ranks make a group on its own store port; rank 0 times.
 absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
                                    int store_port, int calls, bool tensors,
+                                   absl::Duration busy_poll,
                                    const tether::BackendRegistry& registry) {
   tether::RpcOptions options;
   options.backend = variant.backend;
   options.init_method = absl::StrCat("tcp://127.0.0.1:", store_port);
   options.backend_settings = variant.settings;
   options.num_worker_threads = 2;
+  options.busy_poll = busy_poll;
   options.scripts = {"def inc(x: int) -> int:\n    return x + 1\n"};
   absl::StatusOr<std::unique_ptr<tether::Worker>> worker = tether::Worker::create(
       absl::StrCat("w", rank), rank, 2, options, registry);
@@ -120,11 +125,17 @@ Result tcp_ping_pong(int rank, int port, int calls) {
 int main(int argc, char** argv) {
   int calls = 5000;
   bool tensors = true;
+  int busy_poll_us = 0;
   std::vector<std::string> only;
+  std::vector<std::pair<std::string, std::string>> extra;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--calls=", 0) == 0 && absl::SimpleAtoi(arg.substr(8), &calls) &&
         calls > 0) {
+      continue;
+    }
+    if (arg.rfind("--busy_poll_us=", 0) == 0 &&
+        absl::SimpleAtoi(arg.substr(15), &busy_poll_us) && busy_poll_us >= 0) {
       continue;
     }
     if (arg == "--no_tensors") {
@@ -135,9 +146,15 @@ int main(int argc, char** argv) {
       only = absl::StrSplit(arg.substr(11), ',', absl::SkipEmpty());
       continue;
     }
+    if (arg.rfind("--set=", 0) == 0 && arg.find('=', 6) != std::string::npos) {
+      const size_t eq = arg.find('=', 6);
+      extra.emplace_back(arg.substr(6, eq - 6), arg.substr(eq + 1));
+      continue;
+    }
     std::fprintf(stderr,
                  "usage: rpc_latency [--calls=N] [--no_tensors] "
-                 "[--variants=WORD,...]\n");
+                 "[--variants=WORD,...] [--set=KEY=VALUE ...] "
+                 "[--busy_poll_us=N]\n");
     return 2;
   }
   const tether::LauncherEnv env = tether::bench::launched("rpc_latency");
@@ -151,7 +168,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = tether::backends::register_builtin_backends(registry); !s.ok()) {
     die("registry", s);
   }
-  const std::vector<Variant> variants = {
+  std::vector<Variant> variants = {
       {"tensorpipe tcp (tether's)",
        "tensorpipe",
        {{"tensorpipe.transports", "tcp"}, {"tensorpipe.channels", "basic"}}},
@@ -171,6 +188,14 @@ int main(int argc, char** argv) {
        {{"libfabric.provider", "tcp;ofi_rxm"}}},
       {"libfabric shm", "libfabric", {{"libfabric.provider", "shm"}}},
   };
+  // --set: a setting every variant gets (its backend reads its own keys).
+  for (Variant& variant : variants) {
+    for (const auto& [key, value] : extra) {
+      if (absl::StartsWith(key, variant.backend + ".")) {
+        variant.settings[key] = value;
+      }
+    }
+  }
   auto wanted = [&only](const std::string& label) {
     return only.empty() ||
            std::any_of(only.begin(), only.end(), [&](const std::string& word) {
@@ -182,7 +207,7 @@ int main(int argc, char** argv) {
     if (!wanted(variants[v].label)) continue;
     absl::StatusOr<Result> r = run_variant(
         variants[v], rank, base_port + 1 + static_cast<int>(v), calls, tensors,
-        registry);
+        absl::Microseconds(busy_poll_us), registry);
     if (!r.ok()) die(variants[v].label, r.status());
     results.push_back(*r);
   }

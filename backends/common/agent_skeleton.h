@@ -270,6 +270,7 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
         dynamic_(setup.dynamic),
         peers_(workers_),
         peer_timeout_(setup.peer_timeout),
+        busy_poll_(setup.busy_poll),
         joiner_(store_, names.name, self_.id,
                 static_cast<int>(workers_.size())),
         incoming_(self_.name),
@@ -328,6 +329,8 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
   PeerTable peers_;
   // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
   const absl::Duration peer_timeout_;
+  // AgentSetup::busy_poll, for the backend's waiting thread.
+  const absl::Duration busy_poll_;
   join::StoreJoin joiner_;
   Incoming incoming_;
 

@@ -160,6 +160,19 @@ auto ms_into(Field field, int64_t min_ms, int64_t max_ms = int64_t{1} << 31) {
       };
 }
 
+// parse_int() of microseconds, into an absl::Duration field.
+template <typename Field>
+auto us_into(Field field, int64_t min_us, int64_t max_us) {
+  return [field, min_us, max_us](absl::string_view key,
+                                 const std::string& value,
+                                 auto& target) -> absl::Status {
+    absl::StatusOr<int64_t> us = parse_int(key, value, min_us, max_us);
+    if (!us.ok()) return us.status();
+    target.*field = absl::Microseconds(*us);
+    return absl::OkStatus();
+  };
+}
+
 // parse_list() of `known`, into a std::vector<std::string> field.
 template <typename Field>
 auto list_into(Field field, std::vector<std::string> known) {

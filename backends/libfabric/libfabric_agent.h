@@ -127,7 +127,8 @@
 //                             256 MiB; 0 entries: no cache)
 //   libfabric.spin_us         how long the progress thread keeps polling
 //                             after its last work before it sleeps (default
-//                             0: on a machine whose cores are shared, a
+//                             RpcOptions::busy_poll, 0: on a machine whose
+//                             cores are shared, a
 //                             spinning thread delays the ones it waits for;
 //                             on dedicated cores a spin of tens of
 //                             microseconds saves wake-ups)

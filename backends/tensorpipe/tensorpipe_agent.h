@@ -73,7 +73,10 @@
 // agent adds an io thread that opens pipes, writes what arrives while one
 // is being set up and runs the callbacks tensorpipe queued on a caller's
 // thread (docs/decisions.md, "Threads of a small call"), and one timer
-// thread. join() is the store barrier of core/join.
+// thread. join() is the store barrier of core/join. The tcp transport's
+// poller keeps polling for AgentSetup::busy_poll after the last descriptor
+// it found ready before it sleeps in epoll_wait (yielding its core between
+// polls); TensorPipe's shm transport always polls, its uv transport never.
 #ifndef TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
 #define TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
 

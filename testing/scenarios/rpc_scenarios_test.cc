@@ -34,7 +34,8 @@ constexpr int kWorld = 4;
 
 // init_rpc over env:// as a launched worker would, named "w<rank>".
 void init(int rank, int world_size,
-          const wire::Limits& limits = wire::Limits()) {
+          const wire::Limits& limits = wire::Limits(),
+          absl::Duration busy_poll = absl::ZeroDuration()) {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry;
     EXPECT_THAT(backends::register_builtin_backends(*r), IsOk());
@@ -48,6 +49,7 @@ void init(int rank, int world_size,
   options.default_timeout = absl::Seconds(60);
   options.scripts = {"def twice(x: Tensor) -> Tensor:\n    return x * 2\n"};
   options.limits = limits;
+  options.busy_poll = busy_poll;
   ASSERT_THAT(init_rpc(absl::StrCat("w", rank), rank, world_size, options,
                        *registry),
               IsOk());
@@ -127,6 +129,41 @@ TEST(Scenarios, NestingOverTheLimitIsResourceExhaustedOnBothSides) {
             << depth;
       }
     }
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+// RpcOptions::busy_poll: the backend's waiting thread and the callers'
+// waits poll before they sleep; calls, nested calls, many in flight and a
+// timeout behave as without it.
+TEST(Scenarios, CallsWhileBusyPolling) {
+  ::tether::testing::run_in_processes(2, [](int rank, int world) {
+    init(rank, world, wire::Limits(), absl::Microseconds(200));
+    const std::string peer = name_of(1 - rank);
+    at::Tensor a = at::arange(4, at::kFloat) + rank;
+    for (int i = 0; i < 200; ++i) {
+      absl::StatusOr<c10::IValue> sum =
+          rpc_sync(peer, "aten::add.Scalar", {a, static_cast<double>(i)});
+      ASSERT_THAT(sum, IsOk());
+      ASSERT_TRUE(at::equal(sum->toTensor(), a + i));
+    }
+    std::vector<Future<c10::IValue>> futures;
+    for (int i = 0; i < 100; ++i) {
+      futures.push_back(rpc_async(peer, "aten::add.Scalar",
+                                  {a, static_cast<double>(i)}));
+    }
+    for (int i = 0; i < 100; ++i) {
+      absl::StatusOr<c10::IValue> sum = futures[i].get();
+      ASSERT_THAT(sum, IsOk());
+      EXPECT_TRUE(at::equal(sum->toTensor(), a + i));
+    }
+    absl::StatusOr<c10::IValue> nested =
+        rpc_sync(peer, "tether_test::add_via", {name_of(rank), a, a});
+    ASSERT_THAT(nested, IsOk());
+    EXPECT_TRUE(at::equal(nested->toTensor(), a + a));
+    EXPECT_THAT(rpc_sync(peer, "tether_test::slow", {int64_t{2000}}, {},
+                         absl::Milliseconds(200)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded));
     EXPECT_THAT(shutdown(), IsOk());
   });
 }

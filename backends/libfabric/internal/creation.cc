@@ -102,7 +102,8 @@ absl::Status State::open_fabric() {
   rx_limit_ = rx;
   rx_reserve_ = reserve;
 
-  spin_ = settings_.spin;
+  // libfabric.spin_us, else the worker's busy poll.
+  spin_ = settings_.spin > absl::ZeroDuration() ? settings_.spin : busy_poll_;
   keepalive_interval_ =
       std::max(absl::Milliseconds(20), settings_.peer_timeout / 5);
   tick_ = std::min(kMaxTick, keepalive_interval_ / 2);

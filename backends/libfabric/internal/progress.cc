@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "backends/libfabric/internal/shared_endpoints.h"
 
@@ -55,7 +56,11 @@ void State::run() {
       nap = kShortestNap;
       continue;
     }
-    if (now - last_work < spin_) continue;
+    if (now - last_work < spin_) {
+      // Polls again, but lets a thread waiting for this core run first.
+      std::this_thread::yield();
+      continue;
+    }
     woke_by_timeout = idle(next_tick, &poll_sleep, &nap);
   }
   teardown();

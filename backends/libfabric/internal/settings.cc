@@ -13,6 +13,7 @@ namespace {
 using common::int_into;
 using common::ms_into;
 using common::parse_int;
+using common::us_into;
 
 constexpr char kAddressKey[] = "libfabric.address";
 
@@ -108,14 +109,7 @@ absl::StatusOr<Settings> parse_settings(
            int_into(&Settings::mr_cache_entries, 0, 1 << 20)},
           {"libfabric.mr_cache_bytes",
            int_into(&Settings::mr_cache_bytes, 0, int64_t{1} << 50)},
-          {"libfabric.spin_us",
-           [](absl::string_view key, const std::string& value,
-              Settings& settings) -> absl::Status {
-             absl::StatusOr<int64_t> us = parse_int(key, value, 0, 1000000);
-             if (!us.ok()) return us.status();
-             settings.spin = absl::Microseconds(*us);
-             return absl::OkStatus();
-           }},
+          {"libfabric.spin_us", us_into(&Settings::spin, 0, 1000000)},
       });
   // Values are read without the white space around them.
   absl::flat_hash_map<std::string, std::string> stripped;

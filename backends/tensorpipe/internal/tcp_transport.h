@@ -81,6 +81,10 @@ struct TcpTransportOptions {
   // hundreds of connections at once): the agent sets its peer timeout,
   // the bound of a peer that is alive.
   absl::Duration connect_timeout = absl::Seconds(60);
+  // How long the poller keeps polling without sleeping after it last found
+  // a descriptor ready (yielding its core between polls); zero: it sleeps in
+  // epoll_wait at once.
+  absl::Duration busy_poll = absl::ZeroDuration();
   // Starts every log line, e.g. "tensorpipe agent of worker 'w0'".
   std::string log_prefix = "tensorpipe tcp transport";
 };

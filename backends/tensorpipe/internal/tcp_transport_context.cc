@@ -156,6 +156,8 @@ void ContextImpl::poll() {
   std::vector<epoll_event> ready;
   std::mutex mu;
   std::condition_variable cv;
+  const auto spin = absl::ToChronoNanoseconds(options_.busy_poll);
+  auto spin_until = std::chrono::steady_clock::time_point{};
   while (!stopping_) {
     int timeout_ms = -1;
     if (const int64_t next = next_timer_ns_; next != kNoTimer) {
@@ -167,10 +169,18 @@ void ContextImpl::poll() {
       timeout_ms = static_cast<int>(
           std::clamp<int64_t>((next - now + 999999) / 1000000, 0, 60000));
     }
+    const auto started = std::chrono::steady_clock::now();
+    const bool spinning = started < spin_until;
     const int n = ::epoll_wait(epoll_fd_, events.data(),
-                               static_cast<int>(events.size()), timeout_ms);
+                               static_cast<int>(events.size()),
+                               spinning ? 0 : timeout_ms);
     if (n < 0 && errno != EINTR) {
       PLOG(ERROR) << options_.log_prefix << ": epoll_wait";
+    }
+    if (n > 0) spin_until = std::chrono::steady_clock::now() + spin;
+    if (spinning && n == 0 && timeout_ms != 0) {
+      std::this_thread::yield();
+      continue;
     }
     ready.clear();
     for (int i = 0; i < n; ++i) {
