@@ -14,8 +14,9 @@ or, with the binaries built (this script builds nothing):
     tools/bench.py [--quick] [--out DIR]
 
 Variants (VARIANTS below): tensorpipe uv, shm, tcp (tether's guarded
-transport), negotiated (the default: tcp + cma) and uv,shm (the default
-before issue #16); grpc;
+transport), negotiated (the default: tcp + cma), tcp and negotiated with
+RpcOptions::busy_poll at 100 us, and uv,shm (the default before issue
+#16); grpc;
 libfabric with provider tcp;ofi_rxm and shm. A backend that this build does
 not register, or that is not viable here, is shown as "n/a" with the reason
 (bench_worker decides, from the same registry users get from
@@ -88,6 +89,13 @@ VARIANTS = [
     ("tensorpipe tcp", "tensorpipe",
      {"tensorpipe.transports": "tcp", "tensorpipe.channels": "basic"}, {}),
     ("tensorpipe negotiated", "tensorpipe", {}, {}),
+    # RpcOptions::busy_poll (bench_worker takes it as a setting): waiting
+    # threads poll for 100 us before they sleep.
+    ("tensorpipe tcp, busy poll", "tensorpipe",
+     {"tensorpipe.transports": "tcp", "tensorpipe.channels": "basic",
+      "busy_poll_us": "100"}, {}),
+    ("tensorpipe negotiated, busy poll", "tensorpipe",
+     {"busy_poll_us": "100"}, {}),
     # The default before issue #16 (TensorPipe's own transports, which a
     # stranger's bytes can crash): for comparison.
     ("tensorpipe uv,shm", "tensorpipe", {"tensorpipe.transports": "uv,shm"},
@@ -106,7 +114,9 @@ PEERS = [
     ("peer uv", ["--transports", "uv", "--channels", "basic"], False),
 ]
 # Which tether variant each peer run is compared with (like for like).
-PEER_PAIRS = [("tensorpipe negotiated", "peer"), ("tensorpipe uv", "peer uv")]
+PEER_PAIRS = [("tensorpipe negotiated", "peer"),
+              ("tensorpipe negotiated, busy poll", "peer"),
+              ("tensorpipe uv", "peer uv")]
 
 # Each variant's own limit: (small-call latency baseline, bandwidth baseline).
 # shm and cma copy through memory: an echo moves each byte at least once per
@@ -116,6 +126,8 @@ BASELINE_OF = {
     "tensorpipe shm": ("raw TCP", "memcpy"),
     "tensorpipe tcp": ("raw TCP", "raw TCP"),
     "tensorpipe negotiated": ("raw TCP", "memcpy"),
+    "tensorpipe tcp, busy poll": ("raw TCP", "raw TCP"),
+    "tensorpipe negotiated, busy poll": ("raw TCP", "memcpy"),
     "tensorpipe uv,shm": ("raw TCP", "memcpy"),
     "grpc": ("bare gRPC", "bare gRPC"),
     "libfabric tcp;ofi_rxm": ("raw libfabric tcp;ofi_rxm",

@@ -252,6 +252,8 @@ absl::Status variant_available(const BackendRegistry& registry,
   return absl::OkStatus();
 }
 
+[[noreturn]] void usage(const std::string& bad);
+
 int run_variant(const Flags& flags, int rank) {
   JsonObject out;
   out.string("variant", flags.label.empty() ? flags.backend : flags.label);
@@ -278,6 +280,16 @@ int run_variant(const Flags& flags, int rank) {
   RpcOptions options;
   options.backend = flags.backend;
   options.backend_settings = flags.settings;
+  // "busy_poll_us" is RpcOptions::busy_poll, not a backend's setting.
+  if (auto it = options.backend_settings.find("busy_poll_us");
+      it != options.backend_settings.end()) {
+    int64_t us = 0;
+    if (!absl::SimpleAtoi(it->second, &us) || us < 0) {
+      usage("busy_poll_us=" + it->second);
+    }
+    options.busy_poll = absl::Microseconds(us);
+    options.backend_settings.erase(it);
+  }
   // Rank 1 waits in the graceful shutdown while rank 0 measures.
   options.shutdown_timeout = absl::Minutes(30);
   options.default_timeout = absl::Minutes(5);
