@@ -69,6 +69,22 @@ def test_devices_and_sizes_travel(callee):
     assert torch.equal(ones, torch.ones(2))
 
 
+def test_views_keep_their_strides_unless_wasteful(callee):
+    # The peer's test_non_cont_tensors: a view of a small storage comes back
+    # the same view (core/wire/codec.h, "Views"); a small view of a large
+    # storage comes back as a compact copy.
+    view = torch.rand(5, 5).narrow(1, 2, 2)
+    back = rpc.rpc_sync(callee, rpc_functions.echo, args=(view,))
+    assert not back.is_contiguous()
+    assert back.stride() == view.stride()
+    assert back.storage_offset() == 2
+    assert torch.equal(back, view)
+    corner = torch.rand(64, 64).narrow(1, 0, 2)
+    back = rpc.rpc_sync(callee, rpc_functions.echo, args=(corner,))
+    assert back.is_contiguous() and back.storage_offset() == 0
+    assert torch.equal(back, corner)
+
+
 def test_dtypes_layouts_and_memory_formats_travel_as_themselves(callee):
     for value in (torch.float32, torch.int64, torch.bool, torch.complex64,
                   torch.strided, torch.sparse_coo, torch.channels_last,
