@@ -622,8 +622,12 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
           misfits.push_back(absl::StrCat(schema_text(candidate.schema), " (",
                                          stack.status().message(), ")"));
         }
+        // The peer's text first (sic: its tests match it), then which
+        // overloads there are and why each one does not fit.
         return absl::InvalidArgumentError(absl::StrCat(
-            "no overload of ", name, " fits the arguments (",
+            "Overloaded torch operator invoked from Python failed to many any "
+            "schema: no overload of ",
+            name, " fits the arguments (",
             absl::StrJoin(arg_types, ", "), "); candidates: ",
             absl::StrJoin(misfits, "; ")));
       }

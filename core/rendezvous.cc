@@ -150,11 +150,12 @@ constexpr char kDynamicMark[] = "dynamic";
 
 absl::Status mixed_group(absl::string_view init_method, absl::string_view name,
                          int rank, int world_size) {
+  // The peer's text first (its tests match it), then who and where.
   return absl::FailedPreconditionError(absl::StrCat(
-      "rank ", rank, " ('", name, "') cannot join the group at '",
-      init_method,
-      "': RPC group mixes statically and dynamically initialized members, "
-      "which is not supported (this worker gave ",
+      "RPC group mixes statically and dynamically initialized members which "
+      "is not supported. Rank ",
+      rank, " ('", name, "') cannot join the group at '", init_method,
+      "' (this worker gave ",
       world_size == kDynamicGroup ? "no world size"
                                   : absl::StrCat("world size ", world_size),
       ", the group's first worker ",

@@ -17,6 +17,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 using ::tether::testing::IsOk;
 using ::tether::testing::StatusIs;
 
@@ -115,9 +116,15 @@ TEST(Rendezvous, DynamicAndStaticMembersDoNotMix) {
                          kBound)
                   .status(),
               IsOk());
+  // The peer's text first, then who and where.
   EXPECT_THAT(rendezvous("memory://mix_dynamic_first", "s", 1, 2, kBound),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("mixes statically and dynamically")));
+                       AllOf(StartsWith("RPC group mixes statically and "
+                                        "dynamically initialized members "
+                                        "which is not supported. Rank 1 "
+                                        "('s') cannot join the group at "
+                                        "'memory://mix_dynamic_first'"),
+                             HasSubstr("this worker gave world size 2"))));
   // The dynamic group runs on: another dynamic worker may still come.
   EXPECT_THAT(rendezvous("memory://mix_dynamic_first", "d2", 2, kDynamicGroup,
                          kBound)

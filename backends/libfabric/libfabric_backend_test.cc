@@ -174,6 +174,39 @@ TEST_P(Provider, ReportsWhatItRunsOn) {
   EXPECT_EQ(stats.eager_buffer_bytes, threshold + 1024);
 }
 
+// Paddle's WorkerInfo.ip/.port: tcp;ofi_rxm's endpoint name is the socket
+// address the worker listens on; shm has none.
+TEST_P(Provider, EndpointOfAWorkerIsItsSocketAddressOnTcp) {
+  Group group(GetParam(), 2);
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  absl::StatusOr<std::optional<Endpoint>> mine =
+      group[0].endpoint_of(group[0].self());
+  absl::StatusOr<std::optional<Endpoint>> peer =
+      group[0].endpoint_of(group[1].self());
+  ASSERT_THAT(mine, IsOk());
+  ASSERT_THAT(peer, IsOk());
+  EXPECT_THAT(group[0].endpoint_of(WorkerInfo{"stranger", 7}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("stranger")));
+  if (GetParam() == "shm") {
+    EXPECT_FALSE(mine->has_value());
+    EXPECT_FALSE(peer->has_value());
+    return;
+  }
+  ASSERT_TRUE(mine->has_value());
+  ASSERT_TRUE(peer->has_value());
+  EXPECT_FALSE((*mine)->ip.empty());
+  EXPECT_GT((*mine)->port, 0);
+  EXPECT_GT((*peer)->port, 0);
+  EXPECT_NE((*mine)->port, (*peer)->port);
+  // Agent 1 sees the same endpoint of agent 0 as agent 0 does.
+  absl::StatusOr<std::optional<Endpoint>> seen =
+      group[1].endpoint_of(group[0].self());
+  ASSERT_THAT(seen, IsOk());
+  ASSERT_TRUE(seen->has_value());
+  EXPECT_EQ((*seen)->ip, (*mine)->ip);
+  EXPECT_EQ((*seen)->port, (*mine)->port);
+}
+
 // Payloads and storages below, at and above the rendezvous threshold, in
 // several chunks, in each rendezvous mode.
 TEST_P(Provider, RoundTripsOfEverySizeInEachRendezvousMode) {

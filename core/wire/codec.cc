@@ -780,24 +780,24 @@ absl::Status Encoder::sparse_coo(const at::Tensor& t, pb::Tensor* out,
   return tensor(sparse_parts_[n - 1], parts->mutable_values(), path);
 }
 
-// Bytes from the tensor's first element to one past its last one, in its
-// storage; 0 for a tensor with no elements.
-int64_t spanned_bytes(const at::Tensor& t) {
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    last += (t.size(d) - 1) * t.stride(d);
-  }
-  return (last + 1) * static_cast<int64_t>(t.element_size());
+// The rule of the header ("Views"), the peer's own (its RPC utils'
+// worthRecopying): a view is compacted only when its storage is at least
+// kCompactFromBytes and at least kCompactFromWaste times the view's bytes.
+constexpr int64_t kCompactFromBytes = 8 * 1024;
+constexpr int64_t kCompactFromWaste = 2;
+
+bool ships_storage_whole(const at::Tensor& t) {
+  if (t.numel() == 0) return false;
+  const int64_t storage = static_cast<int64_t>(t.storage().nbytes());
+  const int64_t useful = t.numel() * static_cast<int64_t>(t.element_size());
+  return storage < kCompactFromBytes || storage < kCompactFromWaste * useful;
 }
 
 void Encoder::assign_storages() {
   std::unordered_set<const c10::StorageImpl*> whole;
   for (const PendingTensor& p : pending_) {
-    const c10::Storage& storage = p.tensor.storage();
-    if (p.tensor.numel() > 0 &&
-        static_cast<int64_t>(storage.nbytes()) <= spanned_bytes(p.tensor)) {
-      whole.insert(storage.unsafeGetStorageImpl());
+    if (ships_storage_whole(p.tensor)) {
+      whole.insert(p.tensor.storage().unsafeGetStorageImpl());
     }
   }
   std::unordered_map<const c10::StorageImpl*, int64_t> index_of;

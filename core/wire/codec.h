@@ -18,11 +18,18 @@
 // (FunctionRef) and dtypes, layouts and memory formats (TorchEnum).
 // Anything else is refused by encode.
 //
+// Views: a tensor travels as its storage whole with its sizes, strides and
+// offset, so a non-contiguous view arrives the same view (as in the peer),
+// unless that is wasteful: when the storage is 8 KiB or more and at least
+// twice the bytes of the view's elements (the peer's rule), the view travels
+// as a contiguous compact copy of its elements instead. A tensor with no
+// elements travels with an empty storage.
+//
 // Aliasing: tensors of one message that share a storage still share it after
-// decode, as long as the storage travels whole. A tensor that is a small view
-// of a larger storage travels as a compact copy instead (unless another tensor
-// of the same message ships that storage whole anyway), so it no longer
-// aliases its base on the receiving side.
+// decode, as long as the storage travels whole. A compacted view (above)
+// travels whole anyway if another tensor of the same message ships its
+// storage whole; otherwise it no longer aliases its base on the receiving
+// side.
 //
 // Ownership: encode shares the tensors' storages with the Message, so the
 // sender must not write to those tensors while the message is in flight.

@@ -513,14 +513,55 @@ TEST(CodecTensor, StepSliceSpanningTheStorageKeepsStrides) {
   EXPECT_TRUE(at::equal(d, t));
 }
 
-TEST(CodecTensor, StepSliceOfPartOfTheStorageIsCompacted) {
-  at::Tensor t = float_range(20).slice(0, 1, 20, 3);  // 1, 4, ..., 19
+TEST(CodecTensor, StepSliceOfPartOfASmallStorageKeepsItsStrides) {
+  at::Tensor base = float_range(20);
+  at::Tensor t = base.slice(0, 1, 20, 3);  // 1, 4, ..., 19
+  Message message = encoded(t);
+  ASSERT_EQ(message.storages.size(), 1u);
+  EXPECT_TRUE(message.storages[0].is_alias_of(base.storage()));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_FALSE(d.is_contiguous());
+  EXPECT_EQ(d.strides(), t.strides());
+  EXPECT_EQ(d.storage_offset(), 1);
+  EXPECT_TRUE(at::equal(d, t));
+}
+
+TEST(CodecTensor, StepSliceOfALargeStorageIsCompacted) {
+  at::Tensor t = float_range(4096).slice(0, 1, 4096, 3);  // a third of 16 KiB
   Message message = encoded(t);
   ASSERT_EQ(message.storages.size(), 1u);
   EXPECT_EQ(message.storages[0].nbytes(), t.numel() * sizeof(float));
   at::Tensor d = decode(message)->toTensor();
   EXPECT_TRUE(d.is_contiguous());
   EXPECT_TRUE(at::equal(d, t));
+}
+
+TEST(CodecTensor, ViewOfHalfOrMoreOfALargeStorageKeepsItsStrides) {
+  // 40 of 64 columns: 10 KiB of a 16 KiB storage, not wasteful enough.
+  at::Tensor t = float_range(4096).reshape({64, 64}).slice(1, 0, 40);
+  Message message = encoded(t);
+  ASSERT_EQ(message.storages.size(), 1u);
+  EXPECT_EQ(message.storages[0].nbytes(), 4096 * sizeof(float));
+  at::Tensor d = decode(message)->toTensor();
+  EXPECT_EQ(d.strides(), t.strides());
+  EXPECT_TRUE(at::equal(d, t));
+}
+
+TEST(CodecTensor, CompactionStartsAtAStorageOfEightKiB) {
+  // One element of each: the storage just under 8 KiB travels whole, the one
+  // of 8 KiB is compacted.
+  at::Tensor under = float_range(2047).slice(0, 5, 6);
+  at::Tensor at_limit = float_range(2048).slice(0, 5, 6);
+  Message message = encoded(tuple_of({under, at_limit}));
+  ASSERT_EQ(message.storages.size(), 2u);
+  EXPECT_EQ(message.storages[0].nbytes(), 2047 * sizeof(float));
+  EXPECT_EQ(message.storages[1].nbytes(), sizeof(float));
+  c10::IValue back = *decode(message);
+  const auto& elems = back.toTupleRef().elements();
+  EXPECT_EQ(elems[0].toTensor().storage_offset(), 5);
+  EXPECT_EQ(elems[1].toTensor().storage_offset(), 0);
+  EXPECT_TRUE(at::equal(elems[0].toTensor(), under));
+  EXPECT_TRUE(at::equal(elems[1].toTensor(), at_limit));
 }
 
 TEST(CodecTensor, ExpandKeepsZeroStrides) {
@@ -576,9 +617,10 @@ TEST(CodecTensor, ViewOfAStorageShippedWholeReferencesItInsteadOfCloning) {
 }
 
 TEST(CodecTensor, SameCompactedViewTwiceIsClonedOnce) {
-  at::Tensor view = float_range(100).slice(0, 0, 10);
+  at::Tensor view = float_range(4096).slice(0, 0, 10);
   Message message = encoded(tuple_of({view, view}));
   ASSERT_EQ(message.storages.size(), 1u);
+  EXPECT_EQ(message.storages[0].nbytes(), 10 * sizeof(float));
   c10::IValue back = *decode(message);
   const auto& elems = back.toTupleRef().elements();
   EXPECT_TRUE(elems[0].toTensor().is_alias_of(elems[1].toTensor()));
@@ -597,7 +639,7 @@ TEST(CodecTensor, ZeroSizeTensors) {
 
 TEST(CodecTensor, ZeroDimScalars) {
   at::Tensor scalar = at::ones({}, at::kDouble).mul(3);
-  at::Tensor element = float_range(100).select(0, 42);  // 0-dim view
+  at::Tensor element = float_range(4096).select(0, 42);  // 0-dim view
   Message message = encoded(tuple_of({scalar, element}));
   ASSERT_EQ(message.storages.size(), 2u);
   EXPECT_EQ(message.storages[1].nbytes(), sizeof(float));

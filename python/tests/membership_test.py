@@ -28,3 +28,26 @@ def test_a_worker_joins_and_leaves_a_running_group(backend):
     assert "called w1: w1" in out0, out0
     assert "after leave:" in out0 and "has left the group" in out0, out0
 
+
+
+@pytest.mark.parametrize("init_method,why", [
+    ("file:///nonexistent/rdzv", "file:// rendezvous: rank parameter missing"),
+    ("tcp://127.0.0.1:1", "tcp:// rendezvous: rank parameter missing"),
+    ("env://", "env:// rendezvous: environment variable RANK expected, "
+               "but not set"),
+])
+def test_a_dynamic_worker_without_a_rank_is_a_value_error(
+        monkeypatch, init_method, why):
+    # The peer's ValueError and text (its test_dynamic_rpc_init_rpc_without
+    # _rank), then tether's; refused before any rendezvous is tried.
+    import tether.rpc as rpc
+    for key in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "WORLD_SIZE",
+                "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    options = rpc.RpcBackendOptions(init_method=init_method)
+    with pytest.raises(ValueError) as error:
+        rpc.init_rpc("w", rpc_backend_options=options)
+    assert str(error.value).startswith(
+        "Error initializing torch.distributed using " + why), error.value
+    assert "needs its rank" in str(error.value), error.value
+    assert not rpc._C.is_initialized()

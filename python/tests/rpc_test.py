@@ -91,6 +91,15 @@ def test_builtin_without_a_fitting_overload_lists_candidates(callee):
     assert "aten::add.Tensor(Tensor self, Tensor other" in str(error.value)
 
 
+def test_builtin_without_arguments_raises_the_peers_text_first(callee):
+    # The peer's text, sic ("many"): its test_op_with_invalid_args matches it.
+    with pytest.raises(RuntimeError) as error:
+        rpc.rpc_sync(callee, torch.add, args=())
+    assert ("Overloaded torch operator invoked from Python failed to many "
+            "any schema: no overload of aten::add fits the arguments ()"
+            in str(error.value))
+
+
 def test_harmless_builtins(callee):
     assert rpc.rpc_sync(callee, min, args=(1, 2)) == 1
     assert rpc.rpc_sync(callee, max, args=([3, 9, 4],)) == 9

@@ -102,6 +102,10 @@ class State : public common::AgentSkeleton<State, int> {
   // (creation.cc: init; api.cc: stats)
   absl::Status init();
   absl::StatusOr<LibfabricStats> stats();
+  // Agent::endpoint_of, hiding the skeleton's: the socket address in the
+  // record `worker` published (tcp;ofi_rxm), nullopt for shm.
+  absl::StatusOr<std::optional<Endpoint>> endpoint_of(
+      const WorkerInfo& worker) const;
 
  private:
   friend class AgentSkeleton<State, int>;

@@ -102,6 +102,25 @@ void State::run_deferred_later(Incoming::Deferred deferred) {
   post([this, shared] { incoming_.run_deferred(std::move(*shared)); });
 }
 
+absl::StatusOr<std::optional<Endpoint>> State::endpoint_of(
+    const WorkerInfo& worker) const {
+  // The skeleton's answers whether `worker` is in the group and published;
+  // it finds no host:port in a record, which is read here.
+  absl::StatusOr<std::optional<Endpoint>> known =
+      AgentSkeleton::endpoint_of(worker);
+  if (!known.ok()) return known.status();
+  absl::StatusOr<std::string> published = common::lookup_address(
+      *store_, names_.address_key_prefix, worker, who());
+  if (!published.ok()) return published.status();
+  absl::StatusOr<Record> record = decode_record(*published);
+  if (!record.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat(who(), ": the record worker '", worker.name,
+                     "' published: ", record.status().message()));
+  }
+  return endpoint_in_record(*record);
+}
+
 absl::StatusOr<LibfabricStats> State::stats() {
   auto result = std::make_shared<std::optional<LibfabricStats>>();
   absl::Status called = call_on_progress_thread(

@@ -4,8 +4,13 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <fstream>
 #include <utility>
@@ -25,6 +30,41 @@ std::string encode_record(const Record& record) {
       "\nhost=", record.host, "\ndoorbell=",
       absl::BytesToHexString(record.doorbell), "\nname=",
       absl::BytesToHexString(record.name), "\n");
+}
+
+absl::StatusOr<std::optional<Endpoint>> endpoint_in_record(
+    const Record& record) {
+  // "tcp;ofi_rxm": the core provider is the first one.
+  const absl::string_view core =
+      absl::string_view(record.provider).substr(0, record.provider.find(';'));
+  if (core != "tcp" && core != "sockets" && core != "udp") {
+    return std::optional<Endpoint>();
+  }
+  const std::string& name = record.address;
+  sa_family_t family = AF_UNSPEC;
+  if (name.size() >= sizeof(family)) {
+    std::memcpy(&family, name.data(), sizeof(family));
+  }
+  char ip[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (family == AF_INET && name.size() >= sizeof(sockaddr_in)) {
+    sockaddr_in in;
+    std::memcpy(&in, name.data(), sizeof(in));
+    ::inet_ntop(AF_INET, &in.sin_addr, ip, sizeof(ip));
+    port = ntohs(in.sin_port);
+  } else if (family == AF_INET6 && name.size() >= sizeof(sockaddr_in6)) {
+    sockaddr_in6 in6;
+    std::memcpy(&in6, name.data(), sizeof(in6));
+    ::inet_ntop(AF_INET6, &in6.sin6_addr, ip, sizeof(ip));
+    port = ntohs(in6.sin6_port);
+  }
+  if (port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "the libfabric address of provider '", record.provider, "' (",
+        name.size(), " bytes, family ", family,
+        ") is not an IPv4 or IPv6 socket address with a port"));
+  }
+  return std::optional<Endpoint>(Endpoint{ip, port});
 }
 
 absl::StatusOr<Record> decode_record(absl::string_view text) {

@@ -9,9 +9,11 @@
 #include <absl/strings/string_view.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "backends/libfabric/internal/settings.h"
+#include "core/agent.h"
 
 namespace tether::backends::libfabric::internal {
 
@@ -39,6 +41,14 @@ std::string encode_record(const Record& record);
 // INVALID_ARGUMENT naming the first bad field, or when a required one is
 // missing; fields of a later version are skipped.
 [[nodiscard]] absl::StatusOr<Record> decode_record(absl::string_view text);
+
+// Where the worker of `record` listens, for Agent::endpoint_of (Paddle's
+// WorkerInfo.ip/.port): the providers that name an endpoint by a socket
+// address (tcp;ofi_rxm, tcp, sockets, udp, and rxm/rxd over them) publish
+// a sockaddr_in or sockaddr_in6. nullopt for the others (shm names a
+// path). UNAVAILABLE, naming the provider, when such a name is not one.
+[[nodiscard]] absl::StatusOr<std::optional<Endpoint>> endpoint_in_record(
+    const Record& record);
 
 // The boot id and the pid and network namespaces: peers with the same
 // identity can see each other's pids and abstract Unix sockets.

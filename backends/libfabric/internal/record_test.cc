@@ -1,8 +1,11 @@
 #include "backends/libfabric/internal/record.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 
+#include <cstring>
 #include <string>
 
 #include "testing/status_matchers.h"
@@ -82,6 +85,54 @@ TEST(Record, RefusesAnIncompleteRecord) {
   EXPECT_THAT(decode_record(text),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("incomplete libfabric address record")));
+}
+
+template <typename SockAddr>
+std::string raw(const SockAddr& address) {
+  return std::string(reinterpret_cast<const char*>(&address), sizeof(address));
+}
+
+TEST(Record, EndpointOfASocketAddressedProvider) {
+  Record record = sample();
+  sockaddr_in in = {};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(40123);
+  ASSERT_EQ(::inet_pton(AF_INET, "10.1.2.3", &in.sin_addr), 1);
+  record.address = raw(in);
+  absl::StatusOr<std::optional<Endpoint>> endpoint =
+      endpoint_in_record(record);
+  ASSERT_THAT(endpoint.status(), IsOk());
+  ASSERT_TRUE(endpoint->has_value());
+  EXPECT_EQ((*endpoint)->ip, "10.1.2.3");
+  EXPECT_EQ((*endpoint)->port, 40123);
+
+  sockaddr_in6 in6 = {};
+  in6.sin6_family = AF_INET6;
+  in6.sin6_port = htons(80);
+  ASSERT_EQ(::inet_pton(AF_INET6, "fe80::1", &in6.sin6_addr), 1);
+  record.provider = "tcp";
+  record.address = raw(in6);
+  endpoint = endpoint_in_record(record);
+  ASSERT_THAT(endpoint.status(), IsOk());
+  ASSERT_TRUE(endpoint->has_value());
+  EXPECT_EQ((*endpoint)->ip, "fe80::1");
+  EXPECT_EQ((*endpoint)->port, 80);
+}
+
+TEST(Record, NoEndpointForShmAndAnErrorForANameThatIsNoSockaddr) {
+  Record record = sample();
+  record.provider = "shm";
+  record.address = "fi_shm://4242:0";
+  absl::StatusOr<std::optional<Endpoint>> endpoint =
+      endpoint_in_record(record);
+  ASSERT_THAT(endpoint.status(), IsOk());
+  EXPECT_FALSE(endpoint->has_value());
+
+  record.provider = "tcp;ofi_rxm";
+  record.address = sample().address;  // six raw bytes
+  EXPECT_THAT(endpoint_in_record(record),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("provider 'tcp;ofi_rxm' (6 bytes")));
 }
 
 TEST(Record, HostIdentityIsStable) {

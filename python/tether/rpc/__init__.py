@@ -156,8 +156,27 @@ def _shutdown_at_exit():
             pass
 
 
-# Where launchers put the world size (core/rendezvous.h, launcher_env()).
+# Where launchers put the world size and the rank (core/rendezvous.h,
+# launcher_env()).
 _LAUNCHER_WORLD_SIZES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+_LAUNCHER_RANKS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+
+def _check_dynamic_rank(init_method, rank):
+    """A worker joining a dynamic group must have a rank: the peer's
+    ValueError and texts (its rendezvous handlers'), then tether's."""
+    if rank not in (None, -1) or any(v in os.environ for v in _LAUNCHER_RANKS):
+        return
+    scheme = str(init_method).partition("://")[0] or "env"
+    if scheme == "env":
+        why = "environment variable RANK expected, but not set"
+    else:
+        why = "rank parameter missing"
+    raise ValueError(
+        "Error initializing torch.distributed using %s:// rendezvous: %s "
+        "(a worker joining a dynamic group at %r needs its rank: give "
+        "init_rpc(rank=) or set one of %s)"
+        % (scheme, why, init_method, ", ".join(_LAUNCHER_RANKS)))
 
 
 def init_rpc(name, backend=None, rank=-1, world_size=None,
@@ -205,6 +224,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
         # and left while it runs (docs/reliability.md, "Groups that change").
         world_size = 0
     options = rpc_backend_options or RpcBackendOptions()
+    if world_size == 0:
+        _check_dynamic_rank(options.init_method, rank)
     for module in options.allowed_modules:
         allow_module(module)
     _endpoints.clear()  # a new group
