@@ -115,8 +115,9 @@ class Agent {
 
   // Where `worker` (this one included) listens for its peers, when its
   // transport has an ip and a port (tcp-like: TensorPipe's tcp and uv,
-  // gRPC), from the address it published: Paddle's WorkerInfo.ip/.port.
-  // nullopt when it has none (libfabric) or the backend does not say (this
+  // gRPC, libfabric's tcp providers), from the address it published:
+  // Paddle's WorkerInfo.ip/.port. nullopt when it has none (libfabric's
+  // shm) or the backend does not say (this
   // default). NOT_FOUND for a worker not in the group; UNAVAILABLE if what
   // it published cannot be read. Blocks briefly (a store read): not on an
   // agent thread.

@@ -288,7 +288,7 @@ void init_rpc(const std::string& name, int rank, int world_size,
               int num_worker_threads, double rpc_timeout, double init_timeout,
               const std::map<std::string, std::string>& backend_settings,
               const std::string& auth_secret, py::handle serve,
-              py::handle failure) {
+              py::handle failure, double busy_poll) {
   check_worker_name(name);
   RpcOptions options;
   options.backend = backend;
@@ -301,6 +301,7 @@ void init_rpc(const std::string& name, int rank, int world_size,
     options.backend_settings[key] = value;
   }
   options.auth_secret = auth_secret;
+  options.busy_poll = absl::Seconds(busy_poll);
   auto callables = std::make_shared<PythonCallables>(serve, failure);
   ExtensionFactory python =
       [callables](Worker& worker)
@@ -543,7 +544,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("world_size"), py::arg("backend"), py::arg("init_method"),
         py::arg("num_worker_threads"), py::arg("rpc_timeout"),
         py::arg("init_timeout"), py::arg("backend_settings"),
-        py::arg("auth_secret"), py::arg("serve"), py::arg("failure"));
+        py::arg("auth_secret"), py::arg("serve"), py::arg("failure"),
+        py::arg("busy_poll") = 0.0);
   m.def(
       "shutdown",
       [](bool graceful, double timeout) {

@@ -41,18 +41,29 @@ def test_seed_program_is_the_peers_but_for_the_import_line(tmp_path):
 @pytest.fixture(scope="module")
 def callee():
     """This process is "caller" (rank 0); callee.py is rank 1 and allows
-    rpc_functions. The caller allows it too (for nested calls back)."""
+    rpc_functions. The caller allows it too (for nested calls back), and
+    busy-polls (RpcBackendOptions.busy_poll): every test below runs with
+    the caller's waits polling for 200 us before they sleep."""
     port = workers.free_port()
     init = "tcp://127.0.0.1:%d" % port
     proc = workers.spawn([CALLEE, init, "rpc_functions"],
                          workers.group_env(1, 2, port, "tensorpipe"))
     rpc.init_rpc("caller", rank=0, world_size=2,
                  rpc_backend_options=rpc.RpcBackendOptions(
-                     init_method=init, allowed_modules=["rpc_functions"]))
+                     init_method=init, allowed_modules=["rpc_functions"],
+                     busy_poll=0.0002))
     yield "callee"
     rpc.shutdown()
     [(rc, out)] = workers.finish([proc])
     assert rc == 0, out
+
+
+def test_busy_poll_option_is_checked():
+    assert rpc.RpcBackendOptions(busy_poll=1).busy_poll == 1.0
+    with pytest.raises(ValueError, match="busy_poll must be 0 or more"):
+        rpc.RpcBackendOptions(busy_poll=-0.5)
+    with pytest.raises(TypeError, match="busy_poll"):
+        rpc.RpcBackendOptions(busy_poll="fast")
 
 
 def test_worker_infos(callee):

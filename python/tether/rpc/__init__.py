@@ -97,6 +97,10 @@ class RpcBackendOptions:
     allowed_modules: modules whose functions and classes peers may call
         here, besides __main__ (docs/security.md).
     init_timeout: bound of the rendezvous, in seconds.
+    busy_poll: how long, in seconds, a waiting thread polls before it
+        sleeps (the backend's thread after its last message, a caller
+        waiting for a result): saves wake-ups on cores to spare, costs
+        CPU (0, the default: sleep at once; RpcOptions::busy_poll).
     _transports, _channels: the peer's TensorPipe lists, as settings.
     """
 
@@ -104,7 +108,7 @@ class RpcBackendOptions:
                  rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC, init_method="env://",
                  backend_settings=None, auth_secret=None, allowed_modules=(),
                  init_timeout=60.0, device_maps=None, devices=None,
-                 _transports=None, _channels=None):
+                 _transports=None, _channels=None, busy_poll=0.0):
         if device_maps or devices:
             raise ValueError("device_maps and devices name CUDA devices; "
                              "tether for Python moves CPU tensors only")
@@ -126,6 +130,12 @@ class RpcBackendOptions:
         self.auth_secret = auth_secret
         self.allowed_modules = tuple(allowed_modules)
         self.init_timeout = float(init_timeout)
+        busy_poll = _typed("busy_poll", busy_poll, (int, float),
+                           "a number of seconds (int or float)")
+        if busy_poll < 0:
+            raise ValueError("busy_poll must be 0 or more seconds, got %r"
+                             % (busy_poll,))
+        self.busy_poll = float(busy_poll)
 
 
 # The peer's programs name the TensorPipe options class.
@@ -234,7 +244,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
         -1 if world_size is None else int(world_size), _backend_name(backend),
         options.init_method, options.num_worker_threads, options.rpc_timeout,
         options.init_timeout, options.backend_settings,
-        options.auth_secret or "", _callee.serve, _callee.Failure)
+        options.auth_secret or "", _callee.serve, _callee.Failure,
+        getattr(options, "busy_poll", 0.0))
     with _state_lock:
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
