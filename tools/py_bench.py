@@ -6,6 +6,7 @@ process; only the module differs (tether.rpc or torch.distributed.rpc).
 
     /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
         [--transports shm,tcp] [--rounds 3] [--workloads sync,async]
+        [--busy_poll_us 100]
 
 --rounds runs tether and the peer alternately that many times each
 (tether, peer, tether, peer, ...) and reports each side's median over its
@@ -15,7 +16,9 @@ names contain one of its words (default: all).
 
 --transports sets tether's "tensorpipe.transports" (default: the backend's,
 the guarded tcp); the peer always runs its default transports, which
-between two local processes are shm.
+between two local processes are shm. --busy_poll_us gives tether's
+workers RpcBackendOptions(busy_poll=...) (default 0: waiting threads sleep
+at once).
 
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:
@@ -74,16 +77,19 @@ WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "remote + to_here",
              "dist autograd step", "rpc_async builtin"]
 
 
-def run(impl, rank, n, backend, transports, workloads):
+def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
     global rpc
     import torch
     if impl == "tether":
         import tether.autograd as dist_autograd
         import tether.rpc as rpc
         kwargs = {"backend": backend}
-        if transports:
+        if transports or busy_poll_us:
             kwargs["rpc_backend_options"] = rpc.RpcBackendOptions(
-                backend_settings={"tensorpipe.transports": transports})
+                backend_settings=(
+                    {"tensorpipe.transports": transports} if transports
+                    else {}),
+                busy_poll=busy_poll_us / 1e6)
     else:
         import torch.distributed.autograd as dist_autograd
         import torch.distributed.rpc as rpc
@@ -137,12 +143,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def measure(impl, n, backend, transports, workloads):
+def measure(impl, n, backend, transports, workloads, busy_poll_us=0):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--impl", impl,
          "--rank", str(rank), "--n", str(n), "--backend", backend,
-         "--transports", transports, "--workloads", ",".join(workloads)],
+         "--transports", transports, "--workloads", ",".join(workloads),
+         "--busy_poll_us", str(busy_poll_us)],
         env=env, stdout=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -181,6 +188,7 @@ def main():
     parser.add_argument("--impl")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--n", type=int)
+    parser.add_argument("--busy_poll_us", type=int, default=0)
     args = parser.parse_args()
     words = [w for w in args.workloads.split(",") if w]
     workloads = [w for w in WORKLOADS
@@ -190,19 +198,21 @@ def main():
                  % (args.workloads, ", ".join(WORKLOADS)))
     if args.impl:
         run(args.impl, args.rank, args.n, args.backend, args.transports,
-            workloads)
+            workloads, args.busy_poll_us)
         return
     n = 300 if args.quick else 3000
     tether, peer = [], []
     for r in range(args.rounds):
         tether.append(measure("tether", n, args.backend, args.transports,
-                              workloads))
+                              workloads, args.busy_poll_us))
         peer.append(measure("peer", n, args.backend, "", workloads))
         if args.rounds > 1:
             print("round %d: %s" % (r + 1, json.dumps(
                 {"tether": tether[-1], "peer": peer[-1]})), flush=True)
-    print("| workload | tether (%s%s) | peer (tensorpipe) | better by |"
-          % (args.backend, " " + args.transports if args.transports else ""))
+    print("| workload | tether (%s%s%s) | peer (tensorpipe) | better by |"
+          % (args.backend, " " + args.transports if args.transports else "",
+             ", busy poll %d us" % args.busy_poll_us
+             if args.busy_poll_us else ""))
     print("| --- | --- | --- | --- |")
     for name in workloads:
         print(row(name, tether, peer))
