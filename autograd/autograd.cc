@@ -16,6 +16,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -181,6 +183,69 @@ Future<Returned> gather(const std::vector<Future<Returned>>& futures,
   }
   return done.future();
 }
+
+// Work for the thread that waits in the root's backward(): the passes for
+// gradients that responses return to the root run there instead of on a
+// thread woken for them (one wake-up less per returned hop). Work posted
+// after that wait ended (an error ended it first) goes to at::launch.
+class Drain {
+ public:
+  void post(std::function<void()> work) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closed_) {
+        queue_.push_back(std::move(work));
+        return;
+      }
+    }
+    at::launch(std::move(work));
+  }
+
+  // Runs what is posted until `done` completes; returns its result.
+  static absl::StatusOr<Returned> run_until(const std::shared_ptr<Drain>& drain,
+                                            Future<Returned> done) {
+    done.on_complete([drain](const absl::StatusOr<Returned>& /*result*/) {
+      absl::MutexLock lock(&drain->mu_);
+      drain->finished_ = true;
+    });
+    for (;;) {
+      std::function<void()> work;
+      {
+        absl::MutexLock lock(&drain->mu_);
+        auto ready = [&drain]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(drain->mu_) {
+          return drain->finished_ || !drain->queue_.empty();
+        };
+        drain->mu_.Await(absl::Condition(&ready));
+        if (drain->queue_.empty()) {
+          drain->closed_ = true;
+          break;
+        }
+        work = std::move(drain->queue_.front());
+        drain->queue_.pop_front();
+      }
+      work();
+    }
+    return done.result();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// What the passes of one backward on one worker share.
+struct PassScope {
+  std::shared_ptr<ContextRecord> record;
+  bool retain_graph = false;
+  // The worker whose BACKWARD these passes serve: gradients for its recv
+  // nodes go back in the response. -1 at the root.
+  int32_t requester = -1;
+  // At the root: its waiting thread, which runs the passes for returned
+  // gradients. Null elsewhere (at::launch runs them).
+  std::shared_ptr<Drain> drain;
+};
 
 // Completes with the first error among `futures`, or OK once all are done.
 Future<bool> all_of(const std::vector<Future<bool>>& futures) {
@@ -356,14 +421,14 @@ class AutogradState final : public AutogradHook,
 
   // One engine pass on this worker from `roots` with `grads` (defined,
   // matching): leaf gradients accumulate in the context, gradients reaching
-  // recv nodes go back to their senders, except those of `requester` (the
-  // worker whose BACKWARD this pass serves; -1 for the root's pass), which
-  // the returned future carries for the response. Completes when every
-  // BACKWARD message it sent is done (first error wins), with what they
-  // returned for `requester` too.
-  Future<Returned> pass(const std::shared_ptr<ContextRecord>& record,
-                        const edge_list& roots, const variable_list& grads,
-                        bool retain_graph, int32_t requester) {
+  // recv nodes go back to their senders, except those of scope.requester
+  // (the worker whose BACKWARD this pass serves), which the returned future
+  // carries for the response. Completes when every BACKWARD message it sent
+  // is done (first error wins), with what they returned for the requester
+  // too.
+  Future<Returned> pass(const PassScope& scope, const edge_list& roots,
+                        const variable_list& grads) {
+    const std::shared_ptr<ContextRecord>& record = scope.record;
     // What the pass computes: every leaf and recv node it can reach.
     std::vector<std::shared_ptr<Node>> leaves;
     std::vector<std::shared_ptr<RecvNode>> recvs;
@@ -424,11 +489,10 @@ class AutogradState final : public AutogradHook,
         recv_grads.push_back(results[next]);
       }
       if (!any) continue;
-      if (recv->from() == requester) {
+      if (recv->from() == scope.requester) {
         own.push_back({recv->message(), std::move(recv_grads)});
       } else {
-        sent.push_back(send_backward(record, *recv, std::move(recv_grads),
-                                     retain_graph, requester));
+        sent.push_back(send_backward(scope, *recv, std::move(recv_grads)));
       }
     }
     return gather(sent, std::move(own));
@@ -437,10 +501,9 @@ class AutogradState final : public AutogradHook,
   // A pass from the send node of autograd message `message` with the
   // gradients `incoming` (one per tensor it sent; undefined: none), for a
   // BACKWARD that arrived or gradients returned in a BACKWARD's response.
-  Future<Returned> pass_from_send(const std::shared_ptr<ContextRecord>& record,
-                                  int64_t message,
-                                  std::vector<at::Tensor> incoming,
-                                  bool retain_graph, int32_t requester) {
+  Future<Returned> pass_from_send(const PassScope& scope, int64_t message,
+                                  std::vector<at::Tensor> incoming) {
+    const std::shared_ptr<ContextRecord>& record = scope.record;
     std::shared_ptr<SendNode> send;
     {
       absl::MutexLock lock(&record->mu);
@@ -466,36 +529,42 @@ class AutogradState final : public AutogradHook,
       grads.push_back(std::move(incoming[i]));
     }
     if (roots.empty()) return Future<Returned>::ready(Returned());
-    return pass(record, roots, grads, retain_graph,
-                requester == kFromSendNode ? send->to() : requester);
+    if (scope.requester != kFromSendNode) return pass(scope, roots, grads);
+    PassScope served = scope;
+    served.requester = send->to();
+    return pass(served, roots, grads);
   }
 
   // pass_from_send's requester for a BACKWARD that arrived: the worker the
   // send node sent to, which is the one whose gradients came back.
   static constexpr int32_t kFromSendNode = -2;
 
-  // The passes for gradients that a BACKWARD's response returned, each on
-  // an inter-op thread of LibTorch (at::launch): the response completes on
+  // The passes for gradients that a BACKWARD's response returned: on the
+  // root's waiting thread (scope.drain), elsewhere on an inter-op thread of
+  // LibTorch (at::launch). Never on the thread that completed the response,
   // a backend thread, which must not run an engine pass. Their own returns
-  // are for `requester`, whose pass sent that BACKWARD.
-  Future<Returned> run_returned(const std::shared_ptr<ContextRecord>& record,
-                                std::vector<ReturnedGrads> returned,
-                                bool retain_graph, int32_t requester) {
+  // are for scope.requester, whose pass sent that BACKWARD.
+  Future<Returned> run_returned(const PassScope& scope,
+                                std::vector<ReturnedGrads> returned) {
     Promise<Returned> done;
     std::shared_ptr<AutogradState> self = shared_from_this();
-    at::launch([self, record, returned = std::move(returned), retain_graph,
-                requester, done]() mutable {
+    std::function<void()> work = [self, scope, returned = std::move(returned),
+                                  done]() mutable {
       std::vector<Future<Returned>> passes;
       for (ReturnedGrads& entry : returned) {
-        passes.push_back(self->pass_from_send(record, entry.message,
-                                              entry.grads.vec(), retain_graph,
-                                              requester));
+        passes.push_back(
+            self->pass_from_send(scope, entry.message, entry.grads.vec()));
       }
       gather(passes, Returned())
           .on_complete([done](const absl::StatusOr<Returned>& result) {
             done.set(result);
           });
-    });
+    };
+    if (scope.drain != nullptr) {
+      scope.drain->post(std::move(work));
+    } else {
+      at::launch(std::move(work));
+    }
     return done.future();
   }
 
@@ -537,10 +606,8 @@ class AutogradState final : public AutogradHook,
   // Ships the gradients of `recv` to the worker that sent its tensors; runs
   // the passes for what its response returns. The future completes when
   // all of that is done, with what those passes have for `requester`.
-  Future<Returned> send_backward(const std::shared_ptr<ContextRecord>& record,
-                                 const RecvNode& recv,
-                                 c10::List<at::Tensor> grads,
-                                 bool retain_graph, int32_t requester) {
+  Future<Returned> send_backward(const PassScope& scope, const RecvNode& recv,
+                                 c10::List<at::Tensor> grads) {
     Future<Returned> done = Future<Returned>::ready(
         absl::CancelledError("the worker is shut down"));
     with_worker([&](Worker& worker) {
@@ -554,7 +621,8 @@ class AutogradState final : public AutogradHook,
       absl::Status encoded = worker.encode(
           c10::ivalue::Tuple::create(
               {c10::IValue(recv.context()), c10::IValue(recv.message()),
-               c10::IValue(retain_graph), c10::IValue(std::move(grads))}),
+               c10::IValue(scope.retain_graph),
+               c10::IValue(std::move(grads))}),
           request);
       if (!encoded.ok()) {
         done = Future<Returned>::ready(encoded);
@@ -566,7 +634,7 @@ class AutogradState final : public AutogradHook,
       Promise<Returned> promise;
       done = promise.future();
       worker.send(*to, std::move(request))
-          .on_complete([self, record, from, peer, retain_graph, requester,
+          .on_complete([self, scope, from, peer,
                         promise](const absl::StatusOr<Message>& response) {
             absl::StatusOr<std::vector<ReturnedGrads>> returned =
                 response.ok() ? self->decode_returned(*response, peer)
@@ -589,8 +657,7 @@ class AutogradState final : public AutogradHook,
               promise.set(Returned());
               return;
             }
-            self->run_returned(record, *std::move(returned), retain_graph,
-                               requester)
+            self->run_returned(scope, *std::move(returned))
                 .on_complete([promise](const absl::StatusOr<Returned>& r) {
                   promise.set(r);
                 });
@@ -664,8 +731,8 @@ class AutogradState final : public AutogradHook,
       return Future<Message>::ready(unknown_context(context));
     }
     std::weak_ptr<AutogradState> weak = weak_from_this();
-    return pass_from_send(record, parts[1].toInt(), parts[3].toTensorVector(),
-                          parts[2].toBool(), kFromSendNode)
+    PassScope scope{record, parts[2].toBool(), kFromSendNode, nullptr};
+    return pass_from_send(scope, parts[1].toInt(), parts[3].toTensorVector())
         .then([weak](const absl::StatusOr<Returned>& done)
                   -> absl::StatusOr<Message> {
           if (!done.ok()) return done.status();
@@ -1006,8 +1073,10 @@ absl::Status backward(Worker& worker, int64_t context_id,
     edges.push_back(torch::autograd::impl::gradient_edge(root));
     grads.push_back(at::ones_like(root, c10::MemoryFormat::Contiguous));
   }
+  auto drain = std::make_shared<internal::Drain>();
+  internal::PassScope scope{record, retain_graph, /*requester=*/-1, drain};
   absl::StatusOr<internal::Returned> done =
-      state->pass(record, edges, grads, retain_graph, /*requester=*/-1).get();
+      internal::Drain::run_until(drain, state->pass(scope, edges, grads));
   if (!retain_graph) release_graph(roots);
   return done.status();
 }
