@@ -187,43 +187,61 @@ Future<Returned> gather(const std::vector<Future<Returned>>& futures,
 // Work for the thread that waits in the root's backward(): the passes for
 // gradients that responses return to the root run there instead of on a
 // thread woken for them (one wake-up less per returned hop). Work posted
-// after that wait ended (an error ended it first) goes to at::launch.
+// after that wait ended (an error ended it first) goes to at::launch. The
+// thread waits on a Future, so it waits as every future wait does (and
+// polls first when RpcOptions::busy_poll asks for it).
 class Drain {
  public:
   void post(std::function<void()> work) {
+    Promise<bool> wake;
+    bool closed;
     {
       absl::MutexLock lock(&mu_);
-      if (!closed_) {
+      closed = closed_;
+      if (!closed) {
         queue_.push_back(std::move(work));
-        return;
+        wake = std::exchange(wake_, Promise<bool>());
       }
     }
-    at::launch(std::move(work));
+    if (closed) {
+      at::launch(std::move(work));
+      return;
+    }
+    wake.set(true);  // never under mu_: a completer holds no lock
   }
 
   // Runs what is posted until `done` completes; returns its result.
   static absl::StatusOr<Returned> run_until(const std::shared_ptr<Drain>& drain,
                                             Future<Returned> done) {
     done.on_complete([drain](const absl::StatusOr<Returned>& /*result*/) {
-      absl::MutexLock lock(&drain->mu_);
-      drain->finished_ = true;
+      Promise<bool> wake;
+      {
+        absl::MutexLock lock(&drain->mu_);
+        drain->finished_ = true;
+        wake = std::exchange(drain->wake_, Promise<bool>());
+      }
+      wake.set(true);
     });
     for (;;) {
       std::function<void()> work;
+      Future<bool> woken;
       {
         absl::MutexLock lock(&drain->mu_);
-        auto ready = [&drain]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(drain->mu_) {
-          return drain->finished_ || !drain->queue_.empty();
-        };
-        drain->mu_.Await(absl::Condition(&ready));
-        if (drain->queue_.empty()) {
+        if (!drain->queue_.empty()) {
+          work = std::move(drain->queue_.front());
+          drain->queue_.pop_front();
+        } else if (drain->finished_) {
           drain->closed_ = true;
           break;
+        } else {
+          woken = drain->wake_.future();
         }
-        work = std::move(drain->queue_.front());
-        drain->queue_.pop_front();
       }
-      work();
+      if (work) {
+        work();
+      } else {
+        (void)woken.wait(absl::InfiniteFuture());
+      }
     }
     return done.result();
   }
@@ -231,6 +249,8 @@ class Drain {
  private:
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  // Completed (and replaced) when work is posted or the wait is over.
+  Promise<bool> wake_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
