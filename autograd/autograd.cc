@@ -1,6 +1,7 @@
 #include "autograd/autograd.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
@@ -15,6 +16,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -81,6 +84,8 @@ class SendNode final : public Node {
     return absl::StrCat("tether::autograd::SendBackward(to worker ", to_, ")");
   }
 
+  int32_t to() const { return to_; }
+
  private:
   const int32_t to_;
 };
@@ -131,6 +136,135 @@ struct ContextRecord {
       ABSL_GUARDED_BY(mu);
   // Engine passes of this context on this worker run one at a time.
   absl::Mutex engine_mu;
+};
+
+// Gradients a pass has for recv nodes of the worker whose BACKWARD it
+// serves: they go back in that BACKWARD's response (an
+// AUTOGRAD_BACKWARD_RET), not in a BACKWARD of their own, which saves a
+// round trip per level of a backward that comes back to its caller.
+struct ReturnedGrads {
+  int64_t message;  // the autograd message id of the requester's send node
+  c10::List<at::Tensor> grads;
+};
+using Returned = std::vector<ReturnedGrads>;
+
+// Completes with the first error among `futures`, or once all are done with
+// `own` followed by what each of them returned.
+Future<Returned> gather(const std::vector<Future<Returned>>& futures,
+                        Returned own) {
+  if (futures.empty()) return Future<Returned>::ready(std::move(own));
+  struct Gather {
+    absl::Mutex mu;
+    Returned all ABSL_GUARDED_BY(mu);
+    size_t left ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<Gather>();
+  {
+    absl::MutexLock lock(&state->mu);
+    state->all = std::move(own);
+    state->left = futures.size();
+  }
+  Promise<Returned> done;
+  for (Future<Returned> future : futures) {
+    future.on_complete([state, done](const absl::StatusOr<Returned>& result) {
+      if (!result.ok()) {
+        done.set(result.status());
+        return;
+      }
+      Returned all;
+      {
+        absl::MutexLock lock(&state->mu);
+        state->all.insert(state->all.end(), result->begin(), result->end());
+        if (--state->left > 0) return;
+        all.swap(state->all);
+      }
+      done.set(std::move(all));
+    });
+  }
+  return done.future();
+}
+
+// Work for the thread that waits in the root's backward(): the passes for
+// gradients that responses return to the root run there instead of on a
+// thread woken for them (one wake-up less per returned hop). Work posted
+// after that wait ended (an error ended it first) goes to at::launch. The
+// thread waits on a Future, so it waits as every future wait does (and
+// polls first when RpcOptions::busy_poll asks for it).
+class Drain {
+ public:
+  void post(std::function<void()> work) {
+    Promise<bool> wake;
+    bool closed;
+    {
+      absl::MutexLock lock(&mu_);
+      closed = closed_;
+      if (!closed) {
+        queue_.push_back(std::move(work));
+        wake = std::exchange(wake_, Promise<bool>());
+      }
+    }
+    if (closed) {
+      at::launch(std::move(work));
+      return;
+    }
+    wake.set(true);  // never under mu_: a completer holds no lock
+  }
+
+  // Runs what is posted until `done` completes; returns its result.
+  static absl::StatusOr<Returned> run_until(const std::shared_ptr<Drain>& drain,
+                                            Future<Returned> done) {
+    done.on_complete([drain](const absl::StatusOr<Returned>& /*result*/) {
+      Promise<bool> wake;
+      {
+        absl::MutexLock lock(&drain->mu_);
+        drain->finished_ = true;
+        wake = std::exchange(drain->wake_, Promise<bool>());
+      }
+      wake.set(true);
+    });
+    for (;;) {
+      std::function<void()> work;
+      Future<bool> woken;
+      {
+        absl::MutexLock lock(&drain->mu_);
+        if (!drain->queue_.empty()) {
+          work = std::move(drain->queue_.front());
+          drain->queue_.pop_front();
+        } else if (drain->finished_) {
+          drain->closed_ = true;
+          break;
+        } else {
+          woken = drain->wake_.future();
+        }
+      }
+      if (work) {
+        work();
+      } else {
+        (void)woken.wait(absl::InfiniteFuture());
+      }
+    }
+    return done.result();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  // Completed (and replaced) when work is posted or the wait is over.
+  Promise<bool> wake_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// What the passes of one backward on one worker share.
+struct PassScope {
+  std::shared_ptr<ContextRecord> record;
+  bool retain_graph = false;
+  // The worker whose BACKWARD these passes serve: gradients for its recv
+  // nodes go back in the response. -1 at the root.
+  int32_t requester = -1;
+  // At the root: its waiting thread, which runs the passes for returned
+  // gradients. Null elsewhere (at::launch runs them).
+  std::shared_ptr<Drain> drain;
 };
 
 // Completes with the first error among `futures`, or OK once all are done.
@@ -307,11 +441,14 @@ class AutogradState final : public AutogradHook,
 
   // One engine pass on this worker from `roots` with `grads` (defined,
   // matching): leaf gradients accumulate in the context, gradients reaching
-  // recv nodes go back to their senders. Completes when every BACKWARD
-  // message it sent is done (first error wins).
-  Future<bool> pass(const std::shared_ptr<ContextRecord>& record,
-                    const edge_list& roots, const variable_list& grads,
-                    bool retain_graph) {
+  // recv nodes go back to their senders, except those of scope.requester
+  // (the worker whose BACKWARD this pass serves), which the returned future
+  // carries for the response. Completes when every BACKWARD message it sent
+  // is done (first error wins), with what they returned for the requester
+  // too.
+  Future<Returned> pass(const PassScope& scope, const edge_list& roots,
+                        const variable_list& grads) {
+    const std::shared_ptr<ContextRecord>& record = scope.record;
     // What the pass computes: every leaf and recv node it can reach.
     std::vector<std::shared_ptr<Node>> leaves;
     std::vector<std::shared_ptr<RecvNode>> recvs;
@@ -342,7 +479,7 @@ class AutogradState final : public AutogradHook,
         outputs.emplace_back(recv, i);
       }
     }
-    if (outputs.empty()) return Future<bool>::ready(true);
+    if (outputs.empty()) return Future<Returned>::ready(Returned());
 
     variable_list results;
     {
@@ -354,14 +491,15 @@ class AutogradState final : public AutogradHook,
             roots, grads, /*keep_graph=*/true, /*create_graph=*/false,
             /*accumulate_grad=*/false, outputs);
       } catch (const c10::Error& e) {
-        return Future<bool>::ready(
+        return Future<Returned>::ready(
             backward_failed(e.what_without_backtrace()));
       } catch (const std::exception& e) {
-        return Future<bool>::ready(backward_failed(e.what()));
+        return Future<Returned>::ready(backward_failed(e.what()));
       }
     }
     accumulate(*record, leaves, results);
-    std::vector<Future<bool>> sent;
+    std::vector<Future<Returned>> sent;
+    Returned own;
     size_t next = leaves.size();
     for (const auto& recv : recvs) {
       c10::List<at::Tensor> recv_grads;
@@ -370,12 +508,84 @@ class AutogradState final : public AutogradHook,
         any = any || results[next].defined();
         recv_grads.push_back(results[next]);
       }
-      if (any) {
-        sent.push_back(send_backward(*recv, std::move(recv_grads),
-                                     retain_graph));
+      if (!any) continue;
+      if (recv->from() == scope.requester) {
+        own.push_back({recv->message(), std::move(recv_grads)});
+      } else {
+        sent.push_back(send_backward(scope, *recv, std::move(recv_grads)));
       }
     }
-    return all_of(sent);
+    return gather(sent, std::move(own));
+  }
+
+  // A pass from the send node of autograd message `message` with the
+  // gradients `incoming` (one per tensor it sent; undefined: none), for a
+  // BACKWARD that arrived or gradients returned in a BACKWARD's response.
+  Future<Returned> pass_from_send(const PassScope& scope, int64_t message,
+                                  std::vector<at::Tensor> incoming) {
+    const std::shared_ptr<ContextRecord>& record = scope.record;
+    std::shared_ptr<SendNode> send;
+    {
+      absl::MutexLock lock(&record->mu);
+      auto it = record->sends.find(message);
+      if (it != record->sends.end()) send = it->second;
+    }
+    if (send == nullptr) {
+      return Future<Returned>::ready(absl::NotFoundError(absl::StrCat(
+          "Error on worker ", describe(self_), ": no autograd message ",
+          message, " in context ", record->id)));
+    }
+    if (incoming.size() != send->next_edges().size()) {
+      return Future<Returned>::ready(absl::InvalidArgumentError(absl::StrCat(
+          "Error on worker ", describe(self_), ": ", incoming.size(),
+          " gradients for autograd message ", message, " which sent ",
+          send->next_edges().size(), " tensors")));
+    }
+    edge_list roots;
+    variable_list grads;
+    for (size_t i = 0; i < incoming.size(); ++i) {
+      if (!incoming[i].defined()) continue;
+      roots.push_back(send->next_edges()[i]);
+      grads.push_back(std::move(incoming[i]));
+    }
+    if (roots.empty()) return Future<Returned>::ready(Returned());
+    if (scope.requester != kFromSendNode) return pass(scope, roots, grads);
+    PassScope served = scope;
+    served.requester = send->to();
+    return pass(served, roots, grads);
+  }
+
+  // pass_from_send's requester for a BACKWARD that arrived: the worker the
+  // send node sent to, which is the one whose gradients came back.
+  static constexpr int32_t kFromSendNode = -2;
+
+  // The passes for gradients that a BACKWARD's response returned: on the
+  // root's waiting thread (scope.drain), elsewhere on an inter-op thread of
+  // LibTorch (at::launch). Never on the thread that completed the response,
+  // a backend thread, which must not run an engine pass. Their own returns
+  // are for scope.requester, whose pass sent that BACKWARD.
+  Future<Returned> run_returned(const PassScope& scope,
+                                std::vector<ReturnedGrads> returned) {
+    Promise<Returned> done;
+    std::shared_ptr<AutogradState> self = shared_from_this();
+    std::function<void()> work = [self, scope, returned = std::move(returned),
+                                  done]() mutable {
+      std::vector<Future<Returned>> passes;
+      for (ReturnedGrads& entry : returned) {
+        passes.push_back(
+            self->pass_from_send(scope, entry.message, entry.grads.vec()));
+      }
+      gather(passes, Returned())
+          .on_complete([done](const absl::StatusOr<Returned>& result) {
+            done.set(result);
+          });
+    };
+    if (scope.drain != nullptr) {
+      scope.drain->post(std::move(work));
+    } else {
+      at::launch(std::move(work));
+    }
+    return done.future();
   }
 
   // Adds the gradients this pass computed for `leaves` (the first of
@@ -413,15 +623,17 @@ class AutogradState final : public AutogradHook,
     }
   }
 
-  // Ships the gradients of `recv` to the worker that sent its tensors.
-  Future<bool> send_backward(const RecvNode& recv, c10::List<at::Tensor> grads,
-                             bool retain_graph) {
-    Future<bool> done = Future<bool>::ready(
+  // Ships the gradients of `recv` to the worker that sent its tensors; runs
+  // the passes for what its response returns. The future completes when
+  // all of that is done, with what those passes have for `requester`.
+  Future<Returned> send_backward(const PassScope& scope, const RecvNode& recv,
+                                 c10::List<at::Tensor> grads) {
+    Future<Returned> done = Future<Returned>::ready(
         absl::CancelledError("the worker is shut down"));
     with_worker([&](Worker& worker) {
       absl::StatusOr<WorkerInfo> to = worker.get_worker_info(To(recv.from()));
       if (!to.ok()) {
-        done = Future<bool>::ready(to.status());
+        done = Future<Returned>::ready(to.status());
         return;
       }
       Message request;
@@ -429,34 +641,96 @@ class AutogradState final : public AutogradHook,
       absl::Status encoded = worker.encode(
           c10::ivalue::Tuple::create(
               {c10::IValue(recv.context()), c10::IValue(recv.message()),
-               c10::IValue(retain_graph), c10::IValue(std::move(grads))}),
+               c10::IValue(scope.retain_graph),
+               c10::IValue(std::move(grads))}),
           request);
       if (!encoded.ok()) {
-        done = Future<bool>::ready(encoded);
+        done = Future<Returned>::ready(encoded);
         return;
       }
       const std::string from = describe(self_);
       const std::string peer = describe(*to);
-      done = worker.send(*to, std::move(request))
-                 .then([from, peer](const absl::StatusOr<Message>& response)
-                           -> absl::StatusOr<bool> {
-                   if (response.ok()) return true;
-                   // A remote pass's own report names its worker already.
-                   if (absl::StrContains(response.status().message(),
-                                         "Error on worker")) {
-                     return response.status();
-                   }
-                   return absl::Status(
-                       response.status().code(),
-                       absl::StrCat("Error on worker ", from,
-                                    ": sending gradients to worker ", peer,
-                                    " failed: ", response.status().message()));
-                 });
+      std::shared_ptr<AutogradState> self = shared_from_this();
+      Promise<Returned> promise;
+      done = promise.future();
+      worker.send(*to, std::move(request))
+          .on_complete([self, scope, from, peer,
+                        promise](const absl::StatusOr<Message>& response) {
+            absl::StatusOr<std::vector<ReturnedGrads>> returned =
+                response.ok() ? self->decode_returned(*response, peer)
+                              : response.status();
+            if (!returned.ok()) {
+              // A remote pass's own report names its worker already.
+              if (absl::StrContains(returned.status().message(),
+                                    "Error on worker")) {
+                promise.set(returned.status());
+              } else {
+                promise.set(absl::Status(
+                    returned.status().code(),
+                    absl::StrCat("Error on worker ", from,
+                                 ": sending gradients to worker ", peer,
+                                 " failed: ", returned.status().message())));
+              }
+              return;
+            }
+            if (returned->empty()) {
+              promise.set(Returned());
+              return;
+            }
+            self->run_returned(scope, *std::move(returned))
+                .on_complete([promise](const absl::StatusOr<Returned>& r) {
+                  promise.set(r);
+                });
+          });
     });
     return done;
   }
 
+  // The gradients a BACKWARD's response from `peer` returned: none for an
+  // ACK; an AUTOGRAD_BACKWARD_RET carries (message ids, how many gradients
+  // each, the gradients) = (int[], int[], Tensor[]).
+  absl::StatusOr<std::vector<ReturnedGrads>> decode_returned(
+      const Message& response, const std::string& peer) {
+    std::vector<ReturnedGrads> out;
+    if (response.type != MessageType::kAutogradBackwardRet) return out;
+    absl::StatusOr<c10::IValue> payload = absl::CancelledError("shut down");
+    with_worker([&](Worker& w) { payload = w.decode(response); });
+    if (!payload.ok()) return payload.status();
+    const auto malformed = [&peer]() {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "malformed AUTOGRAD_BACKWARD_RET from worker ", peer,
+          ": expected (int[] messages, int[] counts, Tensor[] gradients) "
+          "with one count per message and as many gradients as counted"));
+    };
+    if (!payload->isTuple() || payload->toTupleRef().elements().size() != 3) {
+      return malformed();
+    }
+    const auto& parts = payload->toTupleRef().elements();
+    if (!parts[0].isIntList() || !parts[1].isIntList() ||
+        !parts[2].isTensorList()) {
+      return malformed();
+    }
+    const std::vector<int64_t> messages = parts[0].toIntVector();
+    const std::vector<int64_t> counts = parts[1].toIntVector();
+    const std::vector<at::Tensor> grads = parts[2].toTensorVector();
+    if (messages.size() != counts.size()) return malformed();
+    size_t next = 0;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (counts[i] < 0 ||
+          static_cast<uint64_t>(counts[i]) > grads.size() - next) {
+        return malformed();
+      }
+      c10::List<at::Tensor> these;
+      for (int64_t k = 0; k < counts[i]; ++k) these.push_back(grads[next++]);
+      out.push_back({messages[i], std::move(these)});
+    }
+    if (next != grads.size()) return malformed();
+    return out;
+  }
+
   // BACKWARD: (context, message, retain_graph, grads) for a send node here.
+  // The response returns the gradients the passes have for the sender's
+  // recv nodes (AUTOGRAD_BACKWARD_RET), or is an ACK.
   Future<Message> on_backward(Message request) {
     absl::StatusOr<c10::IValue> payload = absl::CancelledError("shut down");
     with_worker([&](Worker& w) { payload = w.decode(request); });
@@ -472,42 +746,46 @@ class AutogradState final : public AutogradHook,
     }
     const auto& parts = payload->toTupleRef().elements();
     const int64_t context = parts[0].toInt();
-    const int64_t message = parts[1].toInt();
     std::shared_ptr<ContextRecord> record = find(context);
     if (record == nullptr) {
       return Future<Message>::ready(unknown_context(context));
     }
-    std::shared_ptr<SendNode> send;
-    {
-      absl::MutexLock lock(&record->mu);
-      auto it = record->sends.find(message);
-      if (it != record->sends.end()) send = it->second;
-    }
-    if (send == nullptr) {
-      return Future<Message>::ready(absl::NotFoundError(absl::StrCat(
-          "Error on worker ", describe(self_), ": no autograd message ",
-          message, " in context ", context)));
-    }
-    std::vector<at::Tensor> incoming = parts[3].toTensorVector();
-    if (incoming.size() != send->next_edges().size()) {
-      return Future<Message>::ready(absl::InvalidArgumentError(absl::StrCat(
-          "Error on worker ", describe(self_), ": ", incoming.size(),
-          " gradients for autograd message ", message, " which sent ",
-          send->next_edges().size(), " tensors")));
-    }
-    edge_list roots;
-    variable_list grads;
-    for (size_t i = 0; i < incoming.size(); ++i) {
-      if (!incoming[i].defined()) continue;
-      roots.push_back(send->next_edges()[i]);
-      grads.push_back(std::move(incoming[i]));
-    }
-    if (roots.empty()) return Future<Message>::ready(ack());
-    return pass(record, roots, grads, parts[2].toBool())
-        .then([](const absl::StatusOr<bool>& done) -> absl::StatusOr<Message> {
+    std::weak_ptr<AutogradState> weak = weak_from_this();
+    PassScope scope{record, parts[2].toBool(), kFromSendNode, nullptr};
+    return pass_from_send(scope, parts[1].toInt(), parts[3].toTensorVector())
+        .then([weak](const absl::StatusOr<Returned>& done)
+                  -> absl::StatusOr<Message> {
           if (!done.ok()) return done.status();
-          return ack();
+          if (done->empty()) return ack();
+          std::shared_ptr<AutogradState> self = weak.lock();
+          if (self == nullptr) return absl::CancelledError("shut down");
+          return self->encode_returned(*done);
         });
+  }
+
+  absl::StatusOr<Message> encode_returned(const Returned& returned) {
+    c10::List<int64_t> messages;
+    c10::List<int64_t> counts;
+    c10::List<at::Tensor> grads;
+    for (const ReturnedGrads& entry : returned) {
+      messages.push_back(entry.message);
+      counts.push_back(static_cast<int64_t>(entry.grads.size()));
+      for (size_t k = 0; k < entry.grads.size(); ++k) {
+        grads.push_back(entry.grads.get(k));
+      }
+    }
+    Message response;
+    response.type = MessageType::kAutogradBackwardRet;
+    absl::Status encoded = absl::CancelledError("the worker is shut down");
+    with_worker([&](Worker& worker) {
+      encoded = worker.encode(
+          c10::ivalue::Tuple::create({c10::IValue(std::move(messages)),
+                                      c10::IValue(std::move(counts)),
+                                      c10::IValue(std::move(grads))}),
+          response);
+    });
+    if (!encoded.ok()) return encoded;
+    return response;
   }
 
   // ---- cleanup
@@ -553,6 +831,42 @@ class AutogradState final : public AutogradHook,
     return all_of(sent);
   }
 
+  // A Context was left: forgets it here at once and releases it on its
+  // peers without waiting (each send is bounded by the RPC timeout).
+  // await_releases() waits for the releases in flight.
+  void release(int64_t id) {
+    {
+      absl::MutexLock lock(&releases_mu_);
+      ++releases_in_flight_;
+    }
+    std::weak_ptr<AutogradState> weak = weak_from_this();
+    cleanup(id, -1).on_complete([weak, id](const absl::StatusOr<bool>& done) {
+      if (!done.ok()) {
+        LOG(WARNING) << "releasing distributed autograd context " << id
+                     << " on every worker: " << done.status();
+      }
+      if (std::shared_ptr<AutogradState> self = weak.lock()) {
+        absl::MutexLock lock(&self->releases_mu_);
+        --self->releases_in_flight_;
+      }
+    });
+  }
+
+  absl::Status await_releases(absl::Time deadline) {
+    absl::MutexLock lock(&releases_mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(releases_mu_) {
+      return releases_in_flight_ == 0;
+    };
+    if (releases_mu_.AwaitWithDeadline(absl::Condition(&none), deadline)) {
+      return absl::OkStatus();
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        releases_in_flight_, " release",
+        releases_in_flight_ == 1 ? "" : "s",
+        " of distributed autograd contexts still in flight on worker ",
+        describe(self_)));
+  }
+
   Future<Message> on_cleanup(Message request) {
     absl::StatusOr<c10::IValue> payload = absl::CancelledError("shut down");
     with_worker([&](Worker& w) { payload = w.decode(request); });
@@ -588,6 +902,8 @@ class AutogradState final : public AutogradHook,
   const WorkerInfo self_;
   std::atomic<int64_t> next_context_{0};
   std::atomic<int64_t> next_message_{0};
+  absl::Mutex releases_mu_;
+  int64_t releases_in_flight_ ABSL_GUARDED_BY(releases_mu_) = 0;
   absl::flat_hash_map<int64_t, std::shared_ptr<ContextRecord>> contexts_
       ABSL_GUARDED_BY(mu_);
 };
@@ -599,6 +915,17 @@ class AutogradExtension final : public WorkerExtension {
   explicit AutogradExtension(Worker& worker)
       : state_(std::make_shared<AutogradState>(worker)) {}
   ~AutogradExtension() override { state_->close(); }
+
+  // The contexts this worker released reach every peer before it leaves.
+  absl::Status before_graceful_join() override {
+    absl::Duration bound = absl::Seconds(60);
+    state_->with_worker([&](Worker& worker) {
+      bound = worker.resolve_timeout(kDefaultTimeout);
+    });
+    absl::Status released = state_->await_releases(absl::Now() + bound);
+    if (!released.ok()) LOG(WARNING) << "graceful shutdown: " << released;
+    return absl::OkStatus();
+  }
 
   const std::shared_ptr<AutogradState>& state() const { return state_; }
 
@@ -714,16 +1041,7 @@ void Context::release() {
   std::shared_ptr<AutogradState> state = state_.lock();
   const int64_t id = std::exchange(id_, -1);
   if (state == nullptr) return;
-  absl::Duration bound = absl::Seconds(60);
-  state->with_worker([&](Worker& worker) {
-    bound = worker.resolve_timeout(kDefaultTimeout);
-  });
-  absl::StatusOr<bool> cleaned =
-      state->cleanup(id, -1).get(absl::Now() + bound);
-  if (!cleaned.ok()) {
-    LOG(WARNING) << "releasing distributed autograd context " << id
-                 << " on every worker: " << cleaned.status();
-  }
+  state->release(id);
 }
 
 absl::StatusOr<int64_t> current_context_id() {
@@ -775,8 +1093,10 @@ absl::Status backward(Worker& worker, int64_t context_id,
     edges.push_back(torch::autograd::impl::gradient_edge(root));
     grads.push_back(at::ones_like(root, c10::MemoryFormat::Contiguous));
   }
-  absl::StatusOr<bool> done =
-      state->pass(record, edges, grads, retain_graph).get();
+  auto drain = std::make_shared<internal::Drain>();
+  internal::PassScope scope{record, retain_graph, /*requester=*/-1, drain};
+  absl::StatusOr<internal::Returned> done =
+      internal::Drain::run_until(drain, state->pass(scope, edges, grads));
   if (!retain_graph) release_graph(roots);
   return done.status();
 }
@@ -800,6 +1120,12 @@ absl::StatusOr<c10::Dict<at::Tensor, at::Tensor>> get_gradients(
   absl::StatusOr<Worker*> worker = default_worker();
   if (!worker.ok()) return worker.status();
   return get_gradients(**worker, context_id);
+}
+
+absl::Status await_releases(Worker& worker, absl::Time deadline) {
+  std::shared_ptr<AutogradState> state = internal::state_of(worker);
+  if (state == nullptr) return no_extension(worker);
+  return state->await_releases(deadline);
 }
 
 absl::StatusOr<int64_t> live_contexts(Worker& worker) {

@@ -28,13 +28,17 @@
 // Backward (FAST mode, see docs/autograd.md): the root runs the engine from
 // its roots; each gradient reaching a recv node travels back to the worker
 // that sent the tensor (a BACKWARD message), which runs the engine from the
-// paired send node, and so on. backward() returns once every pass it caused,
-// on every worker, is done. Gradients of leaf tensors accumulate in the
-// context of the worker that holds the leaf (get_gradients), never in .grad.
+// paired send node, and so on; gradients a pass has for the worker whose
+// BACKWARD it serves ride back in that message's response instead.
+// backward() returns once every pass it caused, on every worker, is done.
+// Gradients of leaf tensors accumulate in the context of the worker that
+// holds the leaf (get_gradients), never in .grad.
 //
 // Ownership: a Context is movable, not copyable; it must be destroyed on the
-// thread that entered it. Destroying it releases the context on every worker
-// that took part (bounded by the RPC timeout).
+// thread that entered it. Destroying it forgets the context here at once and
+// starts releasing it on every worker that took part, without waiting for
+// them (as the peer's exit does); await_releases() waits for that, and a
+// graceful shutdown does before it leaves.
 //
 // Thread safety: every function may be called from any thread; a context is
 // current only on the thread that entered it (and on the threads serving its
@@ -46,6 +50,7 @@
 #include <ATen/core/Tensor.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
+#include <absl/time/time.h>
 
 #include <cstdint>
 #include <memory>
@@ -115,6 +120,14 @@ class Context {
     Worker& worker, int64_t context_id);
 [[nodiscard]] absl::StatusOr<c10::Dict<at::Tensor, at::Tensor>> get_gradients(
     int64_t context_id);
+
+// Waits until every context released on `worker` so far (by a Context's
+// destructor) is released on every worker it reached, or until `deadline`:
+// DEADLINE_EXCEEDED naming how many releases are still in flight. A release
+// that failed (a peer lost, or not answering within the RPC timeout) counts
+// as done; it was logged as a warning, and that peer's copy goes with its
+// own shutdown. FAILED_PRECONDITION without the extension.
+[[nodiscard]] absl::Status await_releases(Worker& worker, absl::Time deadline);
 
 // How many contexts `worker` holds (its own and those it took part in);
 // for tests and leak checks. FAILED_PRECONDITION without the extension.

@@ -12,6 +12,7 @@
 
 #include "autograd/autograd_testing.h"
 #include "autograd/rref_backward.h"
+#include "backends/faulty/faulty_agent.h"
 #include "rref/rref.h"
 #include "rref/rref_testing.h"
 #include "testing/loopback_group.h"
@@ -377,7 +378,9 @@ TEST_F(DistAutograd, LeavingAContextCleansItEverywhere) {
     EXPECT_EQ(*live_contexts(b()), 1);
     EXPECT_EQ(*live_contexts(c()), 1);
   }
+  // The exit started the release; it reaches bob, then carol through bob.
   EXPECT_EQ(*live_contexts(a()), 0);
+  ASSERT_THAT(await_releases(a(), absl::Now() + kBound), IsOk());
   EXPECT_EQ(*live_contexts(b()), 0);
   EXPECT_EQ(*live_contexts(c()), 0);
   // Calls outside a context carry no autograd: nothing is recorded.
@@ -411,8 +414,117 @@ TEST_F(DistAutograd, ManyContextsConcurrently) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(good.load(), kThreads * 10);
   EXPECT_EQ(*live_contexts(a()), 0);
+  ASSERT_THAT(await_releases(a(), absl::Now() + kBound), IsOk());
   EXPECT_EQ(*live_contexts(b()), 0);
   EXPECT_EQ(*live_contexts(c()), 0);
+}
+
+TEST_F(DistAutograd, AContextEnteredRightAfterAnExitIsKept) {
+  // Each exit's release is still on its way to bob and carol when the next
+  // context, which reaches the same workers, is entered: ids are never
+  // reused, so a late release cannot take the new context.
+  at::Tensor x = leaf({4}, 24);
+  for (int step = 0; step < 20; ++step) {
+    absl::StatusOr<Context> context = Context::enter(a());
+    ASSERT_THAT(context, IsOk());
+    at::Tensor y =
+        call("bob", testing::kMulVia, {std::string("carol"), x, x});
+    ASSERT_THAT(backward(a(), context->id(), {y.sum()}), IsOk());
+    // y = 2x * x + x: dy/dx = 4x + 1.
+    expect_close(grad_of(grads(a(), context->id()), x), x.detach() * 4 + 1);
+  }
+  ASSERT_THAT(await_releases(a(), absl::Now() + kBound), IsOk());
+  EXPECT_EQ(*live_contexts(a()), 0);
+  EXPECT_EQ(*live_contexts(b()), 0);
+  EXPECT_EQ(*live_contexts(c()), 0);
+}
+
+TEST_F(DistAutograd, AwaitReleasesWithNothingInFlight) {
+  EXPECT_THAT(await_releases(a(), absl::Now()), IsOk());
+}
+
+// The same group over the faulty backend (wrapping loopback), which delays
+// the messages of some types: what a step sends, and when.
+class DelayedMessages : public testing::LoopbackGroup {
+ protected:
+  void start_with(std::string delays) {
+    RpcOptions options = testing::group_options("autograd_delayed");
+    options.backend = "faulty";
+    options.backend_settings["faulty.inner"] = "loopback";
+    options.backend_settings["faulty.delay"] = std::move(delays);
+    start(options, {"alice", "bob", "carol"},
+          {rref_extension(), autograd_extension()});
+  }
+
+  Worker& a() { return *workers_[0]; }
+  Worker& b() { return *workers_[1]; }
+  Worker& c() { return *workers_[2]; }
+};
+
+TEST_F(DelayedMessages, LeavingReturnsBeforeThePeersRelease) {
+  // Every AUTOGRAD_CLEANUP waits 2 s before it is sent.
+  start_with("AUTOGRAD_CLEANUP:2000");
+  at::Tensor x = leaf({3}, 25);
+  {
+    absl::StatusOr<Context> context = Context::enter(a());
+    ASSERT_THAT(context, IsOk());
+    absl::StatusOr<c10::IValue> y =
+        a().rpc_sync("bob", testing::kMulVia, {std::string("carol"), x, x});
+    ASSERT_THAT(y, IsOk());
+    ASSERT_THAT(backward(a(), context->id(), {y->toTensor().sum()}), IsOk());
+  }
+  // The exit forgot the context here and did not wait for bob (the peer's
+  // exit does not either): bob still has it, and a release is in flight.
+  EXPECT_EQ(*live_contexts(a()), 0);
+  EXPECT_EQ(*live_contexts(b()), 1);
+  EXPECT_THAT(await_releases(a(), absl::Now()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("1 release")));
+  // It still reaches every worker that took part.
+  ASSERT_THAT(await_releases(a(), absl::Now() + kBound), IsOk());
+  EXPECT_EQ(*live_contexts(b()), 0);
+  EXPECT_EQ(*live_contexts(c()), 0);
+}
+
+TEST_F(DelayedMessages, GradientsForTheRequesterRideOnTheBackwardResponse) {
+  // Every AUTOGRAD_BACKWARD is counted (delayed by 1 ms).
+  start_with("AUTOGRAD_BACKWARD:1");
+  at::Tensor x = leaf({3}, 26), w = leaf({3}, 27);
+  absl::StatusOr<Context> context = Context::enter(a());
+  ASSERT_THAT(context, IsOk());
+  absl::StatusOr<c10::IValue> y =
+      a().rpc_sync("bob", "aten::mul.Tensor", {x, w});
+  ASSERT_THAT(y, IsOk());
+  const int64_t before = backends::injected_faults().delayed;
+  ASSERT_THAT(backward(a(), context->id(), {y->toTensor().sum()}), IsOk());
+  // alice sent bob one BACKWARD; the gradients bob's pass has for x and w,
+  // which came from alice, are in its response: no BACKWARD back.
+  EXPECT_EQ(backends::injected_faults().delayed - before, 1);
+  auto g = get_gradients(a(), context->id());
+  ASSERT_THAT(g, IsOk());
+  expect_close(grad_of(*g, x), w.detach());
+  expect_close(grad_of(*g, w), x.detach());
+}
+
+TEST_F(DelayedMessages, ANestedChainAnswersEachRequesterInItsResponse) {
+  start_with("AUTOGRAD_BACKWARD:1");
+  at::Tensor x = leaf({5}, 28), w = leaf({5}, 29);
+  absl::StatusOr<Context> context = Context::enter(a());
+  ASSERT_THAT(context, IsOk());
+  absl::StatusOr<c10::IValue> y =
+      a().rpc_sync("bob", testing::kMulVia, {std::string("carol"), x, w});
+  ASSERT_THAT(y, IsOk());
+  const int64_t before = backends::injected_faults().delayed;
+  ASSERT_THAT(backward(a(), context->id(), {(y->toTensor() * 2).sum()}),
+              IsOk());
+  // alice -> bob and bob -> carol; carol answers bob, bob answers alice
+  // (its pass and the one carol's answer started both reach alice's x).
+  EXPECT_EQ(backends::injected_faults().delayed - before, 2);
+  auto g = get_gradients(a(), context->id());
+  ASSERT_THAT(g, IsOk());
+  // y = 2x * w + x: dy/dx = 2w + 1, dy/dw = 2x; the root doubles both.
+  expect_close(grad_of(*g, x), (w.detach() * 2 + 1) * 2);
+  expect_close(grad_of(*g, w), x.detach() * 4);
 }
 
 }  // namespace

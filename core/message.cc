@@ -77,6 +77,8 @@ const char* message_type_name(MessageType type) {
       return "MEMBER_JOIN";
     case MessageType::kMemberLeave:
       return "MEMBER_LEAVE";
+    case MessageType::kAutogradBackwardRet:
+      return "AUTOGRAD_BACKWARD_RET";
   }
   return "INVALID";
 }

@@ -56,6 +56,10 @@ enum class MessageType : int32_t {
   // that it joined or is leaving; payload "rank:name"; answered with kAck.
   kMemberJoin = 15,
   kMemberLeave = 16,
+  // The response to kAutogradBackward when its pass has gradients for the
+  // requester's own recv nodes (autograd/): they ride back in it instead of
+  // a BACKWARD of their own. Otherwise that response is kAck.
+  kAutogradBackwardRet = 17,
 };
 
 // Returns a short name for logs and error messages ("CALL", ...).
