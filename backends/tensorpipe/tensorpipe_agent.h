@@ -2,12 +2,20 @@
 // default multi-process transport of tether (docs/architecture.md section 2).
 //
 // Each agent owns one tensorpipe::Context with the transport tcp (tether's
-// own, internal/tcp_transport.h) and the channels basic, cma (cross-memory
-// attach) and mpt (several TCP lanes, each one a tcp transport of ours),
-// registered with priorities so that TensorPipe negotiates the best pair per
-// peer: tcp + cma between processes of one host, tcp + mpt or basic across
-// hosts. A transport or channel that is not viable on this machine is
+// own, internal/tcp_transport.h) and the channels basic and cma
+// (cross-memory attach), registered with priorities so that TensorPipe
+// negotiates the best pair per peer: tcp + cma between processes of one
+// host, tcp + basic across hosts. The mpt channel (several TCP lanes, each
+// one a tcp transport of ours, for bandwidth across hosts) is opt-in: its
+// lanes listen and run a thread each in every worker whether or not a peer
+// uses them. A transport or channel that is not viable on this machine is
 // skipped.
+//
+// File descriptors: a TensorPipe pipe holds two connections of its own
+// (descriptors, descriptor replies) plus its CPU channel's (cma 2, basic 1,
+// mpt 1 + one per lane), and a worker holds two pipes per peer it talks
+// with both ways (the one it opened, the one the peer opened): 8 sockets
+// per peer on one host (docs/benchmarks.md, "Scale").
 //
 // Strangers (issue #16): TensorPipe's own transports parse whatever reaches
 // their sockets and abort the process on bad bytes (16 bytes of 0xff on a uv
@@ -35,7 +43,7 @@
 //                             "tcp"; "uv" and "shm" are TensorPipe's own,
 //                             unguarded: docs/security.md)
 //   tensorpipe.channels       comma list of "basic", "cma", "mpt", "xth"
-//                             (default "basic,cma,mpt"; xth only helps
+//                             (default "basic,cma"; xth only helps
 //                             agents of one process, and is for tests:
 //                             TensorPipe's xth copies on the receiving
 //                             agent's thread straight from the sender's
