@@ -238,11 +238,15 @@ void AgentState::on_client_auth(const std::shared_ptr<ClientPipe>& client,
   // queued: a direct write (which needs it) never overtakes a queued
   // request.
   std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+  std::shared_ptr<ClientPipe> retired;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       if (client->queued.empty()) {
         client->ready = true;
+        // The peer's pipe, accepted while this one authenticated, may
+        // take over now (on_pipe_from).
+        retired = retire_for_accepted_locked(client->rank);
         break;
       }
       queued.clear();
@@ -252,6 +256,7 @@ void AgentState::on_client_auth(const std::shared_ptr<ClientPipe>& client,
       write_on_client(client, std::move(frame));
     }
   }
+  if (retired != nullptr) retired->pipe->close();
 }
 
 void AgentState::read_responses(std::shared_ptr<ClientPipe> client) {

@@ -92,20 +92,29 @@ void AgentState::on_pipe_from(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
     absl::MutexLock lock(&mu_);
     if (closed_ || !server_pipes_.contains(pipe)) return;
     accepted_from_[rank] = pipe;
-    auto it = client_pipes_.find(rank);
-    // Both opened a pipe at once: the lower rank's carries both ways. Ours
-    // goes once its requests are answered, unless the peer sends on it (or
-    // it is still authenticating, with requests queued: then both stay).
-    if (rank < self_.id && it != client_pipes_.end() &&
-        !it->second->adopted && it->second->ready &&
-        it->second->queued.empty() && !it->second->serves_peer) {
-      retired = it->second;
-      retired->retiring = true;
-      adopt_locked(rank, pipe);
-      if (retired->outstanding > 0) retired = nullptr;  // closed when answered
-    }
+    retired = retire_for_accepted_locked(rank);
   }
   if (retired != nullptr) retired->pipe->close();
+}
+
+std::shared_ptr<AgentState::ClientPipe> AgentState::retire_for_accepted_locked(
+    int rank) {
+  // Both opened a pipe at once: the lower rank's carries both ways. Ours
+  // goes once its requests are answered, unless the peer sends on it; one
+  // still authenticating waits until it is ready (on_client_auth).
+  auto accepted = accepted_from_.find(rank);
+  auto it = client_pipes_.find(rank);
+  if (rank >= self_.id || accepted == accepted_from_.end() ||
+      it == client_pipes_.end() || it->second->adopted ||
+      !it->second->ready || !it->second->queued.empty() ||
+      it->second->serves_peer) {
+    return nullptr;
+  }
+  std::shared_ptr<ClientPipe> retired = it->second;
+  retired->retiring = true;
+  adopt_locked(rank, accepted->second);
+  if (retired->outstanding > 0) return nullptr;  // closed when answered
+  return retired;
 }
 
 void AgentState::listen_again(int attempt) {

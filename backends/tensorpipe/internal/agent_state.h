@@ -248,6 +248,11 @@ class AgentState
   // both ways and the higher rank retires its own.
   void on_pipe_from(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
                     const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  // If our ready client pipe to `rank` (a lower rank) and an accepted pipe
+  // from it both exist, the accepted one takes over: ours is marked
+  // retiring and returned when it can be closed now (nullptr otherwise).
+  std::shared_ptr<ClientPipe> retire_for_accepted_locked(int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void on_client_auth(const std::shared_ptr<ClientPipe>& client,
                       const internal::AuthFrame& auth) ABSL_LOCKS_EXCLUDED(mu_);
   // A handshake message in this backend's envelope, and back.
