@@ -160,6 +160,9 @@ void AgentState::write_request(int rank, int64_t id,
         client = it->second;
         still_pending = pending_.set_connection(id, client->connection);
         if (still_pending) ++client->outstanding;
+        // The peer's pipe may have been accepted while this one connected:
+        // then it takes over, and this one goes once answered.
+        (void)retire_for_accepted_locked(rank);
       }
     }
     if (!inserted) pipe->close();
@@ -302,6 +305,10 @@ void AgentState::on_response(const std::shared_ptr<ClientPipe>& client,
   if (error) {
     on_client_pipe_error(client, error);
     return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    client->heard = true;
   }
   if (frame->header.kind == FrameKind::kAuth) {
     absl::StatusOr<internal::AuthFrame> auth = frame->take_auth();

@@ -113,7 +113,11 @@ std::shared_ptr<AgentState::ClientPipe> AgentState::retire_for_accepted_locked(
   std::shared_ptr<ClientPipe> retired = it->second;
   retired->retiring = true;
   adopt_locked(rank, accepted->second);
-  if (retired->outstanding > 0) return nullptr;  // closed when answered
+  // Closed when its last request is answered; closing one that has not
+  // heard from the peer yet could fail the peer's listener (see
+  // write_request), so a pipe whose only request timed out before it left
+  // stays open (rare: a race and a timeout together).
+  if (retired->outstanding > 0 || !retired->heard) return nullptr;
   return retired;
 }
 

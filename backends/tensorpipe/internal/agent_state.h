@@ -115,6 +115,8 @@ class AgentState
     bool retiring = false;
     // The peer sends its requests here too (under mu_): never retired.
     bool serves_peer = false;
+    // A frame came from the peer on this pipe: it is connected (under mu_).
+    bool heard = false;
     // Authentication (the machine is used under AgentState::mu_; null
     // without a secret): requests wait in `queued` until this side has
     // answered the server's challenge (`ready`); responses are accepted once
