@@ -199,7 +199,7 @@ def merge_scale(earlier, scale):
     """`scale` (a run of some variants: --backends) over the scale section
     of an earlier run: its variants' rows replace the earlier ones, the
     other variants' stay, and "earlier" says which rows came from which
-    run (command, date, load)."""
+    run (command, date, load, and that run's bare floor)."""
     if not earlier:
         return scale
     kept = [label for label in earlier.get("variants", {})
@@ -220,7 +220,8 @@ def merge_scale(earlier, scale):
     mine = [v for v in kept
             if not any(v in r["variants"] for r in runs)]
     runs.append({k: earlier.get(k) for k in
-                 ("command", "date", "loadavg_at_start", "loadavg_at_end")})
+                 ("command", "date", "loadavg_at_start", "loadavg_at_end",
+                  "bare")})
     runs[-1]["variants"] = mine
     merged["earlier"] = [r for r in runs if r["variants"]]
     return merged
