@@ -19,12 +19,15 @@
 //                all; the first connections are made here
 //   warm rounds  the same, --warm_rounds times (3); their median
 // and prints one line `JSON {...}`: its init time, the round times, its
-// open fds (/proc/self/fd) and memory (VmHWM, VmRSS from
+// open fds (/proc/self/fd; by kind too: fds_tcp, fds_tcp_listen, ...) and
+// memory (VmHWM, VmRSS from
 // /proc/self/status) after the warm rounds and at main(), its threads,
 // the CPU time it had used when main() began (the dynamic loader's share
 // of starting a process), the wall clock (unix seconds) at main() and once
 // up, so that the launcher can tell launch-to-all-up, and the shutdown's
 // duration. A failed call names the peer: "w3 -> w17: <status>".
+// --hold_s=S waits S seconds after the warm rounds, before shutting down,
+// so that a worker's fds can be listed from outside.
 //
 // With --bare it prints the same first fields and exits at once: what
 // starting a process that loads this binary's libraries (LibTorch's among
