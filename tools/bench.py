@@ -827,8 +827,8 @@ def main_scale(args, out_dir, log):
     if os.path.exists(results_path):
         with open(results_path) as f:
             results = json.load(f)
-    results["scale"] = scale
-    print(scale_report(scale))
+    results["scale"] = bench_scale.merge_scale(results.get("scale"), scale)
+    print(scale_report(results["scale"]))
     write_results(args, results, out_dir, log)
     return 0
 

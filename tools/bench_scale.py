@@ -195,6 +195,38 @@ def run_scale(args, variants, run, tail, log):
     return scale
 
 
+def merge_scale(earlier, scale):
+    """`scale` (a run of some variants: --backends) over the scale section
+    of an earlier run: its variants' rows replace the earlier ones, the
+    other variants' stay, and "earlier" says which rows came from which
+    run (command, date, load, and that run's bare floor)."""
+    if not earlier:
+        return scale
+    kept = [label for label in earlier.get("variants", {})
+            if label not in scale["variants"]]
+    if not kept:
+        return scale
+    merged = dict(scale)
+    # In the earlier run's order, then the new variants.
+    order = list(earlier["variants"]) + [
+        label for label in scale["variants"] if label not in earlier["variants"]]
+    merged["variants"] = {
+        label: (scale["variants"][label] if label in scale["variants"]
+                else earlier["variants"][label])
+        for label in order}
+    runs = list(earlier.get("earlier", []))
+    runs = [dict(r, variants=[v for v in r["variants"] if v in kept])
+            for r in runs]
+    mine = [v for v in kept
+            if not any(v in r["variants"] for r in runs)]
+    runs.append({k: earlier.get(k) for k in
+                 ("command", "date", "loadavg_at_start", "loadavg_at_end",
+                  "bare")})
+    runs[-1]["variants"] = mine
+    merged["earlier"] = [r for r in runs if r["variants"]]
+    return merged
+
+
 # ---- per-peer growth and the table ----
 
 def growth(per_n):

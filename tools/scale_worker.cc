@@ -19,12 +19,15 @@
 //                all; the first connections are made here
 //   warm rounds  the same, --warm_rounds times (3); their median
 // and prints one line `JSON {...}`: its init time, the round times, its
-// open fds (/proc/self/fd) and memory (VmHWM, VmRSS from
+// open fds (/proc/self/fd; by kind too: fds_tcp, fds_tcp_listen, ...) and
+// memory (VmHWM, VmRSS from
 // /proc/self/status) after the warm rounds and at main(), its threads,
 // the CPU time it had used when main() began (the dynamic loader's share
 // of starting a process), the wall clock (unix seconds) at main() and once
 // up, so that the launcher can tell launch-to-all-up, and the shutdown's
 // duration. A failed call names the peer: "w3 -> w17: <status>".
+// --hold_s=S waits S seconds after the warm rounds, before shutting down,
+// so that a worker's fds can be listed from outside.
 //
 // With --bare it prints the same first fields and exits at once: what
 // starting a process that loads this binary's libraries (LibTorch's among
@@ -40,12 +43,14 @@
 #include <absl/time/time.h>
 #include <dirent.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -70,6 +75,9 @@ struct Flags {
   absl::Duration call_timeout = absl::Seconds(120);
   absl::Duration init_timeout = absl::Seconds(300);
   bool bare = false;
+  // Waits this long after the warm rounds, before shutting down: time to
+  // list a worker's fds from outside (ls -l /proc/PID/fd, ss -tnp).
+  absl::Duration hold = absl::ZeroDuration();
 };
 
 // ---- what the process holds ----
@@ -84,6 +92,82 @@ int64_t open_fds() {
   }
   closedir(dir);
   return n - 1;
+}
+
+// The TCP sockets of this network namespace, by inode: true if listening
+// (/proc/self/net/tcp and tcp6, state 0A).
+std::map<std::string, bool> tcp_sockets() {
+  std::map<std::string, bool> out;
+  for (const char* path : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream table(path);
+    std::string line;
+    std::getline(table, line);  // the header
+    while (std::getline(table, line)) {
+      std::vector<std::string> f =
+          absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      if (f.size() > 9) out[f[9]] = f[3] == "0A";
+    }
+  }
+  return out;
+}
+
+// The inodes of this network namespace's unix sockets (/proc/self/net/unix).
+std::set<std::string> unix_sockets() {
+  std::set<std::string> out;
+  std::ifstream table("/proc/self/net/unix");
+  std::string line;
+  std::getline(table, line);  // the header
+  while (std::getline(table, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    if (f.size() > 6) out.insert(f[6]);
+  }
+  return out;
+}
+
+// Open fds by kind (readlink of each /proc/self/fd entry), as
+// "fds_<kind>" keys: tcp_listen, tcp (connections), unix, socket (other
+// families), eventfd, epoll, timerfd, memfd, pipe, file, other. Tells
+// what a backend holds per peer (docs/benchmarks.md, "Scale").
+void fd_kinds(JsonObject& out) {
+  const std::map<std::string, bool> tcp = tcp_sockets();
+  const std::set<std::string> unix_inodes = unix_sockets();
+  std::map<std::string, int64_t> kinds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  const int own = dirfd(dir);
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.' || std::atoi(e->d_name) == own) continue;
+    char target[256];
+    const std::string link = absl::StrCat("/proc/self/fd/", e->d_name);
+    const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n < 0) continue;
+    const std::string t(target, static_cast<size_t>(n));
+    std::string kind = "other";
+    if (t.rfind("socket:[", 0) == 0) {
+      const std::string inode = t.substr(8, t.size() - 9);
+      auto it = tcp.find(inode);
+      kind = it != tcp.end()               ? (it->second ? "tcp_listen" : "tcp")
+             : unix_inodes.count(inode) > 0 ? "unix"
+                                            : "socket";
+    } else if (t == "anon_inode:[eventfd]") {
+      kind = "eventfd";
+    } else if (t == "anon_inode:[eventpoll]") {
+      kind = "epoll";
+    } else if (t == "anon_inode:[timerfd]") {
+      kind = "timerfd";
+    } else if (t.rfind("/memfd:", 0) == 0) {
+      kind = "memfd";
+    } else if (t.rfind("pipe:", 0) == 0) {
+      kind = "pipe";
+    } else if (t.rfind("/", 0) == 0) {
+      kind = "file";
+    }
+    ++kinds[kind];
+  }
+  closedir(dir);
+  for (const auto& [kind, count] : kinds) {
+    out.integer(absl::StrCat("fds_", kind), count);
+  }
 }
 
 // A "Name:   value" line of /proc/self/status as a number (kB for Vm*).
@@ -215,9 +299,15 @@ absl::Status run(const Flags& flags, const LauncherEnv& env, JsonObject& out) {
   }
   out.number("warm_round_s", median(warm));
   out.integer("fds", open_fds());
+  fd_kinds(out);
   out.integer("vmhwm_kb", proc_status("VmHWM"));
   out.integer("vmrss_kb", proc_status("VmRSS"));
   out.integer("threads", proc_status("Threads"));
+  if (flags.hold > absl::ZeroDuration()) {
+    std::fprintf(stderr, "scale_worker rank %d (pid %d) holds for %s\n", env.rank,
+                 static_cast<int>(getpid()), absl::FormatDuration(flags.hold).c_str());
+    absl::SleepFor(flags.hold);
+  }
 
   t = absl::Now();
   absl::Status down = worker.shutdown(true, flags.call_timeout);
@@ -242,7 +332,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: scale_worker [--backend=NAME] [--setting=KEY=VALUE]... "
                "[--label=TEXT] [--warm_rounds=N] [--threads=N] "
-               "[--call_timeout_s=S] [--init_timeout_s=S]\n"
+               "[--call_timeout_s=S] [--init_timeout_s=S] [--hold_s=S]\n"
                "       scale_worker --bare\n"
                "Run under tether_run --nproc N (see the file's header).\n");
   return 2;
@@ -278,7 +368,8 @@ int main(int argc, char** argv) {
         return usage();
       }
     } else if (seconds_flag(arg, "--call_timeout_s=", flags.call_timeout) ||
-               seconds_flag(arg, "--init_timeout_s=", flags.init_timeout)) {
+               seconds_flag(arg, "--init_timeout_s=", flags.init_timeout) ||
+               seconds_flag(arg, "--hold_s=", flags.hold)) {
     } else if (arg == "--bare") {
       flags.bare = true;
     } else {

@@ -1,6 +1,6 @@
 #include "backends/tensorpipe/tensorpipe_agent.h"
 
-#include <tensorpipe/tensorpipe.h>
+#include <absl/strings/str_cat.h>
 
 #include <memory>
 #include <utility>
@@ -22,15 +22,16 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
 Backend tensorpipe_backend() {
   Backend backend;
   backend.name = internal::kTensorPipeNames.name;
+  // The default transport, tether's tcp, needs a TCP socket that can
+  // listen. (Asking TensorPipe's uv instead left libuv's process-wide pipe
+  // pair open in every worker: 2 fds for a transport not used by default.)
   backend.viable = []() -> absl::Status {
-    std::shared_ptr<::tensorpipe::transport::Context> uv =
-        ::tensorpipe::transport::uv::create();
-    const bool viable = uv->isViable();
-    uv->close();
-    uv->join();
-    if (viable) return absl::OkStatus();
+    absl::Status usable = internal::check_can_listen("tcp://127.0.0.1");
+    if (usable.ok()) return usable;
     return absl::FailedPreconditionError(
-        "tensorpipe's uv (TCP) transport is not viable on this machine");
+        absl::StrCat("the tensorpipe backend's tcp transport is not viable on "
+                     "this machine: ",
+                     usable.message()));
   };
   backend.create = create_agent;
   return backend;

@@ -2,12 +2,19 @@
 // default multi-process transport of tether (docs/architecture.md section 2).
 //
 // Each agent owns one tensorpipe::Context with the transport tcp (tether's
-// own, internal/tcp_transport.h) and the channels basic, cma (cross-memory
-// attach) and mpt (several TCP lanes, each one a tcp transport of ours),
-// registered with priorities so that TensorPipe negotiates the best pair per
-// peer: tcp + cma between processes of one host, tcp + mpt or basic across
-// hosts. A transport or channel that is not viable on this machine is
+// own, internal/tcp_transport.h) and the channels basic and cma
+// (cross-memory attach), registered with priorities so that TensorPipe
+// negotiates the best pair per peer: tcp + cma between processes of one
+// host, tcp + basic across hosts. The mpt channel (several TCP lanes, each
+// one a tcp transport of ours, for bandwidth across hosts) is opt-in: its
+// lanes listen and run a thread each in every worker whether or not a peer
+// uses them. A transport or channel that is not viable on this machine is
 // skipped.
+//
+// File descriptors: a TensorPipe pipe holds two connections of its own
+// (descriptors, descriptor replies) plus its CPU channel's (cma 2, basic 1,
+// mpt 1 + one per lane), and a pair of workers shares one pipe (below): 4
+// sockets per peer on one host (docs/benchmarks.md, "Scale").
 //
 // Strangers (issue #16): TensorPipe's own transports parse whatever reaches
 // their sockets and abort the process on bad bytes (16 bytes of 0xff on a uv
@@ -21,10 +28,15 @@
 //
 // At creation the agent listens, publishes its listener's addresses in the
 // group's store under "tether/tensorpipe/<rank>" and waits until every rank
-// has published. Pipes open lazily on the first send to a peer; a peer's
-// requests arrive on the pipes it opened to us, and each response goes back
-// on the pipe its request came on. A broken pipe fails the requests pending
-// on it with UNAVAILABLE and is dropped, so the next send reconnects. When
+// has published. Pipes open lazily on the first send to a peer, and a
+// pipe carries both ways: a worker that has accepted a peer's pipe (once
+// authenticated, when there is a secret) sends its own requests on it
+// instead of opening another; when two workers open a pipe to each other at
+// once, the one the lower rank opened carries both ways and the higher rank
+// closes its own once its requests on it are answered. Each response goes
+// back on the pipe its request came on. A broken pipe fails the requests
+// pending on it with UNAVAILABLE and is dropped, so the next send
+// reconnects. When
 // tensorpipe fails the listener (it does so when an incoming connection dies
 // before its first packet, e.g. a peer crashing while it connects), the
 // agent listens again on the addresses it published.
@@ -35,7 +47,7 @@
 //                             "tcp"; "uv" and "shm" are TensorPipe's own,
 //                             unguarded: docs/security.md)
 //   tensorpipe.channels       comma list of "basic", "cma", "mpt", "xth"
-//                             (default "basic,cma,mpt"; xth only helps
+//                             (default "basic,cma"; xth only helps
 //                             agents of one process, and is for tests:
 //                             TensorPipe's xth copies on the receiving
 //                             agent's thread straight from the sender's

@@ -2,6 +2,10 @@
 // addresses it publishes, a listener that loses a connection. The Agent
 // contract, creation and settings are checked by the conformance suite
 // (tensorpipe_agent_test.cc, tensorpipe_creation_test.cc).
+#include <absl/strings/match.h>
+#include <absl/strings/str_split.h>
+#include <absl/strings/string_view.h>
+#include <absl/time/clock.h>
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -17,6 +21,7 @@
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "core/agent.h"
 #include "testing/agent_testing.h"
+#include "testing/process_resources.h"
 #include "testing/status_matchers.h"
 
 namespace tether::testing {
@@ -108,6 +113,73 @@ TEST(TensorPipeBackend, TensorPipesOwnTransportsOnRequest) {
   EXPECT_THAT(text, HasSubstr("uv=127.0.0.1:"));
   EXPECT_THAT(text, HasSubstr("shm="));
   expect_round_trip(group, 1 << 20);
+}
+
+// This process's established TCP sockets.
+int established_tcp_sockets() {
+  int count = 0;
+  for (absl::string_view line :
+       absl::StrSplit(describe_open_fds(), '\n', absl::SkipEmpty())) {
+    if (absl::StrContains(line, " tcp ESTABLISHED ")) ++count;
+  }
+  return count;
+}
+
+void expect_ping(AgentGroup& group, int from, int to) {
+  ASSERT_THAT(group[from]
+                  .send(group[to].self(), ping("p"), kBound)
+                  .get(absl::Now() + kBound),
+              IsOk());
+}
+
+// A pair of workers shares one pipe (issue #20): the second to send uses
+// the pipe the first opened. One pipe on tcp + cma is 4 connections, both
+// ends in this process: 8 sockets.
+TEST(TensorPipeBackend, OnePipeCarriesBothWays) {
+  AgentGroup group(tensorpipe_backend(), 2, {});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  const int before = established_tcp_sockets();
+  expect_ping(group, 0, 1);
+  const int one_way = established_tcp_sockets() - before;
+  EXPECT_GT(one_way, 0);
+  expect_ping(group, 1, 0);
+  expect_ping(group, 0, 1);
+  EXPECT_EQ(established_tcp_sockets() - before, one_way);
+}
+
+// Both open a pipe at once: the higher rank closes its own once its
+// requests there are answered, and both directions go on over the other.
+TEST(TensorPipeBackend, PipesOpenedAtOnceBecomeOne) {
+  int one_pipe = 0;
+  {
+    // What one pipe holds, from a pair that sends one way only.
+    AgentGroup single(tensorpipe_backend(), 2, {});
+    ASSERT_TRUE(single.ok()) << single.error(0) << single.error(1);
+    single.start_all(echo);
+    const int before = established_tcp_sockets();
+    expect_ping(single, 0, 1);
+    one_pipe = established_tcp_sockets() - before;
+  }
+  ASSERT_GT(one_pipe, 0);
+  AgentGroup group(tensorpipe_backend(), 2, {});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  const int before = established_tcp_sockets();
+  Future<Message> up = group[0].send(group[1].self(), ping("up"), kBound);
+  Future<Message> down = group[1].send(group[0].self(), ping("down"), kBound);
+  ASSERT_THAT(up.get(absl::Now() + kBound), IsOk());
+  ASSERT_THAT(down.get(absl::Now() + kBound), IsOk());
+  // A retired pipe closes on tensorpipe's threads: wait for it, bounded,
+  // while calls go both ways.
+  const absl::Time deadline = absl::Now() + kBound;
+  int pair = 0;
+  do {
+    expect_ping(group, 0, 1);
+    expect_ping(group, 1, 0);
+    pair = established_tcp_sockets() - before;
+  } while (pair != one_pipe && absl::Now() < deadline);
+  EXPECT_EQ(pair, one_pipe);
 }
 
 // tensorpipe fails a listener when an accepted connection dies before its

@@ -337,10 +337,12 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         absl::StatusOr<RendezvousResult> member =
             ::tether::testing::meet_as_agent("env://", rank, world);
         ASSERT_THAT(member, IsOk());
-        // The default configuration: what a user gets. To see TensorPipe's
-        // own transports fall over (docs/security.md), run with
-        // TETHER_STRANGER_TRANSPORTS=uv or =shm.
+        // The default configuration (what a user gets) with the opt-in mpt
+        // channel added, so that its lanes' ports are attacked too. To see
+        // TensorPipe's own transports fall over (docs/security.md), run
+        // with TETHER_STRANGER_TRANSPORTS=uv or =shm.
         ::tether::testing::AgentSettings settings;
+        settings["tensorpipe.channels"] = "basic,cma,mpt";
         if (const char* transports =
                 std::getenv("TETHER_STRANGER_TRANSPORTS")) {
           settings["tensorpipe.transports"] = transports;

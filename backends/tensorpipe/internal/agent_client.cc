@@ -1,6 +1,7 @@
 // The client side of the tensorpipe agent: requests out on a pipe per
-// peer (opened on first use, authenticated when a secret is set),
-// responses in.
+// peer (opened on first use, authenticated when a secret is set, or the
+// one the peer opened), responses in; the peer's requests on a pipe we
+// opened go to the server side.
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
 #include <c10/util/Logging.h>
@@ -69,6 +70,7 @@ bool AgentState::write_request_directly(int rank, int64_t id,
       return true;  // timed out before it left
     }
     client = it->second;
+    ++client->outstanding;
   }
   write_directly(
       [this, &client, &frame] { write_on_client(client, std::move(frame)); });
@@ -85,11 +87,20 @@ void AgentState::write_request(int rank, int64_t id,
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     auto it = client_pipes_.find(rank);
+    if (it == client_pipes_.end()) {
+      // The peer opened a pipe to us: it carries our requests too.
+      auto accepted = accepted_from_.find(rank);
+      if (accepted != accepted_from_.end()) {
+        adopt_locked(rank, accepted->second);
+        it = client_pipes_.find(rank);
+      }
+    }
     if (it != client_pipes_.end()) {
       if (!pending_.set_connection(id, it->second->connection)) {
         return;  // timed out before it left
       }
       client = it->second;
+      ++client->outstanding;
       if (!client->ready) {
         client->queued.emplace_back(id, std::move(frame));
         return;
@@ -148,6 +159,10 @@ void AgentState::write_request(int rank, int64_t id,
         inserted = added;
         client = it->second;
         still_pending = pending_.set_connection(id, client->connection);
+        if (still_pending) ++client->outstanding;
+        // The peer's pipe may have been accepted while this one connected:
+        // then it takes over, and this one goes once answered.
+        (void)retire_for_accepted_locked(rank);
       }
     }
     if (!inserted) pipe->close();
@@ -226,11 +241,15 @@ void AgentState::on_client_auth(const std::shared_ptr<ClientPipe>& client,
   // queued: a direct write (which needs it) never overtakes a queued
   // request.
   std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+  std::shared_ptr<ClientPipe> retired;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       if (client->queued.empty()) {
         client->ready = true;
+        // The peer's pipe, accepted while this one authenticated, may
+        // take over now (on_pipe_from).
+        retired = retire_for_accepted_locked(client->rank);
         break;
       }
       queued.clear();
@@ -240,6 +259,7 @@ void AgentState::on_client_auth(const std::shared_ptr<ClientPipe>& client,
       write_on_client(client, std::move(frame));
     }
   }
+  if (retired != nullptr) retired->pipe->close();
 }
 
 void AgentState::read_responses(std::shared_ptr<ClientPipe> client) {
@@ -263,9 +283,8 @@ void AgentState::on_response_descriptor(
   }
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
       internal::allocate_frame(descriptor, limits_);
-  if (allocated.ok() && (*allocated)->header.kind == FrameKind::kRequest) {
-    allocated = absl::InvalidArgumentError("a request on a client pipe");
-  }
+  // Requests come too: the peer may send its own on this pipe
+  // (on_pipe_from).
   if (!allocated.ok()) {
     on_client_pipe_error(client, allocated.status().ToString());
     return;
@@ -287,6 +306,10 @@ void AgentState::on_response(const std::shared_ptr<ClientPipe>& client,
     on_client_pipe_error(client, error);
     return;
   }
+  {
+    absl::MutexLock lock(&mu_);
+    client->heard = true;
+  }
   if (frame->header.kind == FrameKind::kAuth) {
     absl::StatusOr<internal::AuthFrame> auth = frame->take_auth();
     if (!auth.ok()) {
@@ -303,22 +326,53 @@ void AgentState::on_response(const std::shared_ptr<ClientPipe>& client,
     verified = client->server_verified();
   }
   if (!verified) {
-    on_client_pipe_error(client, "a response before the server authenticated",
+    on_client_pipe_error(client, "a message before the server authenticated",
                          absl::StatusCode::kUnauthenticated);
     return;
   }
   read_responses(client);
-  absl::StatusOr<Message> result = frame->take_result();
-  if (!frame->refused.ok()) {
+  if (frame->header.kind == FrameKind::kRequest) {
+    {
+      absl::MutexLock lock(&mu_);
+      client->serves_peer = true;
+    }
+    serve_request(client->pipe, *frame);
+    return;
+  }
+  deliver_response(client, *frame);
+}
+
+std::shared_ptr<AgentState::ClientPipe> AgentState::adopt_locked(
+    int rank, const std::shared_ptr<::tensorpipe::Pipe>& pipe) {
+  auto client = std::make_shared<ClientPipe>(rank, pipe, next_connection_++,
+                                             /*handshake=*/nullptr,
+                                             /*adopted=*/true);
+  client_pipes_[rank] = client;
+  adopted_[pipe.get()] = client;
+  return client;
+}
+
+void AgentState::deliver_response(const std::shared_ptr<ClientPipe>& client,
+                                  IncomingFrame& frame) {
+  bool retired = false;
+  {
+    absl::MutexLock lock(&mu_);
+    --client->outstanding;
+    retired = client->retiring && client->outstanding <= 0;
+  }
+  absl::StatusOr<Message> result = frame.take_result();
+  if (!frame.refused.ok()) {
     // Over this worker's limits: read and dropped; the pipe goes on.
     result = absl::Status(
-        frame->refused.code(),
+        frame.refused.code(),
         absl::StrCat("worker '", self_.name, "' refuses the response of '",
                      peers_.name_of(client->rank),
-                     "': ", frame->refused.message()));
+                     "': ", frame.refused.message()));
   }
   // A response for an id no longer pending (timed out) is dropped.
-  pending_.complete(frame->header.id, std::move(result));
+  pending_.complete(frame.header.id, std::move(result));
+  // Its last request answered, a pipe replaced by the peer's goes.
+  if (retired) client->pipe->close();
 }
 
 void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
@@ -330,6 +384,16 @@ void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
     auto it = client_pipes_.find(client->rank);
     if (it != client_pipes_.end() && it->second == client) {
       client_pipes_.erase(it);
+    }
+    if (client->adopted) {
+      // The peer's pipe: it goes as a server pipe too.
+      adopted_.erase(client->pipe.get());
+      server_pipes_.erase(client->pipe);
+      auto accepted = accepted_from_.find(client->rank);
+      if (accepted != accepted_from_.end() &&
+          accepted->second == client->pipe) {
+        accepted_from_.erase(accepted);
+      }
     }
   }
   client->pipe->close();

@@ -1,6 +1,8 @@
 // The server side of the tensorpipe agent: its listener (replaced when it
 // fails), requests in on the pipes peers open (authenticated when a secret
-// is set), responses out.
+// is set) and on ours, responses out; responses to our own requests on a
+// peer's pipe go to the client side.
+#include <absl/container/flat_hash_map.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
@@ -74,7 +76,49 @@ void AgentState::on_accept(
     return;
   }
   accept_next(listener);
+  if (!auth_) on_pipe_from(pipe, pipe->getRemoteName());
   read_requests(std::move(pipe));
+}
+
+void AgentState::on_pipe_from(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                              const std::string& name) {
+  // A dynamic group's joiner may not be known yet: then its pipe only
+  // serves its requests.
+  std::optional<common::Peer> peer = peers_.by_name(name);
+  if (!peer.has_value()) return;
+  const int rank = peer->info.id;
+  std::shared_ptr<ClientPipe> retired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_ || !server_pipes_.contains(pipe)) return;
+    accepted_from_[rank] = pipe;
+    retired = retire_for_accepted_locked(rank);
+  }
+  if (retired != nullptr) retired->pipe->close();
+}
+
+std::shared_ptr<AgentState::ClientPipe> AgentState::retire_for_accepted_locked(
+    int rank) {
+  // Both opened a pipe at once: the lower rank's carries both ways. Ours
+  // goes once its requests are answered, unless the peer sends on it; one
+  // still authenticating waits until it is ready (on_client_auth).
+  auto accepted = accepted_from_.find(rank);
+  auto it = client_pipes_.find(rank);
+  if (rank >= self_.id || accepted == accepted_from_.end() ||
+      it == client_pipes_.end() || it->second->adopted ||
+      !it->second->ready || !it->second->queued.empty() ||
+      it->second->serves_peer) {
+    return nullptr;
+  }
+  std::shared_ptr<ClientPipe> retired = it->second;
+  retired->retiring = true;
+  adopt_locked(rank, accepted->second);
+  // Closed when its last request is answered; closing one that has not
+  // heard from the peer yet could fail the peer's listener (see
+  // write_request), so a pipe whose only request timed out before it left
+  // stays open (rare: a race and a timeout together).
+  if (retired->outstanding > 0 || !retired->heard) return nullptr;
+  return retired;
 }
 
 void AgentState::listen_again(int attempt) {
@@ -154,7 +198,11 @@ void AgentState::on_request_descriptor(
       internal::allocate_frame(descriptor, limits_);
   if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest &&
       (*allocated)->header.kind != FrameKind::kAuth) {
-    allocated = absl::InvalidArgumentError("a response on a server pipe");
+    absl::MutexLock lock(&mu_);
+    // Responses only where our requests went (on_pipe_from).
+    if (!adopted_.contains(pipe.get())) {
+      allocated = absl::InvalidArgumentError("a response on a server pipe");
+    }
   }
   if (!allocated.ok()) {
     // Broken or beyond any limit: the pipe is unusable from here on. (A
@@ -170,7 +218,7 @@ void AgentState::on_request_descriptor(
                                  frame](const ::tensorpipe::Error& error) {
     on_callback(weak, [pipe, frame, error](AgentState& state) {
       if (error) {
-        state.drop_server_pipe(pipe);
+        state.drop_server_pipe(pipe, error.what());
         return;
       }
       if (!state.on_server_auth(pipe, *frame)) return;
@@ -179,34 +227,56 @@ void AgentState::on_request_descriptor(
         return;
       }
       state.read_requests(pipe);
-      if (!frame->refused.ok()) {
-        // Over this worker's limits: its bytes were read and dropped; the
-        // sender learns why, and the pipe serves on.
-        std::shared_ptr<OutgoingFrame> answer = internal::make_response_frame(
-            frame->header.id,
-            absl::Status(
-                frame->refused.code(),
-                absl::StrCat("worker '", state.self_.name, "' refuses a ",
-                             message_type_name(frame->header.type), ": ",
-                             frame->refused.message())));
-        pipe->write(answer->to_tensorpipe(),
-                    [answer](const ::tensorpipe::Error& /*error*/) {});
+      if (frame->header.kind == FrameKind::kRequest) {
+        state.serve_request(pipe, *frame);
         return;
       }
-      absl::StatusOr<Message> request = frame->take_result();
-      state.incoming_.arrived(pipe, *std::move(request));
+      std::shared_ptr<ClientPipe> client;
+      {
+        absl::MutexLock lock(&state.mu_);
+        auto it = state.adopted_.find(pipe.get());
+        if (it != state.adopted_.end()) client = it->second;
+      }
+      // (Gone meanwhile: its requests have failed already.)
+      if (client != nullptr) state.deliver_response(client, *frame);
     });
   });
 }
 
+void AgentState::serve_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                               IncomingFrame& frame) {
+  if (!frame.refused.ok()) {
+    // Over this worker's limits: its bytes were read and dropped; the
+    // sender learns why, and the pipe serves on.
+    std::shared_ptr<OutgoingFrame> answer = internal::make_response_frame(
+        frame.header.id,
+        absl::Status(frame.refused.code(),
+                     absl::StrCat("worker '", self_.name, "' refuses a ",
+                                  message_type_name(frame.header.type), ": ",
+                                  frame.refused.message())));
+    pipe->write(answer->to_tensorpipe(),
+                [answer](const ::tensorpipe::Error& /*error*/) {});
+    return;
+  }
+  absl::StatusOr<Message> request = frame.take_result();
+  incoming_.arrived(pipe, *std::move(request));
+}
+
 void AgentState::drop_server_pipe(
-    const std::shared_ptr<::tensorpipe::Pipe>& pipe) {
+    const std::shared_ptr<::tensorpipe::Pipe>& pipe, absl::string_view why) {
+  std::shared_ptr<ClientPipe> adopted;
   {
     absl::MutexLock lock(&mu_);
     server_pipes_.erase(pipe);
     server_auth_.erase(pipe.get());
+    auto it = adopted_.find(pipe.get());
+    if (it != adopted_.end()) adopted = it->second;
+    absl::erase_if(accepted_from_, [&pipe](const auto& entry) {
+      return entry.second == pipe;
+    });
   }
   pipe->close();
+  if (adopted != nullptr) on_client_pipe_error(adopted, why);
 }
 
 bool AgentState::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
@@ -254,13 +324,15 @@ bool AgentState::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
   }
   absl::StatusOr<std::vector<auth::HandshakeMessage>> answer;
   std::string peer;
+  bool done = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = server_auth_.find(pipe.get());
     if (it == server_auth_.end()) return false;
     answer = it->second->on_message(handshake_message(*auth));
     peer = it->second->peer();
-    if (answer.ok() && it->second->done()) server_auth_.erase(it);
+    done = answer.ok() && it->second->done();
+    if (done) server_auth_.erase(it);
   }
   if (!answer.ok()) {
     refuse(pipe, peer.empty() ? auth->name : peer, answer.status().message());
@@ -271,6 +343,8 @@ bool AgentState::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
     pipe->write(frame->to_tensorpipe(),
                 [frame](const ::tensorpipe::Error& /*error*/) {});
   }
+  // The peer proved its name: our requests may go on its pipe.
+  if (done) on_pipe_from(pipe, peer);
   return true;
 }
 
@@ -278,16 +352,21 @@ void AgentState::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
                         absl::string_view peer, absl::string_view why) {
   LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
                << "' refused a connection from '" << peer << "': " << why;
+  std::shared_ptr<ClientPipe> adopted;
   {
     absl::MutexLock lock(&mu_);
     server_pipes_.erase(pipe);
     server_auth_.erase(pipe.get());
+    auto it = adopted_.find(pipe.get());
+    if (it != adopted_.end()) adopted = it->second;
   }
   std::shared_ptr<OutgoingFrame> refusal = internal::make_auth_frame(
       {internal::AuthStep::kRefused, self_.name, std::string(why)});
   pipe->write(
       refusal->to_tensorpipe(),
       [pipe, refusal](const ::tensorpipe::Error& /*error*/) { pipe->close(); });
+  // Our requests on it fail (an authenticated peer's pipe gone bad).
+  if (adopted != nullptr) on_client_pipe_error(adopted, why);
 }
 
 void AgentState::send_response(std::weak_ptr<::tensorpipe::Pipe> pipe,

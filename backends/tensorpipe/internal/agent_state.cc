@@ -246,10 +246,12 @@ void AgentState::remove_peer(const WorkerInfo& worker) {
   std::shared_ptr<ClientPipe> client;
   {
     absl::MutexLock lock(&mu_);
+    accepted_from_.erase(worker.id);
     auto it = client_pipes_.find(worker.id);
     if (it == client_pipes_.end()) return;
     client = std::move(it->second);
     client_pipes_.erase(it);
+    if (client->adopted) adopted_.erase(client->pipe.get());
   }
   client->pipe->close();
 }
@@ -326,6 +328,9 @@ void AgentState::take_resources(Resources& out) {
     out.pipes.push_back(client->pipe);
   }
   client_pipes_.clear();
+  adopted_.clear();
+  accepted_from_.clear();
+  // (An adopted pipe is in both: closing it twice is harmless.)
   for (const auto& pipe : server_pipes_) out.pipes.push_back(pipe);
   server_pipes_.clear();
   out.context = std::move(context_);

@@ -86,13 +86,18 @@ class AgentState
  private:
   friend class AgentSkeleton<AgentState, std::weak_ptr<::tensorpipe::Pipe>>;
 
+  // The pipe this worker's requests to a peer go on: one it opened, or one
+  // the peer opened (`adopted`: a pipe carries both ways, so that a pair of
+  // workers holds one pipe, not one per direction; docs/benchmarks.md,
+  // "Scale").
   struct ClientPipe {
     ClientPipe(int rank, std::shared_ptr<::tensorpipe::Pipe> pipe,
                PendingRequests::Connection connection,
-               std::unique_ptr<auth::Handshake> handshake)
+               std::unique_ptr<auth::Handshake> handshake, bool adopted = false)
         : rank(rank),
           pipe(std::move(pipe)),
           connection(connection),
+          adopted(adopted),
           handshake(std::move(handshake)),
           ready(this->handshake == nullptr) {}
     const int rank;
@@ -100,6 +105,18 @@ class AgentState
     // What the requests written (or being written) on this pipe are bound
     // to in pending_.
     const PendingRequests::Connection connection;
+    // Opened by the peer: its read loop is the server side's (read_requests),
+    // which hands the responses here.
+    const bool adopted;
+    // Requests bound to this pipe and not answered yet (under mu_).
+    int64_t outstanding = 0;
+    // Replaced by the pipe the peer opened (both opened one at once): closed
+    // once `outstanding` is 0 (under mu_).
+    bool retiring = false;
+    // The peer sends its requests here too (under mu_): never retired.
+    bool serves_peer = false;
+    // A frame came from the peer on this pipe: it is connected (under mu_).
+    bool heard = false;
     // Authentication (the machine is used under AgentState::mu_; null
     // without a secret): requests wait in `queued` until this side has
     // answered the server's challenge (`ready`); responses are accepted once
@@ -219,6 +236,25 @@ class AgentState
       ABSL_LOCKS_EXCLUDED(mu_);
   void write_on_client(const std::shared_ptr<ClientPipe>& client,
                        std::shared_ptr<OutgoingFrame> frame);
+  // A response (or error) to one of our requests, from either read loop.
+  void deliver_response(const std::shared_ptr<ClientPipe>& client,
+                        IncomingFrame& frame) ABSL_LOCKS_EXCLUDED(mu_);
+  // A client pipe on `pipe`, accepted from worker `rank`; in client_pipes_
+  // and adopted_.
+  std::shared_ptr<ClientPipe> adopt_locked(
+      int rank, const std::shared_ptr<::tensorpipe::Pipe>& pipe)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An accepted pipe is authenticated (or needs not be) and comes from the
+  // worker named `name`: our requests to it may go there. When both
+  // workers opened a pipe at once, the one the lower rank opened carries
+  // both ways and the higher rank retires its own.
+  void on_pipe_from(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                    const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  // If our ready client pipe to `rank` (a lower rank) and an accepted pipe
+  // from it both exist, the accepted one takes over: ours is marked
+  // retiring and returned when it can be closed now (nullptr otherwise).
+  std::shared_ptr<ClientPipe> retire_for_accepted_locked(int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void on_client_auth(const std::shared_ptr<ClientPipe>& client,
                       const internal::AuthFrame& auth) ABSL_LOCKS_EXCLUDED(mu_);
   // A handshake message in this backend's envelope, and back.
@@ -240,8 +276,15 @@ class AgentState
   void on_request_descriptor(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
                              const ::tensorpipe::Error& error,
                              const ::tensorpipe::Descriptor& descriptor);
-  void drop_server_pipe(const std::shared_ptr<::tensorpipe::Pipe>& pipe)
+  // Drops an accepted pipe; if our requests went on it too, they fail
+  // with `why`.
+  void drop_server_pipe(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                        absl::string_view why = "the pipe closed")
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A request that arrived on `pipe` (either kind): to the handler, or
+  // refused when over this worker's limits.
+  void serve_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                     IncomingFrame& frame);
   // Handles a frame of a server pipe still authenticating; false if it
   // was refused (and dropped).
   bool on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
@@ -275,6 +318,13 @@ class AgentState
   PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<std::shared_ptr<::tensorpipe::Pipe>> server_pipes_
       ABSL_GUARDED_BY(mu_);
+  // Accepted pipes, authenticated, by the rank of the worker that opened
+  // them (the latest one of each).
+  absl::flat_hash_map<int, std::shared_ptr<::tensorpipe::Pipe>> accepted_from_
+      ABSL_GUARDED_BY(mu_);
+  // Accepted pipes our requests go on too, with their client side.
+  absl::flat_hash_map<const ::tensorpipe::Pipe*, std::shared_ptr<ClientPipe>>
+      adopted_ ABSL_GUARDED_BY(mu_);
   // Server pipes still authenticating, with their handshakes (2 steps both
   // ways: each side says hello first and proves on the other's hello).
   absl::flat_hash_map<const ::tensorpipe::Pipe*,

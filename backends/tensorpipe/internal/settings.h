@@ -21,7 +21,10 @@ struct Settings {
   // and "shm" are TensorPipe's own, which a stranger's bytes can crash
   // (docs/security.md), so only on request.
   std::vector<std::string> transports = {"tcp"};
-  std::vector<std::string> channels = {"basic", "cma", "mpt"};
+  // One CPU channel wins per pipe (cma within a host, basic across hosts);
+  // mpt is opt-in: its lanes listen and run a loop each in every worker,
+  // used or not (docs/benchmarks.md, "Scale").
+  std::vector<std::string> channels = {"basic", "cma"};
   int mpt_lanes = 2;
   // What the uv transport listens on: "ip" or "ip:port", IPv6 in brackets.
   std::string address = "127.0.0.1";
