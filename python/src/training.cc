@@ -153,6 +153,12 @@ void bind_training(py::module_& m) {
           py::gil_scoped_release nogil;
           done = autograd::backward(context_id, tensors, retain_graph);
         }
+        // The passes ran on this thread, Python autograd Functions
+        // included (their GIL taken by LibTorch): one that raised can leave
+        // its exception set in this thread's state although LibTorch
+        // caught it and `done` carries its text. Left set, the next call
+        // into Python here fails with SystemError.
+        if (PyErr_Occurred() != nullptr) PyErr_Clear();
         check(done);
       },
       py::arg("context_id"), py::arg("roots"), py::arg("retain_graph"));
