@@ -411,6 +411,10 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         }
         set_key(store, absl::StrCat("test/done", rank), "1");
         wait_key(store, absl::StrCat("test/done", 1 - rank));
+        // Rank 0's process serves the store: it leaves last, once rank 1
+        // has had its answer (else rank 1's wait may reach a closed store).
+        if (rank == 1) set_key(store, "test/left", "1");
+        if (rank == 0) wait_key(store, "test/left");
         (*agent)->shutdown();
       },
       absl::Seconds(240));
