@@ -19,9 +19,13 @@ def test_a_worker_joins_and_leaves_a_running_group(backend):
         for key in ("RANK", "WORLD_SIZE"):
             env.pop(key)
         envs.append(env)
+    # w1 starts once w0's group runs: else w1 may found the group, and
+    # w0 join it.
     first = workers.spawn([PROGRAM, "w0", "0"], envs[0])
+    started = workers.read_until(first, "group at start")
     joiner = workers.spawn([PROGRAM, "w1", "1"], envs[1])
     (rc0, out0), (rc1, out1) = workers.finish([first, joiner])
+    out0 = started + out0
     assert rc0 == 0 and rc1 == 0, out0 + out1
     assert "group at join ['w0', 'w1']" in out1, out1
     assert "sum [2.0, 2.0]" in out1, out1

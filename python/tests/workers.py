@@ -3,6 +3,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -31,6 +32,28 @@ def spawn(argv, env):
     return subprocess.Popen([sys.executable] + list(argv), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+
+
+def read_until(proc, text, timeout=60):
+    """Reads `proc`'s output until a line contains `text`; returns what it
+    read (which finish() then leaves out). Fails after `timeout` seconds or
+    at the end of the output."""
+    lines = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if text in line:
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not lines or text not in lines[-1]:
+        proc.kill()
+        raise AssertionError("no line with %r within %s s: %s"
+                             % (text, timeout, "".join(lines)))
+    return "".join(lines)
 
 
 def finish(procs, timeout=120):
