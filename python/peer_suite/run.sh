@@ -6,4 +6,9 @@ here="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-tether}"
 export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 cd "$here"
+# Under `bazel test`, the workers' output (with the peer harness's
+# tracebacks of a test that timed out) is kept with the test's outputs.
+if [[ -n "${TEST_UNDECLARED_OUTPUTS_DIR:-}" ]]; then
+  set -- --log "$TEST_UNDECLARED_OUTPUTS_DIR/workers.log" "$@"
+fi
 exec /usr/bin/python3 -m peer_suite.run "$@"
