@@ -106,8 +106,11 @@ class Agent {
   // (DEADLINE_EXCEEDED; InfiniteDuration: none). A worker that is lost (its
   // PING fails, or goes unanswered for AgentSetup::peer_timeout) ends it
   // with UNAVAILABLE naming that worker. The agent keeps serving while it
-  // waits.
-  [[nodiscard]] virtual absl::Status join(absl::Duration timeout) = 0;
+  // waits. `all_joined`, if set, is called once every worker has called
+  // join() and before the group drains (what it sends is drained too): the
+  // peer's barrier before it deletes its users' references.
+  [[nodiscard]] virtual absl::Status join(
+      absl::Duration timeout, const std::function<void()>& all_joined = {}) = 0;
 
   // Stops at once: pending sends fail with CANCELLED, later sends fail with
   // CANCELLED, incoming requests are refused. Idempotent.

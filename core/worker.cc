@@ -447,11 +447,16 @@ absl::Status Worker::shutdown(bool graceful, absl::Duration timeout) {
       absl::Status s = extension->before_graceful_join();
       if (joined.ok()) joined = s;
     }
+    auto all_joined = [this] {
+      for (const auto& extension : extensions_) extension->on_group_joined();
+    };
+    if (dynamic_) all_joined();
     absl::Status drained =
         dynamic_ ? leave_group()
                  : agent_->join(timeout <= absl::ZeroDuration()
                                     ? absl::InfiniteDuration()
-                                    : timeout);
+                                    : timeout,
+                                all_joined);
     if (joined.ok()) joined = drained;
     for (const auto& extension : extensions_) {
       absl::Status s = extension->after_graceful_join();

@@ -154,7 +154,13 @@ class WorkerExtension {
   [[nodiscard]] virtual absl::Status before_graceful_join() {
     return absl::OkStatus();
   }
-  // ... and after it, when nothing is in flight any more (e.g. a leak check).
+  // Once every worker of the group has begun its graceful shutdown (the
+  // peer's barrier before it deletes its users' references), before the
+  // group drains: what it sends is drained too. A dynamic group's leaver
+  // calls it before it leaves.
+  virtual void on_group_joined() {}
+  // ... and after the drain, when nothing is in flight any more (e.g. a
+  // leak check).
   [[nodiscard]] virtual absl::Status after_graceful_join() {
     return absl::OkStatus();
   }

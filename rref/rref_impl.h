@@ -348,10 +348,10 @@ class RRefExtension final : public WorkerExtension {
   RRefExtension(Worker& worker, RRefOptions options)
       : options_(options), state_(std::make_shared<ContextState>(worker)) {}
 
-  absl::Status before_graceful_join() override {
-    state_->release_all_users();
-    return absl::OkStatus();
-  }
+  // Not before: a call this worker still serves for a worker that has not
+  // begun its shutdown may hold a user (one it made, e.g. rpc.remote()
+  // then to_here()); released, its owner would let the value go under it.
+  void on_group_joined() override { state_->release_all_users(); }
 
   absl::Status after_graceful_join() override {
     return options_.leak_check ? state_->leak_report() : absl::OkStatus();

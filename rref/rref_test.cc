@@ -517,7 +517,11 @@ TEST_F(RRefs, ShutdownKeepsUsersThatOwnedValuesHold) {
                                     {at::ones({2}), at::ones({2})});
   ASSERT_THAT(app, IsOk());
   ASSERT_THAT(app->to_here(), IsOk());
-  std::thread bob_down([&bob] { EXPECT_THAT(bob.shutdown(), IsOk()); });
+  // What bob's graceful shutdown does once the group has joined.
+  absl::StatusOr<std::shared_ptr<rref::ContextState>> bob_state =
+      rref::context_of(&bob);
+  ASSERT_THAT(bob_state, IsOk());
+  (*bob_state)->release_all_users();
   // carol learns that bob let go of `app` (and, before the fix, of the
   // RRef inside alice's value too).
   ASSERT_NO_FATAL_FAILURE(wait_for_forks_at_most(*workers_[2], 1));
@@ -531,11 +535,7 @@ TEST_F(RRefs, ShutdownKeepsUsersThatOwnedValuesHold) {
   *inner = RRef();
   *outer = RRef();
   *app = RRef();
-  std::thread alice_down(
-      [this] { EXPECT_THAT(workers_[0]->shutdown(), IsOk()); });
-  EXPECT_THAT(workers_[2]->shutdown(), IsOk());
-  alice_down.join();
-  bob_down.join();
+  EXPECT_THAT(shutdown_all(), IsOk());
 }
 
 // A release that should not happen: waits up to a second for `w` to let go
@@ -634,6 +634,54 @@ TEST_F(RRefs, ShutdownKeepsAUserACallIsUsing) {
   EXPECT_TRUE(at::equal(value->toTensor(), at::full({2}, 40.0)));
   // The call is over: bob's user goes, and alice's entry with it.
   ASSERT_NO_FATAL_FAILURE(wait_for_forks_at_most(alice, 0));
+}
+
+// bob serves a call of alice that makes its own RRef (remote() to carol)
+// and fetches it later; bob's graceful shutdown begins meanwhile, while
+// alice and carol still work. bob's user belongs to that running call: the
+// shutdown must not release it before the whole group has begun shutting
+// down (the peer's barrier). It was released at once; carol, its only user
+// gone, let go of the value, and the call's to_here() met an empty entry
+// and waited (the peer's test_nested_remote_sparse and
+// test_self_remote_rref_as_rpc_arg_sparse, intermittent).
+TEST_F(RRefs, ShutdownKeepsUsersUntilTheWholeGroupShutsDown) {
+  Worker& alice = *workers_[0];
+  Worker& bob = *workers_[1];
+  Worker& carol = *workers_[2];
+  auto entered = std::make_shared<absl::Notification>();
+  auto go_on = std::make_shared<absl::Notification>();
+  ASSERT_THAT(bob.register_function(
+                  "remote_then_fetch",
+                  [&bob, entered, go_on]() {
+                    absl::StatusOr<RRef> r =
+                        remote(bob, "carol", "aten::add.Tensor",
+                               {at::ones({2}), at::ones({2})});
+                    if (!r.ok()) throw StatusError(r.status());
+                    if (!r->get_future().get(absl::Now() + kBound).ok()) {
+                      throw StatusError(absl::InternalError("not created"));
+                    }
+                    entered->Notify();
+                    go_on->WaitForNotificationWithTimeout(kBound);
+                    absl::StatusOr<c10::IValue> v = r->to_here(absl::Seconds(10));
+                    if (!v.ok()) throw StatusError(v.status());
+                    return v->toTensor();
+                  }),
+              IsOk());
+  Future<c10::IValue> call = alice.rpc_async("bob", "remote_then_fetch", {});
+  ASSERT_TRUE(entered->WaitForNotificationWithTimeout(kBound));
+  std::thread bob_down([&bob] { EXPECT_THAT(bob.shutdown(), IsOk()); });
+  // Before the fix carol hears at once that bob's user is gone and lets go
+  // of the value; give that a moment to show.
+  ASSERT_NO_FATAL_FAILURE(let_a_release_show(carol));
+  EXPECT_EQ(rref_debug_info(carol)->owners, 1);
+  go_on->Notify();
+  absl::StatusOr<c10::IValue> value = call.get(absl::Now() + kBound);
+  ASSERT_THAT(value, IsOk());
+  EXPECT_TRUE(at::equal(value->toTensor(), at::full({2}, 2.0)));
+  std::thread alice_down([&alice] { EXPECT_THAT(alice.shutdown(), IsOk()); });
+  EXPECT_THAT(carol.shutdown(), IsOk());
+  alice_down.join();
+  bob_down.join();
 }
 
 TEST_F(RRefsWithLeakCheck, ShutdownReleasesHeldUsersAndFindsNoLeak) {

@@ -177,11 +177,13 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
     return derived().start_send(*peer, std::move(request), *std::move(pending));
   }
 
-  absl::Status join(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
+  absl::Status join(absl::Duration timeout,
+                    const std::function<void()>& all_joined = {})
+      ABSL_LOCKS_EXCLUDED(mu_) {
     return join_agent(
         joiner_, pending_, [this] { return incoming_.unanswered(); },
         [this] { return closed(); }, self_.name, timeout,
-        liveness_of(&derived(), peer_timeout_));
+        liveness_of(&derived(), peer_timeout_), all_joined);
   }
 
   // Agent::endpoint_of, from what `worker` published in the store.

@@ -57,7 +57,8 @@ absl::Status join_agent(join::StoreJoin& joiner,
                         const std::function<int64_t()>& unanswered,
                         const std::function<bool()>& closed,
                         absl::string_view self_name, absl::Duration timeout,
-                        const Liveness& liveness) {
+                        const Liveness& liveness,
+                        const std::function<void()>& all_joined) {
   if (closed()) {
     return absl::CancelledError(
         absl::StrCat("worker '", self_name, "' has shut down"));
@@ -78,6 +79,7 @@ absl::Status join_agent(join::StoreJoin& joiner,
       return check_alive(liveness, ranks);
     };
   }
+  hooks.all_arrived = all_joined;
   absl::Status joined = joiner.join(hooks, timeout);
   if (closed() && joined.ok()) {
     return absl::CancelledError(

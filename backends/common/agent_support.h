@@ -90,8 +90,9 @@ class SharedStateAgent final : public Agent {
   const std::vector<WorkerInfo>& worker_infos() const override {
     return state_->workers();
   }
-  absl::Status join(absl::Duration timeout) override {
-    return state_->join(timeout);
+  absl::Status join(absl::Duration timeout,
+                    const std::function<void()>& all_joined = {}) override {
+    return state_->join(timeout, all_joined);
   }
   absl::Status add_peer(const WorkerInfo& worker) override {
     return state_->add_peer(worker);
@@ -155,7 +156,8 @@ Liveness liveness_of(State* state, absl::Duration peer_timeout) {
     join::StoreJoin& joiner, tether::internal::PendingRequests& pending,
     const std::function<int64_t()>& unanswered,
     const std::function<bool()>& closed, absl::string_view self_name,
-    absl::Duration timeout, const Liveness& liveness);
+    absl::Duration timeout, const Liveness& liveness,
+    const std::function<void()>& all_joined = {});
 
 // The PINGs of join_agent: OK if every worker of `ranks` answered within
 // `liveness.peer_timeout`, else UNAVAILABLE naming the first that did not

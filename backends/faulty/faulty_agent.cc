@@ -244,7 +244,8 @@ class FaultyAgent final : public Agent {
     inner_->remove_peer(worker);
   }
 
-  absl::Status join(absl::Duration timeout) override {
+  absl::Status join(absl::Duration timeout,
+                    const std::function<void()>& all_joined = {}) override {
     const absl::Time deadline = absl::Now() + timeout;
     {
       absl::MutexLock lock(&mu_);
@@ -258,7 +259,8 @@ class FaultyAgent final : public Agent {
             "faulty agent of '", inner_->self().name, "'"));
       }
     }
-    return inner_->join(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    return inner_->join(std::max(deadline - absl::Now(), absl::ZeroDuration()),
+                        all_joined);
   }
 
   void shutdown() override {

@@ -68,14 +68,27 @@ class Hub {
     --in_flight_;
   }
 
-  absl::Status join(const std::string& name, absl::Duration timeout) {
+  absl::Status join(const std::string& name, absl::Duration timeout,
+                    const std::function<void()>& all_joined) {
+    const absl::Time deadline = absl::Now() + timeout;
     absl::MutexLock lock(&mu_);
     joined_.insert(name);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return static_cast<int>(joined_.size()) >= world_size_ &&
+    auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(joined_.size()) >= world_size_;
+    };
+    // Drained once every worker has run its all_joined (what it sent is in
+    // flight by then) and nothing is in flight.
+    auto drained = [this, &all]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return all() && static_cast<int>(hooked_.size()) >= world_size_ &&
              in_flight_ == 0;
     };
-    if (mu_.AwaitWithTimeout(absl::Condition(&drained), timeout)) {
+    if (all_joined && mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
+      mu_.Unlock();
+      all_joined();
+      mu_.Lock();
+    }
+    hooked_.insert(name);
+    if (mu_.AwaitWithDeadline(absl::Condition(&drained), deadline)) {
       return absl::OkStatus();
     }
     return absl::DeadlineExceededError(absl::StrCat(
@@ -90,6 +103,7 @@ class Hub {
   absl::flat_hash_map<std::string, std::shared_ptr<Endpoint>> endpoints_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> joined_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> hooked_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -302,8 +316,9 @@ class LoopbackAgent final : public Agent {
     return workers_;
   }
 
-  absl::Status join(absl::Duration timeout) override {
-    return endpoint_->hub().join(endpoint_->self().name, timeout);
+  absl::Status join(absl::Duration timeout,
+                    const std::function<void()>& all_joined = {}) override {
+    return endpoint_->hub().join(endpoint_->self().name, timeout, all_joined);
   }
 
   // The hub reaches every started agent of the group by name: a joiner is

@@ -191,6 +191,7 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
   };
 
   absl::Duration backoff = kFirstBackoff;
+  bool all_arrived_called = false;
   int64_t r = next_round_;
   try {
     while (true) {
@@ -209,6 +210,10 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
       round.arrive("arrived", rank_);
       if (absl::Status all = wait_all(round, r, "arrived"); !all.ok()) {
         return all;
+      }
+      if (hooks.all_arrived && !all_arrived_called) {
+        all_arrived_called = true;
+        hooks.all_arrived();
       }
       store_->add(round.key("active"), hooks.active_count());
       round.arrive("counted", rank_);

@@ -67,6 +67,10 @@ struct DrainHooks {
   // the error of the first that did not (UNAVAILABLE naming it for a lost
   // one). Blocks at most the peer timeout. Unset: no liveness checks.
   std::function<absl::Status(const std::vector<int>& ranks)> check_alive;
+  // Called once, when every worker of the group has arrived at the first
+  // round (each has called join()), before the group drains: what it sends
+  // is drained too. Unset: nothing.
+  std::function<void()> all_arrived;
 };
 
 class StoreJoin {
