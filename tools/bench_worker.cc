@@ -452,6 +452,10 @@ int main_impl(int argc, char** argv) {
   absl::Status s = run_raw(flags, rank, master_port("bench_worker") + 1, out);
   out.string("status", s.ok() ? "ok" : absl::StrCat("failed: ", s.ToString()));
   if (rank == 0) print_json(out);
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench_worker rank %d: %s\n", rank,
+                 s.ToString().c_str());
+  }
   return s.ok() ? 0 : 1;
 }
 

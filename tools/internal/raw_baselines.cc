@@ -38,25 +38,38 @@ absl::StatusOr<TcpPair> TcpPair::connect(int rank, int port,
                                          absl::Duration timeout) {
   const int one = 1;
   sockaddr_in addr = loopback(port);
+  const absl::Time deadline = absl::Now() + timeout;
   int fd = -1;
   if (rank == 1) {
-    int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener, 1) != 0) {
+    int listener = -1;
+    while (true) {
+      listener = ::socket(AF_INET, SOCK_STREAM, 0);
+      ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+          ::listen(listener, 1) == 0) {
+        break;
+      }
+      const bool in_use = errno == EADDRINUSE;
       absl::Status s = errno_status("raw TCP listen");
       ::close(listener);
-      return s;
+      // In use, often by the peer's own connect attempt (below): it lets go.
+      if (!in_use || absl::Now() > deadline) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     fd = ::accept(listener, nullptr, nullptr);
     ::close(listener);
     if (fd < 0) return errno_status("raw TCP accept");
   } else {
-    const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       fd = ::socket(AF_INET, SOCK_STREAM, 0);
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-        break;
+        // With nothing listening yet, the kernel may pick the very port as
+        // this socket's own: TCP's simultaneous open then connects it to
+        // itself, and holds the port the peer is to listen on.
+        sockaddr_in self{};
+        socklen_t len = sizeof(self);
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len);
+        if (ntohs(self.sin_port) != port) break;
       }
       ::close(fd);
       fd = -1;
