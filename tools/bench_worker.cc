@@ -317,8 +317,9 @@ int run_variant(const Flags& flags, int rank) {
 
 // ---- raw baselines ----
 
-absl::Status run_raw(const Flags& flags, int rank, int port, JsonObject& out) {
-  absl::StatusOr<TcpPair> pair = TcpPair::connect(rank, port, absl::Seconds(30));
+absl::Status run_raw(const Flags& flags, int rank, JsonObject& out) {
+  std::unique_ptr<c10d::TCPStore> store = launcher_store("bench_worker", rank);
+  absl::StatusOr<TcpPair> pair = TcpPair::connect(rank, *store, absl::Seconds(30));
   if (!pair.ok()) return pair.status();
   std::vector<SweepRow> rows;
   for (int64_t bytes : sweep_sizes(flags.max_bytes)) {
@@ -447,9 +448,9 @@ int main_impl(int argc, char** argv) {
   JsonObject out;
   out.string("variant", "raw");
   out.raw("quick", flags.quick ? "true" : "false");
-  // No tether worker in this mode. The launcher serves its store on
-  // MASTER_PORT: the raw pair takes the port after it.
-  absl::Status s = run_raw(flags, rank, master_port("bench_worker") + 1, out);
+  // No tether worker in this mode: the pair meets through the launcher's
+  // store.
+  absl::Status s = run_raw(flags, rank, out);
   out.string("status", s.ok() ? "ok" : absl::StrCat("failed: ", s.ToString()));
   if (rank == 0) print_json(out);
   if (!s.ok()) {

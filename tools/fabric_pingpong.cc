@@ -300,18 +300,8 @@ int main(int argc, char** argv) {
   const tether::LauncherEnv env = tether::bench::launched("fabric_pingpong");
   const int rank = env.rank;
   if (env.world_size != 2) die("run with --nproc 2");
-  const char* host = std::getenv("MASTER_ADDR");
-
-  c10d::TCPStoreOptions store_options;
-  store_options.port =
-      static_cast<uint16_t>(tether::bench::master_port("fabric_pingpong"));
-  // tether_run (like torchrun's agent) serves the store itself.
-  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  store_options.isServer =
-      rank == 0 && (agent_store == nullptr || std::string(agent_store) != "True");
-  store_options.numWorkers = 2;
-  store_options.timeout = std::chrono::seconds(60);
-  c10d::TCPStore store(host != nullptr ? host : "127.0.0.1", store_options);
+  std::unique_ptr<c10d::TCPStore> store =
+      tether::bench::launcher_store("fabric_pingpong", rank);
 
   FabricOptions options;
   options.provider = provider;
@@ -321,10 +311,10 @@ int main(int argc, char** argv) {
   Endpoint ep(*std::move(opened), wait == "fd");
   absl::StatusOr<std::string> name = ep.fabric().name();
   if (!name.ok()) die(name.status().ToString());
-  store.set(absl::StrCat("name/", rank),
+  store->set(absl::StrCat("name/", rank),
             std::vector<uint8_t>(name->begin(), name->end()));
   const std::vector<uint8_t> theirs =
-      store.get(absl::StrCat("name/", 1 - rank));
+      store->get(absl::StrCat("name/", 1 - rank));
   absl::StatusOr<std::vector<fi_addr_t>> peer =
       ep.fabric().insert({std::string(theirs.begin(), theirs.end())});
   if (!peer.ok()) die(peer.status().ToString());
@@ -362,13 +352,13 @@ int main(int argc, char** argv) {
     if (ep.fabric().has_rma()) {
       // Rank 1 measures; rank 0 prints.
       const double measured =
-          read_bandwidth(ep, rank, store, buffer.data(), **region, size, count);
+          read_bandwidth(ep, rank, *store, buffer.data(), **region, size, count);
       const std::string key = absl::StrCat("read_gbps/", size);
       if (rank == 1) {
         const std::string text = absl::StrCat(measured);
-        store.set(key, std::vector<uint8_t>(text.begin(), text.end()));
+        store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
       } else {
-        const std::vector<uint8_t> text = store.get(key);
+        const std::vector<uint8_t> text = store->get(key);
         double gbps = 0;
         (void)absl::SimpleAtod(std::string(text.begin(), text.end()), &gbps);
         reads.emplace_back(size, gbps);
@@ -377,10 +367,10 @@ int main(int argc, char** argv) {
   }
   if (rank == 1) {
     // Rank 0 serves the store: stay until it has read everything.
-    store.get("done");
+    store->get("done");
     return 0;
   }
-  store.set("done", {1});
+  store->set("done", {1});
 
   std::printf("raw libfabric, provider %s, %s, between two processes\n",
               ep.fabric().provider_name().c_str(),

@@ -109,9 +109,11 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
 
 // A plain TCP ping-pong (tools/internal/raw_baselines.h): rank 1 echoes,
 // rank 0 times each round trip.
-Result tcp_ping_pong(int rank, int port, int calls) {
+Result tcp_ping_pong(int rank, int calls) {
+  std::unique_ptr<c10d::TCPStore> store =
+      tether::bench::launcher_store("rpc_latency", rank);
   absl::StatusOr<tether::bench::TcpPair> pair =
-      tether::bench::TcpPair::connect(rank, port, absl::Seconds(5));
+      tether::bench::TcpPair::connect(rank, *store, absl::Seconds(30));
   if (!pair.ok()) die("TCP baseline", pair.status());
   std::vector<double> samples;
   absl::Status s = tether::bench::tcp_ping_pong(
@@ -215,7 +217,7 @@ int main(int argc, char** argv) {
   // runs it alone).
   const std::string raw_label = "raw TCP ping-pong (16 B)";
   std::optional<Result> tcp;
-  if (wanted(raw_label)) tcp = tcp_ping_pong(rank, base_port + 10, calls);
+  if (wanted(raw_label)) tcp = tcp_ping_pong(rank, calls);
   if (rank != 0) return 0;
   if (tcp) results.push_back(*tcp);
   std::printf("rpc_sync(%s) round trip, %d calls each\n",

@@ -2,15 +2,20 @@
 // worker process, for the two-process tools (tools/bench_worker.cc,
 // tools/rpc_latency.cc, tools/fabric_pingpong.cc): the rank and world size
 // through tether::launcher_env(), as every program tether ships reads them,
-// and the store's MASTER_PORT.
+// the store's MASTER_PORT, and a client of that store for what the two
+// processes tell each other outside tether (a raw baseline's port, a
+// fabric's name).
 #ifndef TETHER_TOOLS_INTERNAL_LAUNCHER_ENV_H_
 #define TETHER_TOOLS_INTERNAL_LAUNCHER_ENV_H_
 
 #include <absl/strings/numbers.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/rendezvous.h"
 
@@ -40,6 +45,24 @@ inline int master_port(const char* tool) {
     std::exit(2);
   }
   return out;
+}
+
+// The launcher's store at MASTER_ADDR:MASTER_PORT: tether_run (like
+// torchrun's agent, TORCHELASTIC_USE_AGENT_STORE=True) serves it; under
+// another launcher rank 0 does. Exits with status 2, naming `tool`, if
+// MASTER_PORT is not set.
+inline std::unique_ptr<c10d::TCPStore> launcher_store(const char* tool,
+                                                      int rank) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(master_port(tool));
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  options.isServer = rank == 0 && (agent_store == nullptr ||
+                                   std::string(agent_store) != "True");
+  options.numWorkers = 2;
+  options.timeout = std::chrono::seconds(60);
+  const char* host = std::getenv("MASTER_ADDR");
+  return std::make_unique<c10d::TCPStore>(
+      host != nullptr ? host : "127.0.0.1", options);
 }
 
 }  // namespace tether::bench

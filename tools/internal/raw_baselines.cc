@@ -1,5 +1,6 @@
 #include "tools/internal/raw_baselines.h"
 
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -12,8 +13,9 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "tools/internal/samples.h"
 
@@ -34,48 +36,44 @@ absl::Status errno_status(const char* what) {
 
 }  // namespace
 
-absl::StatusOr<TcpPair> TcpPair::connect(int rank, int port,
+absl::StatusOr<TcpPair> TcpPair::connect(int rank, c10d::Store& store,
                                          absl::Duration timeout) {
   const int one = 1;
-  sockaddr_in addr = loopback(port);
-  const absl::Time deadline = absl::Now() + timeout;
+  const std::string key = "tether_raw_tcp/port";
   int fd = -1;
   if (rank == 1) {
-    int listener = -1;
-    while (true) {
-      listener = ::socket(AF_INET, SOCK_STREAM, 0);
-      ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-          ::listen(listener, 1) == 0) {
-        break;
-      }
-      const bool in_use = errno == EADDRINUSE;
+    // Port 0: the kernel picks a free one, so no other socket (a store's,
+    // another run's, rank 0's own connect attempt) can hold it.
+    const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (listener < 0) return errno_status("raw TCP socket");
+    sockaddr_in addr = loopback(0);
+    socklen_t length = sizeof(addr);
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(listener, 1) != 0 ||
+        ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
       absl::Status s = errno_status("raw TCP listen");
       ::close(listener);
-      // In use, often by the peer's own connect attempt (below): it lets go.
-      if (!in_use || absl::Now() > deadline) return s;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return s;
     }
+    const std::string port = std::to_string(ntohs(addr.sin_port));
+    store.set(key, std::vector<uint8_t>(port.begin(), port.end()));
     fd = ::accept(listener, nullptr, nullptr);
     ::close(listener);
     if (fd < 0) return errno_status("raw TCP accept");
   } else {
-    while (true) {
-      fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-        // With nothing listening yet, the kernel may pick the very port as
-        // this socket's own: TCP's simultaneous open then connects it to
-        // itself, and holds the port the peer is to listen on.
-        sockaddr_in self{};
-        socklen_t len = sizeof(self);
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len);
-        if (ntohs(self.sin_port) != port) break;
-      }
+    store.wait({key}, absl::ToChronoMilliseconds(timeout));
+    const std::vector<uint8_t> text = store.get(key);
+    int port = 0;
+    if (!absl::SimpleAtoi(std::string(text.begin(), text.end()), &port)) {
+      return absl::InternalError("raw TCP: rank 1 published no port");
+    }
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return errno_status("raw TCP socket");
+    sockaddr_in addr = loopback(port);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      absl::Status s = errno_status("raw TCP connect");
       ::close(fd);
-      fd = -1;
-      if (absl::Now() > deadline) return errno_status("raw TCP connect");
-      // The peer's listener is starting.
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return s;
     }
   }
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

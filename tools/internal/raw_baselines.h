@@ -21,16 +21,19 @@
 #include <absl/time/time.h>
 
 #include <cstddef>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 namespace tether::bench {
 
 // One connected loopback TCP socket between rank 0 and rank 1 of a pair of
-// processes: rank 1 listens on 127.0.0.1:`port`, rank 0 connects (retrying
-// until `timeout` while rank 1 starts).
+// processes: rank 1 listens on 127.0.0.1, rank 0 connects.
 class TcpPair {
  public:
-  [[nodiscard]] static absl::StatusOr<TcpPair> connect(int rank, int port,
+  // Rank 1 listens on a port the kernel picks and publishes it in `store`;
+  // rank 0 waits up to `timeout` for it and connects.
+  [[nodiscard]] static absl::StatusOr<TcpPair> connect(int rank,
+                                                       c10d::Store& store,
                                                        absl::Duration timeout);
   TcpPair(TcpPair&& other) noexcept;
   TcpPair& operator=(TcpPair&& other) noexcept;
