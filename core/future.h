@@ -13,6 +13,12 @@
 // completing (docs/architecture.md section 8), so a callback never runs
 // under a caller's lock. If the future is already complete, the callback
 // runs at once on the calling thread. Callbacks must not block.
+//
+// A thread that waits may run the backend's work itself (internal::
+// WaitAssist): the callbacks of other futures the answers it reads complete
+// then run on it, as they would on the backend's thread. Hold no lock that
+// a callback takes while you wait (such a callback would block the backend
+// either way).
 #ifndef TETHER_CORE_FUTURE_H_
 #define TETHER_CORE_FUTURE_H_
 
@@ -54,6 +60,30 @@ inline void spin_waits_for(absl::Duration spin) {
   }
 }
 
+// A backend's offer to a thread that is about to wait for a future: rather
+// than sleep until the backend's own thread has handled the answer and wakes
+// it, the waiting thread waits for the answer's bytes itself and handles
+// them where it is. That saves a thread hand-off (a wake-up, on this
+// machine's virtual cores the most costly step of a small call:
+// docs/benchmarks.md) per call. A backend arms it on the thread that has
+// just sent a request (wait_assist below); the next wait for a pending
+// future on that thread takes it, whatever the future.
+class WaitAssist {
+ public:
+  virtual ~WaitAssist() = default;
+  // On the waiting thread: returns once `done` is set, at `deadline`, after
+  // wake(), or when it cannot help any longer (the thread then waits as
+  // usual).
+  virtual void wait(const std::atomic<bool>& done, absl::Time deadline) = 0;
+  // From any thread, during wait(): makes it return soon.
+  virtual void wake() = 0;
+  // On the waiting thread, once no wake() can come for this wait.
+  virtual void settle() = 0;
+};
+
+// Armed on this thread by a backend; taken by the next wait.
+inline thread_local WaitAssist* wait_assist = nullptr;
+
 template <typename T>
 class FutureState {
  public:
@@ -68,6 +98,9 @@ class FutureState {
       result_.emplace(std::move(result));
       done_.store(true, std::memory_order_release);
       callbacks.swap(callbacks_);
+      // Under the lock: the waiter clears it under the lock before its
+      // assist can go away.
+      if (assisted_by_ != nullptr) assisted_by_->wake();
     }
     // result_ is immutable from here on: callbacks read it without the lock.
     for (Callback& callback : callbacks) callback(*result_);
@@ -92,6 +125,26 @@ class FutureState {
 
   // Returns true if complete by `deadline`.
   bool wait_until(absl::Time deadline) const {
+    if (WaitAssist* assist = std::exchange(wait_assist, nullptr);
+        assist != nullptr && !done_.load(std::memory_order_acquire)) {
+      bool assisting = false;
+      {
+        absl::MutexLock lock(&mu_);
+        // One assisted waiter per future; others wait as usual.
+        if (!result_.has_value() && assisted_by_ == nullptr) {
+          assisted_by_ = assist;
+          assisting = true;
+        }
+      }
+      if (assisting) {
+        assist->wait(done_, deadline);
+        {
+          absl::MutexLock lock(&mu_);
+          assisted_by_ = nullptr;
+        }
+        assist->settle();
+      }
+    }
     // Polls first, yielding the core between looks, if waits may spin: a
     // thread that is running needs no wake-up when the result comes.
     if (const int64_t spin = wait_spin_ns.load(std::memory_order_relaxed);
@@ -119,6 +172,8 @@ class FutureState {
   // Set with result_, for waits that poll without the lock.
   std::atomic<bool> done_{false};
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
+  // The assist of the thread waiting through one (WaitAssist), if any.
+  mutable WaitAssist* assisted_by_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 template <typename T>

@@ -107,6 +107,72 @@ TEST(Future, PollingWaitsSeeResultsAndDeadlines) {
   EXPECT_EQ(internal::wait_spin_ns.load(), 10000);
 }
 
+// A WaitAssist that only sleeps until woken (or 10 s), counting its calls.
+class SleepingAssist final : public internal::WaitAssist {
+ public:
+  void wait(const std::atomic<bool>& done, absl::Time deadline) override {
+    ++waits;
+    absl::MutexLock lock(&mu_);
+    auto woken_or_done = [this, &done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return woken_ || done.load();
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&woken_or_done),
+                          std::min(deadline, absl::Now() + absl::Seconds(10)));
+  }
+  void wake() override {
+    absl::MutexLock lock(&mu_);
+    woken_ = true;
+    ++wakes;
+  }
+  void settle() override {
+    absl::MutexLock lock(&mu_);
+    woken_ = false;
+    ++settles;
+  }
+  std::atomic<int> waits{0}, wakes{0}, settles{0};
+
+ private:
+  absl::Mutex mu_;
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The next wait on the thread that armed an assist takes it; whoever
+// completes the future wakes it.
+TEST(Future, AnArmedAssistWaitsAndTheCompleterWakesIt) {
+  SleepingAssist assist;
+  Promise<int> promise;
+  internal::wait_assist = &assist;
+  std::thread completer([&] {
+    while (assist.waits.load() == 0) std::this_thread::yield();
+    promise.set(7);
+  });
+  const absl::Time started = absl::Now();
+  absl::StatusOr<int> got = promise.future().get();
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(*got, 7);
+  completer.join();
+  EXPECT_EQ(assist.waits.load(), 1);
+  EXPECT_EQ(assist.wakes.load(), 1);
+  EXPECT_EQ(assist.settles.load(), 1);
+  EXPECT_LT(absl::Now() - started, absl::Seconds(10));  // woken, not timed out
+  EXPECT_EQ(internal::wait_assist, nullptr);  // taken
+  // Not armed again: the next wait sleeps as usual.
+  Promise<int> second;
+  std::thread later([&] { second.set(8); });
+  EXPECT_EQ(*second.future().get(), 8);
+  later.join();
+  EXPECT_EQ(assist.waits.load(), 1);
+}
+
+// A future already complete is not waited for through the assist.
+TEST(Future, AnAssistIsNotUsedForACompleteFuture) {
+  SleepingAssist assist;
+  internal::wait_assist = &assist;
+  EXPECT_EQ(*Future<int>::ready(3).get(), 3);
+  EXPECT_EQ(assist.waits.load(), 0);
+  internal::wait_assist = nullptr;
+}
+
 TEST(Future, ManyThreadsRaceToComplete) {
   for (int round = 0; round < 50; ++round) {
     Promise<int> promise;

@@ -13,7 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
@@ -130,6 +132,37 @@ void expect_ping(AgentGroup& group, int from, int to) {
                   .send(group[to].self(), ping("p"), kBound)
                   .get(absl::Now() + kBound),
               IsOk());
+}
+
+// On tether's tcp transport the thread that sent a request and waits for
+// its answer reads and handles that answer itself (the assist,
+// tcp_transport_connection.h): the future completes on the waiting thread,
+// inside its wait, not on the transport's poller. (A call whose answer the
+// poller happens to take first completes there: most must not.)
+TEST(TensorPipeBackend, TheWaitingThreadHandlesItsOwnAnswer) {
+  AgentGroup group(tensorpipe_backend(), 2,
+                   {{"tensorpipe.transports", "tcp"},
+                    {"tensorpipe.channels", "basic"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  expect_ping(group, 0, 1);  // the pipe is open
+  const std::thread::id self = std::this_thread::get_id();
+  int on_waiter = 0;
+  constexpr int kCalls = 20;
+  for (int i = 0; i < kCalls; ++i) {
+    Future<Message> answer =
+        group[0].send(group[1].self(), ping("own"), kBound);
+    std::atomic<bool> waiting{false};
+    std::atomic<bool> here{false};
+    answer.on_complete([&](const absl::StatusOr<Message>&) {
+      here = waiting && std::this_thread::get_id() == self;
+    });
+    waiting = true;
+    ASSERT_THAT(answer.get(absl::Now() + kBound), IsOk());
+    waiting = false;
+    if (here) ++on_waiter;
+  }
+  EXPECT_GT(on_waiter, kCalls / 2);
 }
 
 // A pair of workers shares one pipe (issue #20): the second to send uses

@@ -4,17 +4,126 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <thread>
+#include <utility>
+
+#include "core/future.h"
 
 #include "backends/tensorpipe/internal/tcp_transport_listener.h"
 
 namespace tether::backends::internal::tcp {
+namespace {
+
+// One per thread that writes: the thread's side of the assist.
+class Assistant final : public tether::internal::WaitAssist {
+ public:
+  Assistant() : event_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~Assistant() override {
+    if (tether::internal::wait_assist == this) {
+      tether::internal::wait_assist = nullptr;
+    }
+    if (event_fd_ >= 0) ::close(event_fd_);
+  }
+
+  void arm(std::weak_ptr<ConnectionImpl> connection) {
+    if (event_fd_ < 0) return;
+    connection_ = std::move(connection);
+    tether::internal::wait_assist = this;
+  }
+
+  void wait(const std::atomic<bool>& done, absl::Time deadline) override {
+    std::shared_ptr<ConnectionImpl> connection =
+        std::exchange(connection_, {}).lock();
+    if (connection == nullptr) return;
+    const int fd = connection->begin_assist();
+    if (fd < 0) return;
+    while (!done.load(std::memory_order_acquire)) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      // Bounded, so that a socket the loop closed meanwhile (its number
+      // perhaps reused) is noticed by assist_read().
+      const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+          1, 1000));
+      pollfd fds[2] = {{fd, POLLIN, 0}, {event_fd_, POLLIN, 0}};
+      const int n = ::poll(fds, 2, timeout_ms);
+      if (n < 0 && errno != EINTR) break;
+      if (n <= 0) {
+        if (!connection->assist_read()) break;
+        continue;
+      }
+      if (fds[1].revents != 0) break;  // woken: the future is complete
+      if (!connection->assist_read()) break;
+    }
+    connection->end_assist();
+  }
+
+  void wake() override {
+    if (std::this_thread::get_id() == owner_) return;
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+  }
+
+  void settle() override {
+    uint64_t count = 0;
+    while (::read(event_fd_, &count, sizeof(count)) > 0) {
+    }
+  }
+
+ private:
+  const int event_fd_;
+  const std::thread::id owner_ = std::this_thread::get_id();
+  std::weak_ptr<ConnectionImpl> connection_;
+};
+
+void arm_assist(std::weak_ptr<ConnectionImpl> connection) {
+  thread_local Assistant assistant;
+  assistant.arm(std::move(connection));
+}
+
+}  // namespace
+
+int ConnectionImpl::begin_assist() {
+  if (context_->inLoop()) return -1;
+  int fd = -1;
+  context_->run_in_loop([this, &fd] {
+    if (!wants_input()) return;
+    ++assistants_;
+    update_interest();
+    fd = fd_;
+  });
+  return fd;
+}
+
+bool ConnectionImpl::assist_read() {
+  bool more = false;
+  context_->run_in_loop([this, &more] {
+    if (!wants_input()) return;
+    drained_ = false;
+    process_reads();
+    if (!error_) update_interest();
+    more = wants_input();
+  });
+  return more;
+}
+
+void ConnectionImpl::end_assist() {
+  std::shared_ptr<ConnectionImpl> self = shared_from_this();
+  context_->deferToLoop([self] {
+    --self->assistants_;
+    self->update_interest();
+  });
+}
 
 void ConnectionImpl::initImplFromLoop() {
   context_->enroll(*this);
@@ -123,7 +232,7 @@ void ConnectionImpl::update_interest() {
       want = EPOLLIN;
       break;
     case State::kEstablished:
-      if (!reads_.empty() || buffered().size() < kReadAhead) want = EPOLLIN;
+      if (assistants_ == 0 && wants_input()) want = EPOLLIN;
       break;
   }
   if (output) want |= EPOLLOUT;
@@ -134,6 +243,11 @@ void ConnectionImpl::update_interest() {
   } else {
     context_->watch(fd_, want, shared_from_this());
   }
+}
+
+bool ConnectionImpl::wants_input() const {
+  return !error_ && fd_ >= 0 && state_ == State::kEstablished &&
+         (!reads_.empty() || buffered().size() < kReadAhead);
 }
 
 void ConnectionImpl::readImplFromLoop(read_callback_fn fn) {
@@ -182,6 +296,7 @@ void ConnectionImpl::readImplFromLoop(tp::AbstractNopHolder& object,
 
 void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
                                        write_callback_fn fn) {
+  if (!context_->on_poller()) arm_assist(shared_from_this());
   WriteOp op;
   op.header = length;
   op.ptr = static_cast<const char*>(ptr);

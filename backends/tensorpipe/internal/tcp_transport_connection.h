@@ -4,7 +4,17 @@
 // transport.
 //
 // Threads: every method runs in the context's loop (on whichever thread
-// is in it; tcp_transport_context.h).
+// is in it; tcp_transport_context.h), but the three of the assist, which
+// any thread outside it calls.
+//
+// The assist (tether::internal::WaitAssist, core/future.h): a thread other
+// than the poller that writes a frame arms it, and when that thread then
+// waits for a future (the answer to its request, as a rule), it stops the
+// poller from reading this connection, waits in poll() on the socket and
+// on its own eventfd, and reads and handles what arrives itself, until its
+// future completes (the completer wakes it through the eventfd when that
+// is another thread). The answer then costs one wake-up, of the thread
+// that wants it, instead of two (the poller's, then the waiter's).
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 
@@ -64,6 +74,16 @@ class ConnectionImpl final
   }
 
   void on_events(uint32_t events) override;
+
+  // The assist; any thread not in the loop. begin_assist(): the poller
+  // stops reading this connection; returns its socket, or -1 if it cannot
+  // be assisted (not established, failed). assist_read(): the socket is
+  // readable (or hung up): reads and handles what came; false once the
+  // connection cannot be assisted any longer. end_assist(): the poller
+  // reads it again.
+  int begin_assist();
+  bool assist_read();
+  void end_assist();
 
  protected:
   void initImplFromLoop() override;
@@ -134,6 +154,9 @@ class ConnectionImpl final
   // fill(), failing the connection on kClosed; true if bytes came.
   bool fill_or_fail(size_t most);
   void update_interest();
+  // Established, not failed, and a read is pending or the read-ahead
+  // buffer has room.
+  bool wants_input() const;
 
   absl::string_view buffered() const {
     return absl::string_view(in_.data() + in_begin_, in_end_ - in_begin_);
@@ -157,6 +180,9 @@ class ConnectionImpl final
   State state_ = State::kConnecting;
   Step step_ = Step::kAwaitHello;
   uint32_t interest_ = 0;
+  // Threads assisting (begin_assist without end_assist): while any, the
+  // poller does not watch for input.
+  int assistants_ = 0;
   bool listener_notified_ = false;
   std::string peer_name_;
   // The challenge-response (with a secret): client initiator(), server

@@ -154,8 +154,6 @@ void ContextImpl::poll() {
   tp::setThreadName("tether-tcp");
   std::vector<epoll_event> events(64);
   std::vector<epoll_event> ready;
-  std::mutex mu;
-  std::condition_variable cv;
   const auto spin = absl::ToChronoNanoseconds(options_.busy_poll);
   auto spin_until = std::chrono::steady_clock::time_point{};
   while (!stopping_) {
@@ -193,19 +191,26 @@ void ContextImpl::poll() {
       ready.push_back(events[i]);
     }
     if (stopping_) return;
-    // Runs here unless another thread is in the loop; then that thread runs
-    // it and this one waits, so that the same level-triggered events are
-    // not polled again before they were handled.
-    bool done = false;
-    deferToLoop([this, &ready, &mu, &cv, &done] {
-      dispatch(ready);
-      std::lock_guard<std::mutex> lock(mu);
-      done = true;
-      cv.notify_one();
-    });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&done] { return done; });
+    // Waits until it ran, so that the same level-triggered events are not
+    // polled again before they were handled.
+    run_in_loop([this, &ready] { dispatch(ready); });
   }
+}
+
+void ContextImpl::run_in_loop(const std::function<void()>& fn) {
+  // Runs here unless another thread is in the loop; then that thread runs
+  // it and this one waits.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  deferToLoop([&fn, &mu, &cv, &done] {
+    fn();
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_one();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&done] { return done; });
 }
 
 void ContextImpl::dispatch(const std::vector<epoll_event>& ready) {

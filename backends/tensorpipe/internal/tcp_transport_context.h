@@ -125,6 +125,15 @@ class ContextImpl final
   void deferToLoop(TTask fn) override { loop_.deferToLoop(std::move(fn)); }
   bool inLoop() const override { return loop_.inLoop(); }
 
+  // Not in the loop: runs `fn` in the loop and returns once it has run (on
+  // this thread, or on the thread in the loop, this one waiting).
+  void run_in_loop(const std::function<void()>& fn);
+
+  // Whether this is the poller thread.
+  bool on_poller() const {
+    return std::this_thread::get_id() == poller_id_;
+  }
+
   // Loop only: calls `handler` for `events` on `fd` (replacing what was
   // watched on it), until unwatch(fd).
   void watch(int fd, uint32_t events, std::shared_ptr<Handler> handler);
