@@ -24,19 +24,19 @@
 namespace tether::backends::internal::tcp {
 namespace {
 
-// One per thread that writes: the thread's side of the assist.
+// One per thread that writes: the thread's side of the assist. Its eventfd
+// is made at its first wait, so a thread that writes but never waits for a
+// future (the agent's io thread, a pool thread answering) holds none.
 class Assistant final : public tether::internal::WaitAssist {
  public:
-  Assistant() : event_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
   ~Assistant() override {
     if (tether::internal::wait_assist == this) {
       tether::internal::wait_assist = nullptr;
     }
-    if (event_fd_ >= 0) ::close(event_fd_);
+    if (const int fd = event_fd_.load(); fd >= 0) ::close(fd);
   }
 
   void arm(std::weak_ptr<ConnectionImpl> connection) {
-    if (event_fd_ < 0) return;
     connection_ = std::move(connection);
     tether::internal::wait_assist = this;
   }
@@ -45,6 +45,14 @@ class Assistant final : public tether::internal::WaitAssist {
     std::shared_ptr<ConnectionImpl> connection =
         std::exchange(connection_, {}).lock();
     if (connection == nullptr) return;
+    int event_fd = event_fd_.load();
+    if (event_fd < 0) {
+      event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (event_fd < 0) return;
+      event_fd_.store(event_fd);
+      // A wake() that found no eventfd yet (it sets signalled_ first).
+      if (signalled_.load()) return;
+    }
     const int fd = connection->begin_assist();
     if (fd < 0) return;
     while (!done.load(std::memory_order_acquire)) {
@@ -55,7 +63,7 @@ class Assistant final : public tether::internal::WaitAssist {
       const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
           absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
           1, 1000));
-      pollfd fds[2] = {{fd, POLLIN, 0}, {event_fd_, POLLIN, 0}};
+      pollfd fds[2] = {{fd, POLLIN, 0}, {event_fd, POLLIN, 0}};
       const int n = ::poll(fds, 2, timeout_ms);
       if (n < 0 && errno != EINTR) break;
       if (n <= 0) {
@@ -70,19 +78,29 @@ class Assistant final : public tether::internal::WaitAssist {
 
   void wake() override {
     if (std::this_thread::get_id() == owner_) return;
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+    signalled_.store(true);
+    if (const int fd = event_fd_.load(); fd >= 0) {
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof(one));
+    }
   }
 
+  // Every wake() of this wait came before (under the future's lock, which
+  // the waiter took since): the eventfd is read only if one came.
   void settle() override {
+    if (!signalled_.exchange(false)) return;
     uint64_t count = 0;
-    while (::read(event_fd_, &count, sizeof(count)) > 0) {
+    const int fd = event_fd_.load();
+    while (fd >= 0 && ::read(fd, &count, sizeof(count)) > 0) {
     }
   }
 
  private:
-  const int event_fd_;
+  std::atomic<int> event_fd_{-1};
   const std::thread::id owner_ = std::this_thread::get_id();
+  // Sequentially consistent with event_fd_: a wake() either finds the
+  // eventfd or is seen by the wait that made it.
+  std::atomic<bool> signalled_{false};
   std::weak_ptr<ConnectionImpl> connection_;
 };
 
