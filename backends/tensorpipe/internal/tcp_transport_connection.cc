@@ -55,6 +55,20 @@ class Assistant final : public tether::internal::WaitAssist {
     }
     const int fd = connection->begin_assist();
     if (fd < 0) return;
+    // Polls the socket first if waits may spin (RpcOptions::busy_poll): a
+    // thread that is running needs no wake-up when the answer comes.
+    if (const int64_t spin =
+            tether::internal::wait_spin_ns.load(std::memory_order_relaxed);
+        spin > 0) {
+      const absl::Time until =
+          std::min(deadline, absl::Now() + absl::Nanoseconds(spin));
+      while (!done.load(std::memory_order_acquire) && absl::Now() < until) {
+        pollfd socket = {fd, POLLIN, 0};
+        const int n = ::poll(&socket, 1, 0);
+        if (n < 0 && errno != EINTR) break;
+        if (n > 0 && !connection->assist_read()) break;
+      }
+    }
     while (!done.load(std::memory_order_acquire)) {
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) break;
