@@ -266,6 +266,24 @@ bool valid_function_name(absl::string_view name) {
   return true;
 }
 
+// Runs `op` (a dispatcher operator) or else `jit` (a TorchScript-only one)
+// on a stack that fits its schema.
+absl::StatusOr<c10::IValue> run_operator(const c10::OperatorHandle* op,
+                                         const torch::jit::Operator* jit,
+                                         std::vector<c10::IValue> stack) {
+  try {
+    if (op != nullptr) {
+      op->callBoxed(&stack);
+    } else {
+      torch::jit::Operation operation = jit->getOperation();
+      operation(stack);
+    }
+  } catch (const std::exception& e) {
+    return absl::UnknownError(error_text(e));
+  }
+  return result_of(stack);
+}
+
 }  // namespace
 
 struct Callables::Overload {
@@ -274,17 +292,8 @@ struct Callables::Overload {
   std::shared_ptr<torch::jit::Operator> jit;  // else a TorchScript-only one
 
   absl::StatusOr<c10::IValue> call(std::vector<c10::IValue> stack) const {
-    try {
-      if (op.has_value()) {
-        op->callBoxed(&stack);
-      } else {
-        torch::jit::Operation operation = jit->getOperation();
-        operation(stack);
-      }
-    } catch (const std::exception& e) {
-      return absl::UnknownError(error_text(e));
-    }
-    return result_of(stack);
+    return run_operator(op.has_value() ? &*op : nullptr, jit.get(),
+                        std::move(stack));
   }
 };
 
@@ -581,7 +590,8 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
                            schema_text(schema)));
         }
         if (jit_only != nullptr) return jit_only->call(*std::move(stack));
-        return Overload{op->schema(), *op, nullptr}.call(*std::move(stack));
+        // Not through an Overload, which would copy the schema.
+        return run_operator(&*op, nullptr, *std::move(stack));
       }
     } else if (auto candidates = overloads(std::string(name));
                !candidates->empty()) {

@@ -32,9 +32,9 @@ bool is_cpu(const ::tensorpipe::Device& device) {
 
 }  // namespace
 
-std::string encode_header(const FrameHeader& header) {
+std::string encode_header(const FrameHeader& header, size_t room) {
   std::string out;
-  out.reserve(kFixedSize + 8 * header.storage_sizes.size());
+  out.reserve(kFixedSize + 8 * header.storage_sizes.size() + room);
   out.append(kMagic, sizeof(kMagic));
   put_le<uint8_t>(out, static_cast<uint8_t>(header.kind));
   put_le<uint8_t>(out, header.inline_data ? kFlagInline : 0);
@@ -118,7 +118,14 @@ size_t header_size(const FrameHeader& header) {
 
 ::tensorpipe::Message OutgoingFrame::to_tensorpipe() const {
   ::tensorpipe::Message message;
-  message.metadata = encode_header(header);
+  size_t inline_bytes = 0;
+  if (header.inline_data) {
+    inline_bytes = payload.size();
+    for (const c10::Storage& storage : storages) {
+      inline_bytes += storage.nbytes();
+    }
+  }
+  message.metadata = encode_header(header, inline_bytes);
   if (header.inline_data) {
     message.metadata.append(payload);
     for (const c10::Storage& storage : storages) {

@@ -88,7 +88,9 @@ struct FrameHeader {
 // Bounds on what a peer may announce; more is a protocol error.
 constexpr uint32_t kMaxStorages = 1 << 20;
 
-std::string encode_header(const FrameHeader& header);
+// `room`: bytes the caller appends after it (an inline frame's data), so
+// that the string is allocated once.
+std::string encode_header(const FrameHeader& header, size_t room = 0);
 
 // The size of the header encode_header() writes for `header`.
 size_t header_size(const FrameHeader& header);
