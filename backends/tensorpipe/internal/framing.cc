@@ -33,18 +33,22 @@ bool is_cpu(const ::tensorpipe::Device& device) {
 }  // namespace
 
 std::string encode_header(const FrameHeader& header, size_t room) {
+  const size_t size = header_size(header);
   std::string out;
-  out.reserve(kFixedSize + 8 * header.storage_sizes.size() + room);
-  out.append(kMagic, sizeof(kMagic));
-  put_le<uint8_t>(out, static_cast<uint8_t>(header.kind));
-  put_le<uint8_t>(out, header.inline_data ? kFlagInline : 0);
-  out.append(2, '\0');
-  put_le<int32_t>(out, static_cast<int32_t>(header.type));
-  put_le<int32_t>(out, header.code);
-  put_le<int64_t>(out, header.id);
-  put_le<uint64_t>(out, header.payload_size);
-  put_le<uint32_t>(out, static_cast<uint32_t>(header.storage_sizes.size()));
-  for (uint64_t size : header.storage_sizes) put_le<uint64_t>(out, size);
+  out.reserve(size + room);
+  out.resize(size);  // written in place, not a byte at a time
+  uint8_t* at = reinterpret_cast<uint8_t*>(out.data());
+  std::memcpy(at, kMagic, sizeof(kMagic));
+  at += sizeof(kMagic);
+  put_le<uint8_t>(at, static_cast<uint8_t>(header.kind));
+  put_le<uint8_t>(at, header.inline_data ? kFlagInline : 0);
+  at += 2;  // reserved, zero
+  put_le<int32_t>(at, static_cast<int32_t>(header.type));
+  put_le<int32_t>(at, header.code);
+  put_le<int64_t>(at, header.id);
+  put_le<uint64_t>(at, header.payload_size);
+  put_le<uint32_t>(at, static_cast<uint32_t>(header.storage_sizes.size()));
+  for (uint64_t storage : header.storage_sizes) put_le<uint64_t>(at, storage);
   return out;
 }
 
