@@ -340,6 +340,35 @@ std::optional<std::string> alias_of(absl::string_view name) {
 
 }  // namespace
 
+c10::IValue kwargs_to_wire(Kwargs kwargs) {
+  if (kwargs.empty()) return c10::IValue();
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.reserve(kwargs.size());
+  for (auto& [key, value] : kwargs) dict.insert(key, std::move(value));
+  return c10::IValue(std::move(dict));
+}
+
+bool is_wire_kwargs(const c10::IValue& value) {
+  return value.isNone() || value.isGenericDict();
+}
+
+absl::StatusOr<Kwargs> kwargs_from_wire(const c10::IValue& value) {
+  Kwargs kwargs;
+  if (value.isNone()) return kwargs;
+  if (!value.isGenericDict()) {
+    return absl::InvalidArgumentError(
+        "keyword arguments must be a dict or None");
+  }
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString()) {
+      return absl::InvalidArgumentError(
+          "keyword argument names must be strings");
+    }
+    kwargs.emplace(entry.key().toStringRef(), entry.value());
+  }
+  return kwargs;
+}
+
 absl::Status register_function(std::string name, NativeFunction fn) {
   Callables probe;  // the same checks as a Worker's own functions
   if (absl::Status s = probe.add_function(name, fn); !s.ok()) return s;

@@ -62,6 +62,16 @@ namespace tether {
 
 using Kwargs = std::unordered_map<std::string, c10::IValue>;
 
+// Keyword arguments as a call message carries them: None when there are
+// none (most calls: no dict is built on either side), else a
+// Dict[str, Any].
+c10::IValue kwargs_to_wire(Kwargs kwargs);
+// Whether `value` has a shape kwargs_to_wire() gives.
+bool is_wire_kwargs(const c10::IValue& value);
+// The keyword arguments of `value` (is_wire_kwargs()): INVALID_ARGUMENT
+// "keyword argument names must be strings" for a key that is not one.
+[[nodiscard]] absl::StatusOr<Kwargs> kwargs_from_wire(const c10::IValue& value);
+
 // Callables a layer above core serves under a name prefix, by its own policy:
 // the Python front end serves "py::module:qualname" this way, so core knows
 // no language runtime (docs/architecture.md section 11).

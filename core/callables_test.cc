@@ -352,5 +352,31 @@ TEST(Callables, UnknownNameExplainsTheAlwayslinkTrap) {
                              HasSubstr("register_function"))));
 }
 
+TEST(Callables, KeywordArgumentsTravelAsNoneOrADict) {
+  EXPECT_TRUE(kwargs_to_wire({}).isNone());
+  c10::IValue wire = kwargs_to_wire({{"alpha", c10::IValue(2)}});
+  ASSERT_TRUE(wire.isGenericDict());
+  EXPECT_TRUE(is_wire_kwargs(wire));
+  EXPECT_TRUE(is_wire_kwargs(c10::IValue()));
+  EXPECT_FALSE(is_wire_kwargs(c10::IValue(1)));
+
+  absl::StatusOr<Kwargs> none = kwargs_from_wire(c10::IValue());
+  ASSERT_THAT(none, IsOk());
+  EXPECT_TRUE(none->empty());
+  absl::StatusOr<Kwargs> back = kwargs_from_wire(wire);
+  ASSERT_THAT(back, IsOk());
+  ASSERT_EQ(back->count("alpha"), 1u);
+  EXPECT_EQ(back->at("alpha").toInt(), 2);
+
+  c10::impl::GenericDict int_keys(c10::IntType::get(), c10::AnyType::get());
+  int_keys.insert(c10::IValue(1), c10::IValue(2));
+  EXPECT_THAT(kwargs_from_wire(c10::IValue(int_keys)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("keyword argument names must be strings")));
+  EXPECT_THAT(kwargs_from_wire(c10::IValue(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a dict or None")));
+}
+
 }  // namespace
 }  // namespace tether

@@ -566,13 +566,10 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
   absl::StatusOr<WorkerInfo> target = get_worker_info(to);
   if (!target.ok()) return Future<c10::IValue>::ready(target.status());
 
-  c10::impl::GenericDict kwargs_dict(c10::StringType::get(),
-                                     c10::AnyType::get());
-  for (auto& [key, value] : kwargs) kwargs_dict.insert(key, std::move(value));
   c10::IValue call = c10::ivalue::Tuple::create(
       {c10::IValue(std::string(fn)),
        c10::ivalue::Tuple::create(std::move(args)),
-       c10::IValue(std::move(kwargs_dict))});
+       kwargs_to_wire(std::move(kwargs))});
   Message request;
   request.type = MessageType::kCall;
   if (absl::Status encoded = encode_request(call, *target, request);
@@ -753,11 +750,11 @@ std::optional<Message> Worker::decode_call(const Message& request,
         absl::StrCat("Error on worker ", describe(self),
                      ": malformed CALL: ", call.status().message())));
   }
-  // (name, args tuple, kwargs dict) as rpc_async builds it.
+  // (name, args tuple, kwargs: None or a dict) as rpc_async builds it.
   if (!call->isTuple() || call->toTupleRef().elements().size() != 3 ||
       !call->toTupleRef().elements()[0].isString() ||
       !call->toTupleRef().elements()[1].isTuple() ||
-      !call->toTupleRef().elements()[2].isGenericDict()) {
+      !is_wire_kwargs(call->toTupleRef().elements()[2])) {
     return exception_message(absl::InvalidArgumentError(absl::StrCat(
         "Error on worker ", describe(self),
         ": malformed CALL: expected (name, args, kwargs)")));
@@ -765,14 +762,13 @@ std::optional<Message> Worker::decode_call(const Message& request,
   const auto& parts = call->toTupleRef().elements();
   out.fn = parts[0].toStringRef();
   out.args = parts[1].toTupleRef().elements().vec();
-  for (const auto& entry : parts[2].toGenericDict()) {
-    if (!entry.key().isString()) {
-      return exception_message(absl::InvalidArgumentError(absl::StrCat(
-          "Error on worker ", describe(self), " calling '", out.fn,
-          "': keyword argument names must be strings")));
-    }
-    out.kwargs.emplace(entry.key().toStringRef(), entry.value());
+  absl::StatusOr<Kwargs> kwargs = kwargs_from_wire(parts[2]);
+  if (!kwargs.ok()) {
+    return exception_message(absl::InvalidArgumentError(
+        absl::StrCat("Error on worker ", describe(self), " calling '", out.fn,
+                     "': ", kwargs.status().message())));
   }
+  out.kwargs = *std::move(kwargs);
   out.value = *std::move(call);
   return std::nullopt;
 }

@@ -225,12 +225,9 @@ absl::StatusOr<RRef> remote_call(Worker& caller, const To& to,
                                            c10::AnyType::get());
       handle = user;
     }
-    c10::impl::GenericDict kwargs_dict(c10::StringType::get(),
-                                       c10::AnyType::get());
-    for (auto& [key, value] : kwargs) kwargs_dict.insert(key, std::move(value));
     c10::IValue call = c10::ivalue::Tuple::create(
         {std::move(call_target), c10::ivalue::Tuple::create(std::move(args)),
-         c10::IValue(std::move(kwargs_dict)), c10::IValue(int64_t{id.worker}),
+         kwargs_to_wire(std::move(kwargs)), c10::IValue(int64_t{id.worker}),
          c10::IValue(id.local), c10::IValue(int64_t{fork.worker}),
          c10::IValue(fork.local)});
     Message request;
@@ -273,14 +270,11 @@ absl::StatusOr<Message> method_call_message(Worker& worker, const RRef& rref,
                                             absl::string_view method,
                                             std::vector<c10::IValue> args,
                                             Kwargs kwargs) {
-  c10::impl::GenericDict kwargs_dict(c10::StringType::get(),
-                                     c10::AnyType::get());
-  for (auto& [key, value] : kwargs) kwargs_dict.insert(key, std::move(value));
   c10::IValue call = c10::ivalue::Tuple::create(
       {c10::ivalue::Tuple::create(
            {rref.to_ivalue(), c10::IValue(std::string(method))}),
        c10::ivalue::Tuple::create(std::move(args)),
-       c10::IValue(std::move(kwargs_dict))});
+       kwargs_to_wire(std::move(kwargs))});
   Message request;
   request.type = MessageType::kRRefMethodCall;
   absl::Status encoded = worker.encode_request(call, rref.owner(), request);

@@ -436,23 +436,15 @@ absl::StatusOr<c10::IValue> ContextState::invoke(const c10::IValue& target,
                                 kwargs);
 }
 
-Kwargs ContextState::kwargs_of(const c10::IValue& dict) {
-  Kwargs kwargs;
-  for (const auto& entry : dict.toGenericDict()) {
-    if (entry.key().isString()) {
-      kwargs.emplace(entry.key().toStringRef(), entry.value());
-    }
-  }
-  return kwargs;
-}
-
 absl::StatusOr<c10::IValue> ContextState::run_call(const c10::IValue& call) {
   const auto& parts = call.toTupleRef().elements();
   absl::StatusOr<std::shared_ptr<void>> pass = admit(call);
+  absl::StatusOr<Kwargs> kwargs = kwargs_from_wire(parts[2]);
   absl::StatusOr<c10::IValue> result =
-      pass.ok() ? invoke(parts[0], parts[1].toTupleRef().elements().vec(),
-                         kwargs_of(parts[2]))
-                : absl::StatusOr<c10::IValue>(pass.status());
+      !pass.ok()     ? absl::StatusOr<c10::IValue>(pass.status())
+      : !kwargs.ok() ? absl::StatusOr<c10::IValue>(kwargs.status())
+                     : invoke(parts[0], parts[1].toTupleRef().elements().vec(),
+                              *kwargs);
   if (!result.ok()) {
     result = absl::Status(
         result.status().code(),
@@ -469,7 +461,7 @@ absl::Status ContextState::check_call(const c10::IValue& call, size_t size,
     return absl::InvalidArgumentError(absl::StrCat("malformed ", what));
   }
   const auto& parts = call.toTupleRef().elements();
-  if (!parts[1].isTuple() || !parts[2].isGenericDict()) {
+  if (!parts[1].isTuple() || !is_wire_kwargs(parts[2])) {
     return absl::InvalidArgumentError(absl::StrCat("malformed ", what));
   }
   for (size_t i = 3; i < size; ++i) {

@@ -242,8 +242,6 @@ class ContextState : public wire::RRefHook,
                                      std::vector<c10::IValue> args,
                                      const Kwargs& kwargs);
 
-  static Kwargs kwargs_of(const c10::IValue& dict);
-
   // Runs a decoded (target, args, kwargs, ...) call once its RRef arguments
   // are confirmed; errors name this worker and the target.
   absl::StatusOr<c10::IValue> run_call(const c10::IValue& call);
