@@ -579,11 +579,11 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
         absl::StrCat("cannot send arguments of '", fn, "' to worker ",
                      describe(*target), ": ", encoded.message())));
   }
-  std::string fn_name(fn);
-  WorkerInfo callee = *target;
-  return send_counted(callee, std::move(request), timeout)
-      .then([this, fn_name, callee](const absl::StatusOr<Message>& response)
-                -> absl::StatusOr<c10::IValue> {
+  Future<Message> sent = send_counted(*target, std::move(request), timeout);
+  return sent.then(
+      [this, fn_name = std::string(fn), callee = *std::move(target)](
+          const absl::StatusOr<Message>& response)
+          -> absl::StatusOr<c10::IValue> {
         if (!response.ok()) {
           return absl::Status(
               response.status().code(),

@@ -168,9 +168,7 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
         return refused(no_shared_transport(names_, self_.name, to.name));
       }
       // Under mu_, so that shutdown() fails it.
-      pending = pending_.add(
-          timeout, absl::StrCat(message_type_name(request.type),
-                                " request to worker '", to.name, "'"));
+      pending = pending_.add(timeout, request.type, to.name);
     }
     if (!pending.ok()) return refused(pending.status());
     request.id = pending->id;

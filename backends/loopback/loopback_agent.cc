@@ -179,8 +179,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
         return common::refused(common::not_in_group(self_.name, to.name));
       }
       // Under mu_, so that close() fails it.
-      pending =
-          pending_.add(timeout, absl::StrCat("request to '", to.name, "'"));
+      pending = pending_.add(timeout, request.type, to.name);
     }
     if (!pending.ok()) return common::refused(pending.status());
     const int64_t id = pending->id;

@@ -26,7 +26,7 @@ PendingRequests::~PendingRequests() {
 }
 
 absl::StatusOr<PendingRequests::Request> PendingRequests::add(
-    absl::Duration timeout, absl::string_view description) {
+    absl::Duration timeout, MessageType type, absl::string_view peer) {
   Promise<Message> promise;
   Request request;
   request.response = promise.future();
@@ -41,11 +41,13 @@ absl::StatusOr<PendingRequests::Request> PendingRequests::add(
     // timer can look for the entry.
     entry.timer = table_->timers->schedule(
         absl::Now() + timeout,
-        [weak = std::weak_ptr<Table>(table_), id = request.id,
-         what = absl::StrCat(description, " timed out after ",
-                             absl::FormatDuration(timeout))] {
+        [weak = std::weak_ptr<Table>(table_), id = request.id, type,
+         peer = std::string(peer), timeout] {
           if (std::shared_ptr<Table> table = weak.lock()) {
-            finish(*table, id, absl::DeadlineExceededError(what));
+            finish(*table, id,
+                   absl::DeadlineExceededError(absl::StrCat(
+                       message_type_name(type), " request to worker '", peer,
+                       "' timed out after ", absl::FormatDuration(timeout))));
           }
         });
   }

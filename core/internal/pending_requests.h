@@ -68,10 +68,12 @@ class PendingRequests {
 
   // Registers a request: a fresh id (ids start at 1) and the future of its
   // response. Unless `timeout` is infinite, the request fails with
-  // DEADLINE_EXCEEDED "<description> timed out after <timeout>" when it is
-  // still pending then. After cancel_all(), returns cancel_all()'s status.
+  // DEADLINE_EXCEEDED "<TYPE> request to worker '<peer>' timed out after
+  // <timeout>" when it is still pending then (the text is made only then).
+  // After cancel_all(), returns cancel_all()'s status.
   [[nodiscard]] absl::StatusOr<Request> add(absl::Duration timeout,
-                                            absl::string_view description);
+                                            MessageType type,
+                                            absl::string_view peer);
 
   // Records that request `id` left on `connection`. False if the request is
   // no longer pending (it timed out, failed or was cancelled meanwhile).

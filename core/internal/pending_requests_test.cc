@@ -31,7 +31,7 @@ PendingRequests::Request add(
     PendingRequests& pending,
     absl::Duration timeout = absl::InfiniteDuration()) {
   absl::StatusOr<PendingRequests::Request> request =
-      pending.add(timeout, "PING request to worker 'b'");
+      pending.add(timeout, MessageType::kPing, "b");
   EXPECT_THAT(request, IsOk());
   return *std::move(request);
 }
@@ -153,12 +153,12 @@ TEST(PendingRequests, CancelAllFailsEverythingAndLaterAdds) {
   }
   EXPECT_EQ(pending.size(), 0u);
   EXPECT_TRUE(pending.wait_until_empty(absl::Now()));
-  EXPECT_THAT(pending.add(kBound, "later"),
+  EXPECT_THAT(pending.add(kBound, MessageType::kPing, "b"),
               StatusIs(absl::StatusCode::kCancelled,
                        HasSubstr("worker 'a' shut down")));
   // Only the first call counts.
   pending.cancel_all(absl::InternalError("second"));
-  EXPECT_THAT(pending.add(kBound, "later"),
+  EXPECT_THAT(pending.add(kBound, MessageType::kPing, "b"),
               StatusIs(absl::StatusCode::kCancelled));
 }
 
@@ -187,7 +187,7 @@ TEST(PendingRequests, CallbacksMayCallBackIn) {
     request.response.on_complete(
         [&pending, &called](const absl::StatusOr<Message>&) {
           (void)pending.size();
-          (void)pending.add(kBound, "from a callback");
+          (void)pending.add(kBound, MessageType::kPing, "b");
           ++called;
         });
   }
@@ -229,7 +229,8 @@ TEST(PendingRequests, EveryRequestCompletesOnceUnderRaces) {
       for (int i = 0; i < kPerThread; ++i) {
         // Timeouts of 0 to 2 ms race the responses below.
         absl::StatusOr<PendingRequests::Request> request =
-            pending.add(absl::Microseconds(i % 3 * 1000), "racy request");
+            pending.add(absl::Microseconds(i % 3 * 1000), MessageType::kPing,
+                        "b");
         ASSERT_THAT(request, IsOk());
         requests[t].push_back(*request);
         if (i % 2 == 0) (void)pending.set_connection(request->id, t + 1);
