@@ -26,6 +26,8 @@ workload is a median over N calls (p99 beside it), timed in rank 0:
   rpc_sync python    rpc_sync(py_add, (2-float tensor, 1)), a function of
                      the script's __main__ (tether: by reference; the peer:
                      pickled)
+  rpc_async + wait   rpc_async(torch.add, (2-float tensor, 1)).wait(), one
+                     call at a time (the peer's examples' way)
   rpc_async builtin  calls per second, 64 in flight
   remote + to_here   rpc.remote(torch.add, ...).to_here()
   dist autograd step a distributed autograd context around a forward of a
@@ -73,8 +75,8 @@ def timed(n, call):
             "p99_us": percentile(samples, 0.99)}
 
 
-WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "remote + to_here",
-             "dist autograd step", "rpc_async builtin"]
+WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "rpc_async + wait",
+             "remote + to_here", "dist autograd step", "rpc_async builtin"]
 
 
 def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
@@ -104,6 +106,9 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
         if "rpc_sync python" in workloads:
             result["rpc_sync python"] = timed(
                 n, lambda: rpc.rpc_sync("w1", py_add, args=(t, 1)))
+        if "rpc_async + wait" in workloads:
+            result["rpc_async + wait"] = timed(
+                n, lambda: rpc.rpc_async("w1", torch.add, args=(t, 1)).wait())
         if "remote + to_here" in workloads:
             result["remote + to_here"] = timed(
                 n // 3, lambda: rpc.remote("w1", torch.add,

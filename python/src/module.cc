@@ -6,10 +6,11 @@
 // the send of rpc_async and remote, to_here, shutdown) releases the GIL.
 // Python functions called by peers run on the worker pool, holding the GIL
 // only while Python runs (PythonCallables). The futures rpc_async returns
-// are torch.futures.Future objects; they complete on threads of this
-// module (Completer), which take the GIL to turn the value into Python
-// objects and run the user's callbacks: an agent's threads never wait for
-// the GIL.
+// are torch.futures.Future objects (tether.rpc._future.RpcFuture); they
+// complete on the thread that waits for them (PyCompletion) or on threads
+// of this module (Completer), which take the GIL to turn the value into
+// Python objects and run the user's callbacks: an agent's threads never
+// wait for the GIL.
 #include <ATen/core/ivalue.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/ascii.h>
@@ -19,6 +20,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/python/python_ivalue.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -188,42 +190,88 @@ class Completer {
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A torch.futures.Future completed with `future`'s result, as a Python
-// object (RpcError on failure).
+// What a Python future of rpc_async (tether.rpc._future.RpcFuture) shares
+// with the completion of its tether future: the first of the completer
+// thread and a thread waiting in RpcFuture.wait() to claim it turns the
+// result into a Python object and completes the torch future. The waiter
+// usually wins: it read the answer itself (the assist) and needs no other
+// thread to wake.
+struct PyCompletion {
+  Future<c10::IValue> future;
+  c10::intrusive_ptr<c10::ivalue::Future> jit;
+  std::atomic<bool> claimed{false};
+  // A thread is in help(): it will finish, so the completion need not wake
+  // a completer thread for it.
+  std::atomic<bool> waited{false};
+
+  // Without the GIL; takes it to convert the value.
+  void finish(const absl::StatusOr<c10::IValue>& result) {
+    if (!result.ok()) {
+      jit->setError(std::make_exception_ptr(RpcError(result.status())));
+      return;
+    }
+    c10::IValue value;
+    std::string error;
+    {
+      py::gil_scoped_acquire gil;
+      try {
+        value = c10::IValue(
+            c10::ivalue::ConcretePyObjectHolder::create(to_python(*result)));
+      } catch (const std::exception& e) {
+        error = std::string("cannot convert the result: ") + e.what();
+      }
+    }
+    if (!error.empty()) {
+      jit->setError(
+          std::make_exception_ptr(RpcError(absl::InternalError(error))));
+      return;
+    }
+    jit->markCompleted(std::move(value));
+  }
+
+  // RpcFuture.wait(), before the torch future's own wait: waits for the
+  // tether future (the assisted wait when this thread sent the request)
+  // and completes the torch future here unless the completer has.
+  void help() {
+    py::gil_scoped_release nogil;
+    waited.store(true);
+    (void)future.wait(absl::InfiniteFuture());
+    if (claimed.exchange(true)) return;
+    finish(future.result());
+  }
+};
+
+// A tether.rpc._future.RpcFuture (a torch.futures.Future) completed with
+// `future`'s result, as a Python object (RpcError on failure).
 py::object python_future(Future<c10::IValue> future) {
-  auto jit_future =
-      c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get());
+  // Guarded by the GIL, not by a function-local static's guard: the import
+  // may let another thread take the GIL, which would then wait for that
+  // guard holding the GIL. Leaked: the class lives as long as the
+  // interpreter.
+  static py::object* rpc_future = nullptr;
+  if (rpc_future == nullptr) {
+    py::object cls =
+        py::module_::import("tether.rpc._future").attr("RpcFuture");
+    if (rpc_future == nullptr) rpc_future = new py::object(std::move(cls));
+  }
+  auto completion = std::make_shared<PyCompletion>();
+  completion->future = future;
+  py::object out = (*rpc_future)(completion);
+  completion->jit =
+      py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out)->fut;
   {
     py::gil_scoped_release nogil;
     future.on_complete(
-        [jit_future](const absl::StatusOr<c10::IValue>& result) {
-          Completer::get().post([jit_future, result] {
-            if (!result.ok()) {
-              jit_future->setError(
-                  std::make_exception_ptr(RpcError(result.status())));
-              return;
+        [completion](const absl::StatusOr<c10::IValue>& result) {
+          if (completion->waited.load()) return;
+          Completer::get().post([completion, result] {
+            if (!completion->claimed.exchange(true)) {
+              completion->finish(result);
             }
-            c10::IValue value;
-            {
-              py::gil_scoped_acquire gil;
-              try {
-                value = c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(
-                    to_python(*result)));
-              } catch (const std::exception& e) {
-                value = c10::IValue();
-                jit_future->setError(std::make_exception_ptr(RpcError(
-                    absl::InternalError(std::string("cannot convert the "
-                                                    "result: ") +
-                                        e.what()))));
-                return;
-              }
-            }
-            jit_future->markCompleted(std::move(value));
           });
         });
   }
-  return py::cast(std::make_shared<torch::jit::PythonFutureWrapper>(
-      std::move(jit_future)));
+  return out;
 }
 
 // Serves "py::module:qualname" calls by tether.rpc._callee.serve, which
@@ -478,6 +526,9 @@ PYBIND11_MODULE(_C, m) {
 
   // dynamic_attr: tether.rpc caches the value's type on the object
   // (_get_type).
+  py::class_<PyCompletion, std::shared_ptr<PyCompletion>>(m, "_Completion")
+      .def("help", &PyCompletion::help);
+
   py::class_<RRef>(m, "RRef", py::dynamic_attr())
       .def(py::init([](py::handle value) {
              c10::IValue v = to_ivalue(value, Objects::kKeep, "the value");

@@ -176,6 +176,27 @@ def test_rpc_async_returns_a_torch_future(callee):
     assert [f.value() for f in collected] == [2 * i for i in range(20)]
 
 
+def test_rpc_async_wait_completes_the_future_on_the_waiting_thread(callee):
+    """wait() turns the answer into Python objects and completes the future
+    itself, so callbacks added before it run on the waiting thread; the
+    answer then costs no hand-off to tether's completer threads, where they
+    ran before (then: on this thread in none of the 20 calls)."""
+    me = threading.get_ident()
+    ran_on = []
+    for i in range(20):
+        seconds = 0.02 + i / 1000
+        fut = rpc.rpc_async(callee, rpc_functions.slow, args=(seconds,))
+        fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
+        assert fut.wait() == seconds
+        assert fut.done()
+    assert len(ran_on) == 20
+    assert me in ran_on
+    failing = rpc.rpc_async(callee, rpc_functions.fail, args=("waited",))
+    with pytest.raises(ValueError, match="waited"):
+        failing.wait()
+    assert isinstance(failing, torch.futures.Future)
+
+
 def test_rpc_async_error_raises_at_wait(callee):
     fut = rpc.rpc_async(callee, rpc_functions.fail, args=("later",))
     with pytest.raises(ValueError, match="later"):
