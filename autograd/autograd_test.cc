@@ -337,6 +337,15 @@ TEST_F(DistAutograd, RRefBackwardOnItsOwner) {
   EXPECT_THAT(backward(*vector, context->id()),
               StatusIs(absl::StatusCode::kUnknown,
                        HasSubstr("must be a scalar")));
+
+  // A value that is no tensor: the peer's text, which its programs match.
+  absl::StatusOr<RRef> number =
+      remote(a(), "bob", "aten::len", {c10::List<int64_t>({1, 2})});
+  ASSERT_THAT(number, IsOk());
+  absl::Status not_a_tensor = backward(*number, context->id());
+  EXPECT_FALSE(not_a_tensor.ok());
+  EXPECT_THAT(std::string(not_a_tensor.message()),
+              HasSubstr("RRef should contain a tensor for .backward()"));
 }
 
 TEST_F(DistAutograd, ErrorInRemoteBackwardReachesTheRoot) {

@@ -16,9 +16,10 @@ absl::Status owner_backward(Worker& worker, const RRef& rref,
   absl::StatusOr<c10::IValue> value = rref.local_value();
   if (!value.ok()) return value.status();
   if (!value->isTensor()) {
+    // The peer's text first, which its programs match.
     return absl::InvalidArgumentError(absl::StrCat(
-        "backward of RRef ", rref.impl()->id().str(), ": its value is a ",
-        value->tagKind(), ", not a scalar tensor"));
+        "RRef should contain a tensor for .backward(); RRef ",
+        rref.impl()->id().str(), " holds a ", value->tagKind()));
   }
   return backward(worker, context_id, {value->toTensor()}, retain_graph);
 }

@@ -99,12 +99,20 @@ def _source(obj):
     return source
 
 
+def _is_suite(cls):
+    """A class of the peer's tests (RpcTest, DistAutogradTest, ...)."""
+    return any(name.startswith("test_") for name in vars(cls))
+
+
 def _names_reached(test_class, test_name):
     """Every word in the test's code and in the code of the peer's helpers
-    it names, followed _HELPER_DEPTH levels."""
+    it names, followed _HELPER_DEPTH levels. A suite class the code names
+    (`RpcTest._multi_args_fn`) is not read whole, which would reach every
+    test's words: the names the code takes from it are followed instead."""
     method = getattr(test_class, test_name)
     module = inspect.getmodule(inspect.unwrap(method))
     namespace = vars(module) if module else {}
+    suites = [test_class]
     words = set()
     todo = [(_source(method), 0)]
     seen = set()
@@ -114,11 +122,19 @@ def _names_reached(test_class, test_name):
         words |= found
         if depth >= _HELPER_DEPTH:
             continue
+        for word in sorted(found):
+            target = namespace.get(word)
+            if inspect.isclass(target) and _is_suite(target) and (
+                    target not in suites):
+                suites.append(target)
         for word in found - seen:
             seen.add(word)
             target = namespace.get(word)
-            if target is None and hasattr(test_class, word):
-                target = getattr(test_class, word, None)
+            if target is None:
+                target = next((getattr(c, word) for c in suites
+                               if hasattr(c, word)), None)
+            if inspect.isclass(target) and _is_suite(target):
+                continue
             if (target is not None
                     and (inspect.isfunction(inspect.unwrap(target))
                          or inspect.isclass(target))

@@ -51,9 +51,12 @@ with peer_modules.scripting_kept_importable():
     )
 
 # The peer's test files define the functions and classes the tests call
-# remotely; a worker lets its peers run those (and nothing else of theirs).
+# remotely; a worker lets its peers run those (and nothing else of theirs),
+# and build torch.nn's modules (test_embedding_bag_with_no_grad_tensors
+# makes a torch.nn.EmbeddingBag on a peer), as a program that does so
+# allows them (docs/security.md).
 ALLOWED_MODULES = ["torch.testing._internal.distributed.rpc",
-                   "torch.testing._internal.dist_utils"]
+                   "torch.testing._internal.dist_utils", "torch.nn.modules"]
 
 
 class TetherFixture(RpcAgentTestFixture):
