@@ -16,7 +16,7 @@ GROUPS = [
     ("peer debug APIs",
      "internal debug APIs of the peer: its RRef-context and autograd "
      "counters, and the helpers that poll them",
-     ["_get_debug_info", "_rref_context_get_debug_info",
+     ["_get_debug_info", "_rref_context_get_debug_info", "get_debug_info",
       "wait_until_pending_futures_and_users_flushed",
       "wait_until_owners_and_forks_on_rank", "get_num_owners_and_forks"]),
     ("peer pickler",
@@ -27,7 +27,7 @@ GROUPS = [
     ("peer agent objects",
      "the peer's agent object, its backend plug-in registry and mocks of "
      "its internals",
-     ["_get_current_rpc_agent", "TensorPipeAgent", "register_backend",
+     ["TensorPipeAgent", "register_backend",
       "_init_rpc_backend", "_is_current_rpc_agent_set", "mock",
       "StubRpcAgent", "FooBackendOptions"]),
     ("peer profiler",
@@ -37,9 +37,9 @@ GROUPS = [
       "_build_rpc_profiling_key", "profiler", "record_function",
       "get_function_event"]),
     ("peer internal collectives",
-     "the peer's internal collective helpers and thread-local state",
-     ["_wait_all_workers", "_all_gather", "_barrier",
-      "_broadcast_to_followers", "_thread_local_var", "_wait_all",
+     "the peer's internal helpers of its shutdown (tether has _all_gather, "
+     "_barrier, _wait_all_workers and _wait_all)",
+     ["_broadcast_to_followers",
       "_delete_all_user_and_unforked_owner_rrefs"]),
     ("peer autograd internals",
      "internal context API of the peer's distributed autograd",

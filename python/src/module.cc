@@ -23,6 +23,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -413,6 +414,33 @@ RRef remote(py::handle to, const std::string& fn, const py::tuple& args,
   return value_or_throw(std::move(rref));
 }
 
+// The peer's rpc.api._all_gather(obj, worker_names, timeout) over
+// Worker::all_gather (core/worker.h): `names` empty is the whole group;
+// `timeout` in seconds, negative the worker's RPC timeout (as the peer's
+// UNSET_RPC_TIMEOUT), 0 none. Returns {name: value}.
+py::dict gather(py::handle value, std::vector<std::string> names,
+                    double timeout) {
+  c10::IValue v = to_ivalue(value, Objects::kRefuse, "the value to gather");
+  absl::StatusOr<std::map<std::string, c10::IValue>> gathered;
+  {
+    py::gil_scoped_release nogil;
+    Worker* me = current_worker();
+    if (me == nullptr) {
+      gathered = get_current_worker_info().status();  // the same text
+    } else {
+      absl::Duration bound = timeout < 0    ? me->rpc_timeout()
+                             : timeout == 0 ? absl::InfiniteDuration()
+                                            : absl::Seconds(timeout);
+      gathered = me->all_gather(std::move(v), std::move(names), bound);
+    }
+  }
+  py::dict out;
+  for (const auto& [name, each] : value_or_throw(std::move(gathered))) {
+    out[py::str(name)] = to_python(each);
+  }
+  return out;
+}
+
 // RRef.backward(dist_autograd_ctx_id=-1, retain_graph=False), as the
 // peer's: -1 is a local backward pass on the owner; otherwise the
 // distributed pass of that context, run on the owner.
@@ -632,6 +660,8 @@ PYBIND11_MODULE(_C, m) {
     if (to.is_none()) return value_or_throw(get_current_worker_info());
     return value_or_throw(get_worker_info(to_target(to)));
   });
+  m.def("all_gather", &gather, py::arg("value"), py::arg("names"),
+        py::arg("timeout"));
   m.def("get_all_worker_infos",
         [] { return value_or_throw(tether::get_all_worker_infos()); });
   // (ip, port) where `worker` listens, or None (Paddle's WorkerInfo.ip and

@@ -22,6 +22,11 @@ def slow(seconds):
     return seconds
 
 
+def all_gather(value):
+    """The callee's side of the peer's rpc.api._all_gather (surface_test)."""
+    return rpc._all_gather(value)
+
+
 def whoami():
     return rpc.get_worker_info().name
 

@@ -232,3 +232,40 @@ def test_options_and_names_are_checked_with_the_peers_words():
         rpc.WorkerInfo("", 0)
     with pytest.raises(RuntimeError, match="shorter than 128"):
         rpc.WorkerInfo("a" * 500, 0)
+
+
+def test_the_peers_collectives_gather_from_every_worker(callee):
+    # The peer's rpc.api._all_gather, _barrier and _wait_all_workers (its
+    # programs and suites call them), over tether's Worker::all_gather.
+    theirs = rpc.rpc_async(callee, rpc_functions.all_gather,
+                           args=(torch.ones(2),))
+    mine = rpc._all_gather(torch.zeros(2))
+    assert set(mine) == {"caller", "callee"}
+    assert torch.equal(mine["caller"], torch.zeros(2))
+    assert torch.equal(mine["callee"], torch.ones(2))
+    assert set(theirs.wait()) == {"caller", "callee"}
+    # A set of this worker alone gathers at once; one without it is refused.
+    assert rpc._all_gather(7, ["caller"]) == {"caller": 7}
+    rpc._barrier(["caller"])
+    with pytest.raises(RuntimeError, match="caller"):
+        rpc._all_gather(7, ["callee"])
+    with pytest.raises(TypeError, match="object"):
+        rpc._all_gather(object(), ["caller"])
+    # What the peer's programs read of its agent object.
+    agent = rpc._get_current_rpc_agent()
+    assert {i.name for i in agent.get_worker_infos()} == {"caller", "callee"}
+    assert agent.get_worker_info().name == "caller"
+
+
+def test_wait_all_waits_for_the_futures_of_its_block(callee):
+    # The peer's rpc.api._wait_all: the futures rpc_async returns on this
+    # thread inside the block are waited for at its end.
+    with rpc._wait_all():
+        fut = rpc.rpc_async(callee, rpc_functions.slow, args=(0.3,))
+        assert rpc._thread_local_var.future_list == [fut]
+    assert fut.done() and fut.value() == 0.3
+    assert not hasattr(rpc._thread_local_var, "future_list")
+    with pytest.raises(ValueError, match="boom"):
+        with rpc._wait_all():
+            rpc.rpc_async(callee, rpc_functions.fail, args=("boom",))
+    assert not hasattr(rpc._thread_local_var, "future_list")

@@ -15,6 +15,7 @@ results are wire values: tensors, numbers, strings, None, lists, tuples,
 dicts and RRefs; anything else is refused at the caller, naming its type.
 """
 import atexit
+import contextlib
 import copy
 import enum
 import inspect
@@ -304,6 +305,67 @@ def _set_rpc_timeout(rpc_timeout):
     _C.set_rpc_timeout(float(rpc_timeout))
 
 
+# The peer's helpers under their private names (rpc.api._all_gather, ...),
+# which its programs and tests use; tether has each as a public mechanism.
+
+
+def _all_gather(obj, worker_names=None, timeout=UNSET_RPC_TIMEOUT):
+    """Gathers ``obj`` (a wire value) from every worker of ``worker_names``
+    (default: the whole group; it must include this worker) and returns
+    {name: obj} once all have given theirs; as the peer's
+    rpc.api._all_gather, over tether's Worker::all_gather. ``timeout`` in
+    seconds: -1 the RPC timeout, 0 none; a lost worker ends the wait
+    anyway, naming it."""
+    return _C.all_gather(obj, sorted(worker_names or ()), float(timeout))
+
+
+def _barrier(worker_names):
+    """Returns once every worker of ``worker_names`` has called it (the
+    peer's rpc.api._barrier); bounded by the RPC timeout."""
+    _all_gather(None, worker_names)
+
+
+def _wait_all_workers(timeout=DEFAULT_SHUTDOWN_TIMEOUT):
+    """Returns once every worker of the group has called it (the peer's
+    rpc.api._wait_all_workers, the barrier of its graceful shutdown);
+    ``timeout`` in seconds, 0 none."""
+    _all_gather(None, None, timeout)
+
+
+class _CurrentAgent:
+    """What the peer's programs read of its agent object
+    (rpc.api._get_current_rpc_agent()): the group's WorkerInfos."""
+
+    def get_worker_info(self, worker_name=None):
+        return get_worker_info(worker_name)
+
+    def get_worker_infos(self):
+        return get_all_worker_infos()
+
+
+def _get_current_rpc_agent():
+    get_worker_info()  # raises as every call does before init_rpc
+    return _CurrentAgent()
+
+
+_thread_local_var = threading.local()
+
+
+@contextlib.contextmanager
+def _wait_all():
+    """Collects the futures rpc_async returns on this thread inside the
+    block and waits for all of them at its end, raising the first error
+    (the peer's rpc.api._wait_all)."""
+    _thread_local_var.future_list = []
+    try:
+        yield
+    finally:
+        try:
+            torch.futures.wait_all(_thread_local_var.future_list)
+        finally:
+            del _thread_local_var.future_list
+
+
 _names = {}  # function -> (name, drop the keyword "inplace")
 
 
@@ -404,7 +466,11 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
 def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """As rpc_sync, returning a torch.futures.Future of the result."""
     name, args, kwargs = _call_parts(func, args, kwargs)
-    return _C.rpc_async(to, name, args, kwargs, float(timeout))
+    future = _C.rpc_async(to, name, args, kwargs, float(timeout))
+    collected = getattr(_thread_local_var, "future_list", None)
+    if collected is not None:
+        collected.append(future)
+    return future
 
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
