@@ -602,13 +602,19 @@ PYBIND11_MODULE(_C, m) {
       .def("rpc_sync", proxy("rpc_sync"), py::arg("timeout") = -1.0)
       .def("rpc_async", proxy("rpc_async"), py::arg("timeout") = -1.0)
       .def("remote", proxy("remote"), py::arg("timeout") = -1.0)
-      .def(
-          "_get_future",
-          [](py::object self, double timeout) {
-            return py::module_::import("tether.rpc._proxy")
-                .attr("creation_future")(self, timeout);
-          },
-          py::arg("timeout") = -1.0)
+      // The peer's rref._get_future(): completes with None once the value
+      // exists on its owner, or with the error its creation met (the
+      // remote() call's own, a timeout included); RRef::get_future().
+      .def("_get_future",
+           [](const RRef& self) {
+             Future<c10::IValue> created = self.get_future().then(
+                 [](const absl::StatusOr<bool>& made)
+                     -> absl::StatusOr<c10::IValue> {
+                   if (!made.ok()) return made.status();
+                   return c10::IValue();
+                 });
+             return python_future(std::move(created));
+           })
       .def(
           "_get_type",
           [](py::object self, double timeout, bool blocking) {
@@ -659,6 +665,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("get_worker_info", [](py::handle to) {
     if (to.is_none()) return value_or_throw(get_current_worker_info());
     return value_or_throw(get_worker_info(to_target(to)));
+  });
+  // The peer's _rref_context_get_debug_info(): its keys, values as text.
+  m.def("rref_debug_info", [] {
+    absl::StatusOr<RRefDebugInfo> info;
+    {
+      py::gil_scoped_release nogil;
+      Worker* me = current_worker();
+      if (me == nullptr) {
+        info = get_current_worker_info().status();  // the same text
+      } else {
+        info = rref_debug_info(*me);
+      }
+    }
+    const RRefDebugInfo counts = value_or_throw(std::move(info));
+    py::dict out;
+    out["num_owner_rrefs"] = std::to_string(counts.owners);
+    out["num_pending_futures"] = std::to_string(counts.pending_children);
+    out["num_pending_users"] = std::to_string(counts.pending_users);
+    out["num_forks"] = std::to_string(counts.forks);
+    return out;
   });
   m.def("all_gather", &gather, py::arg("value"), py::arg("names"),
         py::arg("timeout"));

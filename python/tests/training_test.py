@@ -188,6 +188,14 @@ def test_rref_creation_future(callee):
     with pytest.raises(ValueError, match="no value"):
         failed._get_future().wait()
     assert rpc.RRef(torch.ones(1))._get_future().wait() is None
+    # A remote() past its timeout: the creation future fails with the
+    # timeout, and the RRef's first use names the failed creation (the
+    # peer's test_rref_timeout).
+    late = rpc.remote(callee, rpc_functions.slow, args=(1,), timeout=0.05)
+    with pytest.raises(rpc.RpcTimeoutError, match="RPC ran for more than"):
+        late._get_future().wait()
+    with pytest.raises(RuntimeError, match="RRef creation"):
+        late.to_here()
 
 
 def test_parameter_rrefs_and_distributed_optimizer_match_torch_optim(callee):

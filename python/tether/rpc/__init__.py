@@ -332,6 +332,17 @@ def _wait_all_workers(timeout=DEFAULT_SHUTDOWN_TIMEOUT):
     _all_gather(None, None, timeout)
 
 
+def _rref_context_get_debug_info():
+    """The RRef layer's counts on this worker, with the peer's keys and
+    values as text: num_owner_rrefs (values owned here that peers use),
+    num_forks (the users of them that the owner knows of),
+    num_pending_users (users made here that their owner has not confirmed
+    yet) and num_pending_futures (RRefs sent on from here whose owner has
+    not confirmed the new user yet; the peer counts its fork requests in
+    flight). Its programs wait for the last two to reach 0."""
+    return _C.rref_debug_info()
+
+
 class _CurrentAgent:
     """What the peer's programs read of its agent object
     (rpc.api._get_current_rpc_agent()): the group's WorkerInfos."""

@@ -130,20 +130,6 @@ def _type_or_none(fut):
         return None
 
 
-def created(rref):
-    """On the owner: returns once the RRef's value exists (raising its
-    creation error, if remote() failed)."""
-    rref.local_value()
-
-
-def creation_future(rref, timeout=UNSET_RPC_TIMEOUT):
-    """``rref._get_future()``: a torch.futures.Future that completes (with
-    None) once the owner has created the value, or with the creation's
-    error. One call to the owner, which waits there."""
-    import tether.rpc as rpc
-    return rpc.rpc_async(rref.owner(), created, args=(rref,), timeout=timeout)
-
-
 class RRefProxy:
     """What ``rref.rpc_sync()`` (and the others) return: its attributes are
     the methods of the object the RRef holds."""
