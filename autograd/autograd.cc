@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -886,6 +887,15 @@ class AutogradState final : public AutogradHook,
         });
   }
 
+  absl::StatusOr<std::vector<int32_t>> peers(int64_t id) {
+    std::shared_ptr<ContextRecord> record = find(id);
+    if (record == nullptr) return unknown_context(id);
+    absl::MutexLock lock(&record->mu);
+    std::vector<int32_t> out(record->peers.begin(), record->peers.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   absl::StatusOr<c10::Dict<at::Tensor, at::Tensor>> gradients(int64_t id) {
     std::shared_ptr<ContextRecord> record = find(id);
     if (record == nullptr) return unknown_context(id);
@@ -1126,6 +1136,19 @@ absl::Status await_releases(Worker& worker, absl::Time deadline) {
   std::shared_ptr<AutogradState> state = internal::state_of(worker);
   if (state == nullptr) return no_extension(worker);
   return state->await_releases(deadline);
+}
+
+absl::StatusOr<std::vector<int32_t>> context_peers(Worker& worker,
+                                                   int64_t context_id) {
+  std::shared_ptr<AutogradState> state = internal::state_of(worker);
+  if (state == nullptr) return no_extension(worker);
+  return state->peers(context_id);
+}
+
+absl::StatusOr<std::vector<int32_t>> context_peers(int64_t context_id) {
+  absl::StatusOr<Worker*> worker = default_worker();
+  if (!worker.ok()) return worker.status();
+  return context_peers(**worker, context_id);
 }
 
 absl::StatusOr<int64_t> live_contexts(Worker& worker) {

@@ -129,6 +129,15 @@ class Context {
 // own shutdown. FAILED_PRECONDITION without the extension.
 [[nodiscard]] absl::Status await_releases(Worker& worker, absl::Time deadline);
 
+// The ranks of the workers that context `context_id` exchanged messages
+// with from `worker` (or current_worker(); its release reaches them), sorted: the peer's
+// _known_worker_ids(). NOT_FOUND, with the peer's text, for a context
+// `worker` does not hold (never seen, or released).
+[[nodiscard]] absl::StatusOr<std::vector<int32_t>> context_peers(
+    Worker& worker, int64_t context_id);
+[[nodiscard]] absl::StatusOr<std::vector<int32_t>> context_peers(
+    int64_t context_id);
+
 // How many contexts `worker` holds (its own and those it took part in);
 // for tests and leak checks. FAILED_PRECONDITION without the extension.
 [[nodiscard]] absl::StatusOr<int64_t> live_contexts(Worker& worker);

@@ -378,6 +378,7 @@ TEST_F(DistAutograd, LocalBackwardThroughARecvNodeIsAClearError) {
 
 TEST_F(DistAutograd, LeavingAContextCleansItEverywhere) {
   at::Tensor x = leaf({3}, 23);
+  int64_t id = -1;
   {
     absl::StatusOr<Context> context = Context::enter(a());
     ASSERT_THAT(context, IsOk());
@@ -386,12 +387,25 @@ TEST_F(DistAutograd, LeavingAContextCleansItEverywhere) {
     EXPECT_EQ(*live_contexts(a()), 1);
     EXPECT_EQ(*live_contexts(b()), 1);
     EXPECT_EQ(*live_contexts(c()), 1);
+    // Who each worker's copy exchanged messages with (ranks): the release
+    // follows these.
+    using Ranks = std::vector<int32_t>;
+    EXPECT_EQ(context_peers(a(), context->id()).value_or(Ranks{}), Ranks({1}));
+    EXPECT_EQ(context_peers(b(), context->id()).value_or(Ranks{}),
+              Ranks({0, 2}));
+    EXPECT_EQ(context_peers(c(), context->id()).value_or(Ranks{}), Ranks({1}));
+    id = context->id();
   }
   // The exit started the release; it reaches bob, then carol through bob.
   EXPECT_EQ(*live_contexts(a()), 0);
+  EXPECT_THAT(context_peers(a(), id),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("Could not find autograd context with id")));
   ASSERT_THAT(await_releases(a(), absl::Now() + kBound), IsOk());
   EXPECT_EQ(*live_contexts(b()), 0);
   EXPECT_EQ(*live_contexts(c()), 0);
+  EXPECT_THAT(context_peers(c(), id),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("carol")));
   // Calls outside a context carry no autograd: nothing is recorded.
   at::Tensor y = call("bob", "aten::mul.Tensor", {x, x});
   EXPECT_TRUE(y.requires_grad());

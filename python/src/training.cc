@@ -163,6 +163,12 @@ void bind_training(py::module_& m) {
       },
       py::arg("context_id"), py::arg("roots"), py::arg("retain_graph"));
   m.def("autograd_get_gradients", &gradients, py::arg("context_id"));
+  m.def(
+      "autograd_context_peers",
+      [](int64_t context_id) {
+        return value_or_throw(autograd::context_peers(context_id));
+      },
+      py::arg("context_id"));
 
   py::class_<optim::DistributedOptimizer>(m, "DistributedOptimizer")
       .def(py::init([](const std::string& kind, const std::vector<RRef>& params,

@@ -111,7 +111,12 @@ def test_backward_twice_needs_retain_graph(callee):
 
 def test_context_errors(callee):
     with dist_autograd.context() as context_id:
-        assert dist_autograd._current_context() == context_id
+        assert dist_autograd._current_context()._context_id() == context_id
+        # The workers its messages reach (the peer's _known_worker_ids()).
+        assert dist_autograd._current_context()._known_worker_ids() == set()
+        rpc.rpc_sync(callee, torch.add, args=(torch.ones(1), 1))
+        assert dist_autograd._retrieve_context(
+            context_id)._known_worker_ids() == {1}
         with pytest.raises(RuntimeError, match="contexts do not nest"):
             with dist_autograd.context():
                 pass
@@ -121,6 +126,9 @@ def test_context_errors(callee):
             dist_autograd.backward(context_id, leaf(1.0))
     with pytest.raises(RuntimeError, match=str(context_id)):
         dist_autograd.get_gradients(context_id)  # released at exit
+    with pytest.raises(RuntimeError, match="Could not find autograd context "
+                                           "with id: %d" % context_id):
+        dist_autograd._retrieve_context(context_id)
     with pytest.raises(RuntimeError, match="no distributed autograd context"):
         dist_autograd._current_context()
     with pytest.raises(RuntimeError, match="12345"):

@@ -65,7 +65,37 @@ def get_gradients(context_id):
     return _C.autograd_get_gradients(context_id)
 
 
+class _Context:
+    """A context as the peer's _current_context() and _retrieve_context()
+    return it: its id, and the workers it exchanged messages with from this
+    worker. (The peer's also hands out its graph's send and recv
+    functions, which tether's graph does not have in that form.)"""
+
+    def __init__(self, context_id):
+        self._id = context_id
+
+    def _context_id(self):
+        return self._id
+
+    def _known_worker_ids(self):
+        """The ranks this context's messages reached from this worker, as a
+        set (RuntimeError once the context is released here)."""
+        return set(_C.autograd_context_peers(self._id))
+
+    def __repr__(self):
+        return "<distributed autograd context %d>" % self._id
+
+
 def _current_context():
-    """The id of the context current on this thread (RuntimeError if
-    none)."""
-    return _C.autograd_current_context()
+    """The context current on this thread (RuntimeError if none), as the
+    peer's: ``_current_context()._context_id()``."""
+    return _Context(_C.autograd_current_context())
+
+
+def _retrieve_context(context_id):
+    """The context ``context_id`` as this worker holds it: one it made or
+    took part in. RuntimeError with the peer's text ("Could not find
+    autograd context with id: N") once it is released here, or if it never
+    reached this worker."""
+    _C.autograd_context_peers(context_id)
+    return _Context(context_id)
