@@ -449,6 +449,21 @@ class AutogradState final : public AutogradHook,
   // too.
   Future<Returned> pass(const PassScope& scope, const edge_list& roots,
                         const variable_list& grads) {
+    passes_->fetch_add(1);
+    Future<Returned> done = run_pass(scope, roots, grads);
+    done.on_complete(
+        [passes = passes_](const absl::StatusOr<Returned>&) {
+          passes->fetch_sub(1);
+        });
+    return done;
+  }
+
+  // Engine passes running on this worker, each counted until everything it
+  // sent on is done (the peer's num_current_backward_passes).
+  int64_t backward_passes() const { return passes_->load(); }
+
+  Future<Returned> run_pass(const PassScope& scope, const edge_list& roots,
+                            const variable_list& grads) {
     const std::shared_ptr<ContextRecord>& record = scope.record;
     // What the pass computes: every leaf and recv node it can reach.
     std::vector<std::shared_ptr<Node>> leaves;
@@ -911,6 +926,9 @@ class AutogradState final : public AutogradHook,
   int in_use_ ABSL_GUARDED_BY(mu_) = 0;
   const WorkerInfo self_;
   std::atomic<int64_t> next_context_{0};
+  // Shared with the callbacks that end a pass, which may outlive this.
+  std::shared_ptr<std::atomic<int64_t>> passes_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<int64_t> next_message_{0};
   absl::Mutex releases_mu_;
   int64_t releases_in_flight_ ABSL_GUARDED_BY(releases_mu_) = 0;
@@ -1149,6 +1167,12 @@ absl::StatusOr<std::vector<int32_t>> context_peers(int64_t context_id) {
   absl::StatusOr<Worker*> worker = default_worker();
   if (!worker.ok()) return worker.status();
   return context_peers(**worker, context_id);
+}
+
+absl::StatusOr<AutogradDebugInfo> autograd_debug_info(Worker& worker) {
+  std::shared_ptr<AutogradState> state = internal::state_of(worker);
+  if (state == nullptr) return no_extension(worker);
+  return AutogradDebugInfo{state->live(), state->backward_passes()};
 }
 
 absl::StatusOr<int64_t> live_contexts(Worker& worker) {

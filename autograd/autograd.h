@@ -138,6 +138,17 @@ class Context {
 [[nodiscard]] absl::StatusOr<std::vector<int32_t>> context_peers(
     int64_t context_id);
 
+// What `worker`'s distributed autograd holds now (the peer's
+// dist_autograd._get_debug_info()): its contexts (as live_contexts) and the
+// backward passes running on it, each counted until the gradients it sent
+// on are done. FAILED_PRECONDITION without the extension.
+struct AutogradDebugInfo {
+  int64_t contexts = 0;
+  int64_t backward_passes = 0;
+};
+[[nodiscard]] absl::StatusOr<AutogradDebugInfo> autograd_debug_info(
+    Worker& worker);
+
 // How many contexts `worker` holds (its own and those it took part in);
 // for tests and leak checks. FAILED_PRECONDITION without the extension.
 [[nodiscard]] absl::StatusOr<int64_t> live_contexts(Worker& worker);

@@ -538,6 +538,11 @@ absl::Duration Worker::rpc_timeout() const {
   return ns < 0 ? absl::ZeroDuration() : absl::Nanoseconds(ns);
 }
 
+Worker::PoolInfo Worker::pool_info() const {
+  return {static_cast<int64_t>(pool_->size()),
+          static_cast<int64_t>(pool_->numAvailable())};
+}
+
 void Worker::set_rpc_timeout(absl::Duration timeout) {
   default_timeout_ns_.store(timeout <= absl::ZeroDuration() ||
                                     timeout == absl::InfiniteDuration()

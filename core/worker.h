@@ -269,6 +269,14 @@ class Worker {
   // it affects later calls only (torch.distributed.rpc's
   // get_rpc_timeout / _set_rpc_timeout).
   absl::Duration rpc_timeout() const;
+
+  // The worker pool's threads and how many of them are idle now (the
+  // peer's agent.thread_pool_size and agent.num_idle_threads).
+  struct PoolInfo {
+    int64_t threads = 0;
+    int64_t idle = 0;
+  };
+  PoolInfo pool_info() const;
   void set_rpc_timeout(absl::Duration timeout);
 
   // Subset collectives (the peer's _all_gather and _barrier): every worker

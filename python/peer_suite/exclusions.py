@@ -15,10 +15,6 @@ import textwrap
 # (group, reason, names): a test is in the group if its code names any of
 # these (as a word).
 GROUPS = [
-    ("peer debug APIs",
-     "internal debug APIs of the peer: its agent's and distributed "
-     "autograd's counters (tether has the RRef context's)",
-     ["_get_debug_info", "get_debug_info"]),
     ("peer pickler",
      "the peer's pickler and pickled arbitrary objects: tether sends no "
      "code and no pickles (docs/security.md)",

@@ -666,6 +666,16 @@ PYBIND11_MODULE(_C, m) {
     if (to.is_none()) return value_or_throw(get_current_worker_info());
     return value_or_throw(get_worker_info(to_target(to)));
   });
+  // The peer's agent.get_debug_info(): the keys tether has, values as text.
+  m.def("agent_debug_info", [] {
+    Worker* me = current_worker();
+    if (me == nullptr) check(get_current_worker_info().status());
+    const Worker::PoolInfo pool = me->pool_info();
+    py::dict out;
+    out["agent.thread_pool_size"] = std::to_string(pool.threads);
+    out["agent.num_idle_threads"] = std::to_string(pool.idle);
+    return out;
+  });
   // The peer's _rref_context_get_debug_info(): its keys, values as text.
   m.def("rref_debug_info", [] {
     absl::StatusOr<RRefDebugInfo> info;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/autograd.h"
+#include "core/rpc.h"
 #include "optim/optimizer.h"
 #include "python/src/status.h"
 #include "rref/rref.h"
@@ -163,6 +164,25 @@ void bind_training(py::module_& m) {
       },
       py::arg("context_id"), py::arg("roots"), py::arg("retain_graph"));
   m.def("autograd_get_gradients", &gradients, py::arg("context_id"));
+  // The peer's dist_autograd._get_debug_info(): its keys, values as text.
+  m.def("autograd_debug_info", [] {
+    absl::StatusOr<autograd::AutogradDebugInfo> info;
+    {
+      py::gil_scoped_release nogil;
+      Worker* me = current_worker();
+      if (me == nullptr) {
+        info = get_current_worker_info().status();  // the same text
+      } else {
+        info = autograd::autograd_debug_info(*me);
+      }
+    }
+    const autograd::AutogradDebugInfo counts = value_or_throw(std::move(info));
+    py::dict out;
+    out["num_current_backward_passes"] =
+        std::to_string(counts.backward_passes);
+    out["num_autograd_contexts"] = std::to_string(counts.contexts);
+    return out;
+  });
   m.def(
       "autograd_context_peers",
       [](int64_t context_id) {

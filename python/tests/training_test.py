@@ -337,3 +337,41 @@ def test_remote_module(callee):
     linear = RemoteModule(callee, nn.Linear, args=(2, 2))
     with pytest.raises(RuntimeError, match="is not allowed"):
         linear(torch.ones(2))
+
+
+class _RecordPasses(torch.autograd.Function):
+    """Identity whose backward records the worker's running passes."""
+    seen = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        _RecordPasses.seen.append(
+            int(dist_autograd._get_debug_info()["num_current_backward_passes"]))
+        return grad
+
+
+def test_debug_info_counts_contexts_passes_and_threads(callee):
+    # The peer's dist_autograd._get_debug_info(), rpc._get_debug_info() and
+    # its agent's get_debug_info(): real counts, with the peer's keys.
+    info = dist_autograd._get_debug_info()
+    assert info == {"num_current_backward_passes": "0",
+                    "num_autograd_contexts": "0"}
+    _RecordPasses.seen = []
+    with dist_autograd.context() as context_id:
+        x = leaf(2.0)
+        y = rpc.rpc_sync(callee, torch.mul, args=(x, x))
+        assert dist_autograd._get_debug_info()["num_autograd_contexts"] == "1"
+        dist_autograd.backward(context_id, [_RecordPasses.apply(y).sum()])
+    assert _RecordPasses.seen == [1]
+    assert dist_autograd._get_debug_info() == {
+        "num_current_backward_passes": "0", "num_autograd_contexts": "0"}
+    agent = rpc._get_current_rpc_agent().get_debug_info()
+    assert int(agent["agent.thread_pool_size"]) == 16  # num_worker_threads
+    assert 0 <= int(agent["agent.num_idle_threads"]) <= 16
+    everything = rpc._get_debug_info()
+    assert set(everything) == (set(agent) | set(info)
+                               | set(rpc._rref_context_get_debug_info()))

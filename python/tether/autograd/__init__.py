@@ -92,6 +92,14 @@ def _current_context():
     return _Context(_C.autograd_current_context())
 
 
+def _get_debug_info():
+    """The peer's dist_autograd._get_debug_info(): num_autograd_contexts
+    (the contexts this worker holds, its own and those it took part in) and
+    num_current_backward_passes (the backward passes running on it), as
+    text."""
+    return _C.autograd_debug_info()
+
+
 def _retrieve_context(context_id):
     """The context ``context_id`` as this worker holds it: one it made or
     took part in. RuntimeError with the peer's text ("Could not find

@@ -345,13 +345,28 @@ def _rref_context_get_debug_info():
 
 class _CurrentAgent:
     """What the peer's programs read of its agent object
-    (rpc.api._get_current_rpc_agent()): the group's WorkerInfos."""
+    (rpc.api._get_current_rpc_agent()): the group's WorkerInfos and its
+    debug info."""
 
     def get_worker_info(self, worker_name=None):
         return get_worker_info(worker_name)
 
     def get_worker_infos(self):
         return get_all_worker_infos()
+
+    def get_debug_info(self):
+        """The worker pool's size and idle threads, with the peer's keys
+        (agent.thread_pool_size, agent.num_idle_threads), values as text."""
+        return _C.agent_debug_info()
+
+
+def _get_debug_info():
+    """The peer's rpc._get_debug_info(): the agent's, the RRef context's
+    and distributed autograd's debug info in one dict."""
+    info = _C.agent_debug_info()
+    info.update(_rref_context_get_debug_info())
+    info.update(_C.autograd_debug_info())
+    return info
 
 
 def _get_current_rpc_agent():
