@@ -81,8 +81,9 @@ class SendNode final : public Node {
   variable_list apply(variable_list&& grads) override {
     return std::move(grads);
   }
+  // The peer's name, which programs inspecting a graph match.
   std::string name() const override {
-    return absl::StrCat("tether::autograd::SendBackward(to worker ", to_, ")");
+    return "torch::distributed::autograd::SendRpcBackward";
   }
 
   int32_t to() const { return to_; }
@@ -106,8 +107,7 @@ class RecvNode final : public Node {
                 "tether::autograd::backward(context_id, roots) instead");
   }
   std::string name() const override {
-    return absl::StrCat("tether::autograd::RecvBackward(from worker ", from_,
-                        ")");
+    return "torch::distributed::autograd::RecvRpcBackward";
   }
 
   int64_t context() const { return context_; }
@@ -128,6 +128,11 @@ struct ContextRecord {
   absl::Mutex mu;
   // Send nodes by autograd message id.
   absl::flat_hash_map<int64_t, std::shared_ptr<SendNode>> sends
+      ABSL_GUARDED_BY(mu);
+  // Recv nodes by the message id their sender gave (ids are unique: the
+  // sender's id is in their top bits), kept while the context lives, as
+  // the peer's context keeps them.
+  absl::flat_hash_map<int64_t, std::shared_ptr<RecvNode>> recvs
       ABSL_GUARDED_BY(mu);
   // Workers this context exchanged messages with: cleanup reaches them.
   absl::flat_hash_set<int32_t> peers ABSL_GUARDED_BY(mu);
@@ -399,7 +404,8 @@ class AutogradState final : public AutogradHook,
       for (const at::Tensor& t : tensors) {
         edges.push_back(torch::autograd::impl::gradient_edge(t));
       }
-      meta.message_id = next_message_.fetch_add(1);
+      meta.message_id = (static_cast<int64_t>(self_.id) << kWorkerShift) |
+                        next_message_.fetch_add(1);
       record->sends.emplace(meta.message_id,
                             std::make_shared<SendNode>(std::move(edges), to.id));
     }
@@ -435,6 +441,8 @@ class AutogradState final : public AutogradHook,
       t.set_requires_grad(false);  // a received leaf; its history follows
       torch::autograd::set_history(t, recv);
     }
+    absl::MutexLock lock(&record->mu);
+    record->recvs.emplace(meta.message_id, std::move(recv));
     return absl::OkStatus();
   }
 
@@ -902,6 +910,16 @@ class AutogradState final : public AutogradHook,
         });
   }
 
+  absl::StatusOr<ContextNodes> nodes(int64_t id) {
+    std::shared_ptr<ContextRecord> record = find(id);
+    if (record == nullptr) return unknown_context(id);
+    ContextNodes out;
+    absl::MutexLock lock(&record->mu);
+    for (const auto& [message, send] : record->sends) out.sends[message] = send;
+    for (const auto& [message, recv] : record->recvs) out.recvs[message] = recv;
+    return out;
+  }
+
   absl::StatusOr<std::vector<int32_t>> peers(int64_t id) {
     std::shared_ptr<ContextRecord> record = find(id);
     if (record == nullptr) return unknown_context(id);
@@ -1161,6 +1179,13 @@ absl::StatusOr<std::vector<int32_t>> context_peers(Worker& worker,
   std::shared_ptr<AutogradState> state = internal::state_of(worker);
   if (state == nullptr) return no_extension(worker);
   return state->peers(context_id);
+}
+
+absl::StatusOr<ContextNodes> context_nodes(Worker& worker,
+                                          int64_t context_id) {
+  std::shared_ptr<AutogradState> state = internal::state_of(worker);
+  if (state == nullptr) return no_extension(worker);
+  return state->nodes(context_id);
 }
 
 absl::StatusOr<std::vector<int32_t>> context_peers(int64_t context_id) {

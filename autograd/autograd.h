@@ -53,10 +53,15 @@
 #include <absl/time/time.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "core/worker.h"
+
+namespace torch::autograd {
+struct Node;
+}  // namespace torch::autograd
 
 namespace tether::autograd {
 
@@ -148,6 +153,20 @@ struct AutogradDebugInfo {
 };
 [[nodiscard]] absl::StatusOr<AutogradDebugInfo> autograd_debug_info(
     Worker& worker);
+
+// The graph nodes context `context_id` holds on `worker`, by autograd
+// message id (ordered: a worker's ids grow): a send node per message this
+// worker sent with tensors that require grad (its next edges: those
+// tensors' gradient edges) and a recv node per such message it received
+// (grad_fn of the tensors it brought); the peer's _send_functions() and
+// _recv_functions(), named as the peer's nodes. NOT_FOUND, with the peer's
+// text, for a context `worker` does not hold.
+struct ContextNodes {
+  std::map<int64_t, std::shared_ptr<torch::autograd::Node>> sends;
+  std::map<int64_t, std::shared_ptr<torch::autograd::Node>> recvs;
+};
+[[nodiscard]] absl::StatusOr<ContextNodes> context_nodes(Worker& worker,
+                                                         int64_t context_id);
 
 // How many contexts `worker` holds (its own and those it took part in);
 // for tests and leak checks. FAILED_PRECONDITION without the extension.

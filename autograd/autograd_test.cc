@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -361,6 +363,43 @@ TEST_F(DistAutograd, ErrorInRemoteBackwardReachesTheRoot) {
               StatusIs(absl::StatusCode::kInternal,
                        HasSubstr("Error on Node 2: injected failure in "
                                  "backward")));
+}
+
+TEST_F(DistAutograd, AContextHoldsItsSendAndRecvNodes) {
+  at::Tensor x = leaf({3}, 24), w = leaf({3}, 25);
+  absl::StatusOr<Context> context = Context::enter(a());
+  ASSERT_THAT(context, IsOk());
+  at::Tensor y = call("bob", "aten::mul.Tensor", {x, w});
+  // alice: the request's send node (next edges: x's and w's accumulators)
+  // and the response's recv node (y's grad_fn), named as the peer's.
+  absl::StatusOr<ContextNodes> mine = context_nodes(a(), context->id());
+  ASSERT_THAT(mine, IsOk());
+  ASSERT_EQ(mine->sends.size(), 1u);
+  ASSERT_EQ(mine->recvs.size(), 1u);
+  const std::shared_ptr<torch::autograd::Node>& send =
+      mine->sends.begin()->second;
+  EXPECT_EQ(send->name(), "torch::distributed::autograd::SendRpcBackward");
+  ASSERT_EQ(send->num_outputs(), 2u);
+  EXPECT_EQ(send->next_edge(0).function,
+            torch::autograd::impl::gradient_edge(x).function);
+  EXPECT_EQ(send->next_edge(1).function,
+            torch::autograd::impl::gradient_edge(w).function);
+  EXPECT_EQ(y.grad_fn(), mine->recvs.begin()->second);
+  EXPECT_EQ(y.grad_fn()->name(),
+            "torch::distributed::autograd::RecvRpcBackward");
+  // bob: the request's recv node and the response's send node. A message's
+  // id carries its sender's rank in the top bits, so ids are unique.
+  absl::StatusOr<ContextNodes> bobs = context_nodes(b(), context->id());
+  ASSERT_THAT(bobs, IsOk());
+  ASSERT_EQ(bobs->recvs.size(), 1u);
+  ASSERT_EQ(bobs->sends.size(), 1u);
+  EXPECT_EQ(bobs->recvs.begin()->first, mine->sends.begin()->first);
+  EXPECT_EQ(mine->recvs.begin()->first, bobs->sends.begin()->first);
+  EXPECT_EQ(mine->sends.begin()->first >> 48, 0);
+  EXPECT_EQ(bobs->sends.begin()->first >> 48, 1);
+  EXPECT_THAT(context_nodes(c(), context->id()),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("Could not find autograd context")));
 }
 
 TEST_F(DistAutograd, LocalBackwardThroughARecvNodeIsAClearError) {

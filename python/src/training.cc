@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <memory>
@@ -183,6 +184,34 @@ void bind_training(py::module_& m) {
     out["num_autograd_contexts"] = std::to_string(counts.contexts);
     return out;
   });
+  // The peer's _send_functions() / _recv_functions() of a context: two
+  // dicts {autograd message id: node}, the nodes as LibTorch's Python
+  // autograd functions (name(), next_functions).
+  m.def(
+      "autograd_context_nodes",
+      [](int64_t context_id) {
+        absl::StatusOr<autograd::ContextNodes> nodes;
+        {
+          py::gil_scoped_release nogil;
+          Worker* me = current_worker();
+          if (me == nullptr) {
+            nodes = get_current_worker_info().status();  // the same text
+          } else {
+            nodes = autograd::context_nodes(*me, context_id);
+          }
+        }
+        const autograd::ContextNodes found = value_or_throw(std::move(nodes));
+        auto to_dict = [](const auto& by_message) {
+          py::dict out;
+          for (const auto& [message, node] : by_message) {
+            out[py::int_(message)] = py::reinterpret_steal<py::object>(
+                torch::autograd::functionToPyObject(node));
+          }
+          return out;
+        };
+        return py::make_tuple(to_dict(found.sends), to_dict(found.recvs));
+      },
+      py::arg("context_id"));
   m.def(
       "autograd_context_peers",
       [](int64_t context_id) {

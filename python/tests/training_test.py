@@ -117,6 +117,19 @@ def test_context_errors(callee):
         rpc.rpc_sync(callee, torch.add, args=(torch.ones(1), 1))
         assert dist_autograd._retrieve_context(
             context_id)._known_worker_ids() == {1}
+        # The graph's send and recv functions, named and shaped as the
+        # peer's: the send's next functions are the arguments' accumulators,
+        # the recv is the result's grad_fn.
+        a, b = leaf(1.0), leaf(2.0)
+        product = rpc.rpc_sync(callee, torch.mul, args=(a, b))
+        ctx = dist_autograd._current_context()
+        (send,) = ctx._send_functions().values()
+        (recv,) = ctx._recv_functions().values()
+        assert send.name() == "torch::distributed::autograd::SendRpcBackward"
+        (fa, _), (fb, _) = send.next_functions
+        assert fa.variable is a and fb.variable is b
+        assert product.grad_fn is recv
+        assert recv.name() == "torch::distributed::autograd::RecvRpcBackward"
         with pytest.raises(RuntimeError, match="contexts do not nest"):
             with dist_autograd.context():
                 pass

@@ -67,9 +67,8 @@ def get_gradients(context_id):
 
 class _Context:
     """A context as the peer's _current_context() and _retrieve_context()
-    return it: its id, and the workers it exchanged messages with from this
-    worker. (The peer's also hands out its graph's send and recv
-    functions, which tether's graph does not have in that form.)"""
+    return it: its id, the workers it exchanged messages with from this
+    worker, and its graph's send and recv functions on this worker."""
 
     def __init__(self, context_id):
         self._id = context_id
@@ -81,6 +80,18 @@ class _Context:
         """The ranks this context's messages reached from this worker, as a
         set (RuntimeError once the context is released here)."""
         return set(_C.autograd_context_peers(self._id))
+
+    def _send_functions(self):
+        """{autograd message id: send function}: one per message this
+        worker sent in the context with tensors that require grad; its
+        next_functions are those tensors' (name()
+        "torch::distributed::autograd::SendRpcBackward", as the peer's)."""
+        return _C.autograd_context_nodes(self._id)[0]
+
+    def _recv_functions(self):
+        """{autograd message id: recv function}: the grad_fn of the tensors
+        each such message brought here ("...::RecvRpcBackward")."""
+        return _C.autograd_context_nodes(self._id)[1]
 
     def __repr__(self):
         return "<distributed autograd context %d>" % self._id
