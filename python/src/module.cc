@@ -421,18 +421,14 @@ RRef remote(py::handle to, const std::string& fn, const py::tuple& args,
 py::dict gather(py::handle value, std::vector<std::string> names,
                     double timeout) {
   c10::IValue v = to_ivalue(value, Objects::kRefuse, "the value to gather");
+  Worker& me = worker_or_throw();
+  const absl::Duration bound = timeout < 0    ? me.rpc_timeout()
+                               : timeout == 0 ? absl::InfiniteDuration()
+                                              : absl::Seconds(timeout);
   absl::StatusOr<std::map<std::string, c10::IValue>> gathered;
   {
     py::gil_scoped_release nogil;
-    Worker* me = current_worker();
-    if (me == nullptr) {
-      gathered = get_current_worker_info().status();  // the same text
-    } else {
-      absl::Duration bound = timeout < 0    ? me->rpc_timeout()
-                             : timeout == 0 ? absl::InfiniteDuration()
-                                            : absl::Seconds(timeout);
-      gathered = me->all_gather(std::move(v), std::move(names), bound);
-    }
+    gathered = me.all_gather(std::move(v), std::move(names), bound);
   }
   py::dict out;
   for (const auto& [name, each] : value_or_throw(std::move(gathered))) {
@@ -668,9 +664,7 @@ PYBIND11_MODULE(_C, m) {
   });
   // The peer's agent.get_debug_info(): the keys tether has, values as text.
   m.def("agent_debug_info", [] {
-    Worker* me = current_worker();
-    if (me == nullptr) check(get_current_worker_info().status());
-    const Worker::PoolInfo pool = me->pool_info();
+    const Worker::PoolInfo pool = worker_or_throw().pool_info();
     py::dict out;
     out["agent.thread_pool_size"] = std::to_string(pool.threads);
     out["agent.num_idle_threads"] = std::to_string(pool.idle);
@@ -678,15 +672,11 @@ PYBIND11_MODULE(_C, m) {
   });
   // The peer's _rref_context_get_debug_info(): its keys, values as text.
   m.def("rref_debug_info", [] {
+    Worker& me = worker_or_throw();
     absl::StatusOr<RRefDebugInfo> info;
     {
       py::gil_scoped_release nogil;
-      Worker* me = current_worker();
-      if (me == nullptr) {
-        info = get_current_worker_info().status();  // the same text
-      } else {
-        info = rref_debug_info(*me);
-      }
+      info = rref_debug_info(me);
     }
     const RRefDebugInfo counts = value_or_throw(std::move(info));
     py::dict out;
@@ -703,15 +693,11 @@ PYBIND11_MODULE(_C, m) {
   // (ip, port) where `worker` listens, or None (Paddle's WorkerInfo.ip and
   // .port; Agent::endpoint_of).
   m.def("endpoint_of", [](const WorkerInfo& worker) -> py::object {
+    Worker& me = worker_or_throw();
     absl::StatusOr<std::optional<Endpoint>> endpoint;
     {
       py::gil_scoped_release nogil;  // a store read
-      Worker* me = current_worker();
-      if (me == nullptr) {
-        endpoint = get_current_worker_info().status();  // the same text
-      } else {
-        endpoint = me->endpoint_of(worker);
-      }
+      endpoint = me.endpoint_of(worker);
     }
     std::optional<Endpoint> found = value_or_throw(std::move(endpoint));
     if (!found.has_value()) return py::none();

@@ -14,6 +14,8 @@
 #include <string>
 #include <utility>
 
+#include "core/rpc.h"
+
 namespace tether::python {
 
 class RpcError : public std::exception {
@@ -36,6 +38,14 @@ template <typename T>
 T value_or_throw(absl::StatusOr<T> result) {
   if (!result.ok()) throw RpcError(result.status());
   return *std::move(result);
+}
+
+// The worker this thread's calls act on (current_worker()); before
+// init_rpc, raises what every call raises then.
+inline Worker& worker_or_throw() {
+  Worker* me = current_worker();
+  if (me == nullptr) check(get_current_worker_info().status());
+  return *me;
 }
 
 }  // namespace tether::python

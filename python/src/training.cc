@@ -167,15 +167,11 @@ void bind_training(py::module_& m) {
   m.def("autograd_get_gradients", &gradients, py::arg("context_id"));
   // The peer's dist_autograd._get_debug_info(): its keys, values as text.
   m.def("autograd_debug_info", [] {
+    Worker& me = worker_or_throw();
     absl::StatusOr<autograd::AutogradDebugInfo> info;
     {
       py::gil_scoped_release nogil;
-      Worker* me = current_worker();
-      if (me == nullptr) {
-        info = get_current_worker_info().status();  // the same text
-      } else {
-        info = autograd::autograd_debug_info(*me);
-      }
+      info = autograd::autograd_debug_info(me);
     }
     const autograd::AutogradDebugInfo counts = value_or_throw(std::move(info));
     py::dict out;
@@ -190,15 +186,11 @@ void bind_training(py::module_& m) {
   m.def(
       "autograd_context_nodes",
       [](int64_t context_id) {
+        Worker& me = worker_or_throw();
         absl::StatusOr<autograd::ContextNodes> nodes;
         {
           py::gil_scoped_release nogil;
-          Worker* me = current_worker();
-          if (me == nullptr) {
-            nodes = get_current_worker_info().status();  // the same text
-          } else {
-            nodes = autograd::context_nodes(*me, context_id);
-          }
+          nodes = autograd::context_nodes(me, context_id);
         }
         const autograd::ContextNodes found = value_or_throw(std::move(nodes));
         auto to_dict = [](const auto& by_message) {
