@@ -1200,6 +1200,12 @@ absl::StatusOr<AutogradDebugInfo> autograd_debug_info(Worker& worker) {
   return AutogradDebugInfo{state->live(), state->backward_passes()};
 }
 
+int64_t max_context_id(Worker& worker) {
+  constexpr int kShift = internal::kWorkerShift;
+  return (static_cast<int64_t>(worker.get_current_worker_info().id) << kShift) |
+         ((int64_t{1} << kShift) - 1);
+}
+
 absl::StatusOr<int64_t> live_contexts(Worker& worker) {
   std::shared_ptr<AutogradState> state = internal::state_of(worker);
   if (state == nullptr) return no_extension(worker);

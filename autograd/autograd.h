@@ -168,6 +168,10 @@ struct ContextNodes {
 [[nodiscard]] absl::StatusOr<ContextNodes> context_nodes(Worker& worker,
                                                          int64_t context_id);
 
+// The largest context id `worker` can make: its rank in the top 16 bits,
+// a 48-bit counter below (the peer's _get_max_id(), the same scheme).
+int64_t max_context_id(Worker& worker);
+
 // How many contexts `worker` holds (its own and those it took part in);
 // for tests and leak checks. FAILED_PRECONDITION without the extension.
 [[nodiscard]] absl::StatusOr<int64_t> live_contexts(Worker& worker);

@@ -204,6 +204,8 @@ void bind_training(py::module_& m) {
         return py::make_tuple(to_dict(found.sends), to_dict(found.recvs));
       },
       py::arg("context_id"));
+  m.def("autograd_max_context_id",
+        [] { return autograd::max_context_id(worker_or_throw()); });
   m.def(
       "autograd_context_peers",
       [](int64_t context_id) {

@@ -112,6 +112,9 @@ def test_backward_twice_needs_retain_graph(callee):
 def test_context_errors(callee):
     with dist_autograd.context() as context_id:
         assert dist_autograd._current_context()._context_id() == context_id
+        # Ids: this worker's rank (0) in the top 16 bits, as the peer's.
+        assert context_id >> 48 == 0
+        assert dist_autograd._get_max_id() == (1 << 48) - 1
         # The workers its messages reach (the peer's _known_worker_ids()).
         assert dist_autograd._current_context()._known_worker_ids() == set()
         rpc.rpc_sync(callee, torch.add, args=(torch.ones(1), 1))

@@ -111,6 +111,12 @@ def _get_debug_info():
     return _C.autograd_debug_info()
 
 
+def _get_max_id():
+    """The largest context id this worker can make: its rank in the top 16
+    bits, a 48-bit counter below, as the peer's."""
+    return _C.autograd_max_context_id()
+
+
 def _retrieve_context(context_id):
     """The context ``context_id`` as this worker holds it: one it made or
     took part in. RuntimeError with the peer's text ("Could not find
