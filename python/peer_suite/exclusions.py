@@ -37,12 +37,6 @@ GROUPS = [
      "_barrier, _wait_all_workers and _wait_all)",
      ["_broadcast_to_followers",
       "_delete_all_user_and_unforked_owner_rrefs"]),
-    ("peer autograd internals",
-     "internal context API of the peer's distributed autograd: contexts "
-     "made and released by hand (tether has _current_context, "
-     "_retrieve_context, _known_worker_ids, _send_functions, "
-     "_recv_functions and _get_max_id)",
-     ["_new_context", "_release_context"]),
     ("fails on the peer too",
      "fails the same way on the peer itself with Debian's torch 1.13 on "
      "Python 3.11 (torch's own modules, not RPC)",

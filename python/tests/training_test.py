@@ -1,6 +1,7 @@
 """tether.autograd, tether.optim and RRef proxies from Python, against a
 real worker process on loopback, on every backend."""
 import os
+import threading
 
 import pytest
 import torch
@@ -145,6 +146,26 @@ def test_context_errors(callee):
     with pytest.raises(RuntimeError, match="Could not find autograd context "
                                            "with id: %d" % context_id):
         dist_autograd._retrieve_context(context_id)
+    # A context made on one thread and released from another, as the
+    # peer's _new_context() and _release_context().
+    made = []
+
+    def make():
+        made.append(dist_autograd._new_context())
+        assert dist_autograd._current_context()._context_id() == \
+            made[0]._context_id()
+        rpc.rpc_sync(callee, torch.add, args=(torch.ones(1), 1))
+
+    maker = threading.Thread(target=make)
+    maker.start()
+    maker.join()
+    by_hand = made[0]._context_id()
+    assert dist_autograd._retrieve_context(by_hand)._known_worker_ids() == {1}
+    dist_autograd._release_context(by_hand)
+    with pytest.raises(RuntimeError, match="Could not find autograd context"):
+        dist_autograd._retrieve_context(by_hand)
+    with pytest.raises(RuntimeError, match="Could not find autograd context"):
+        dist_autograd._release_context(by_hand)
     with pytest.raises(RuntimeError, match="no distributed autograd context"):
         dist_autograd._current_context()
     with pytest.raises(RuntimeError, match="12345"):

@@ -15,6 +15,8 @@ Tensors that require grad record their crossing, so backward() runs across
 every worker they passed through, and each worker keeps the gradients of
 its own leaf tensors in the context (never in ``.grad``).
 """
+import threading
+
 from tether import _C
 
 __all__ = ["backward", "context", "get_gradients", "is_available"]
@@ -109,6 +111,34 @@ def _get_debug_info():
     num_current_backward_passes (the backward passes running on it), as
     text."""
     return _C.autograd_debug_info()
+
+
+_by_hand = {}  # context id -> handle of a context _new_context() made
+_by_hand_lock = threading.Lock()
+
+
+def _new_context():
+    """Enters a new context on this thread without a ``with`` block, as the
+    peer's _new_context(); _release_context(id) releases it."""
+    handle = _C.autograd_enter()
+    with _by_hand_lock:
+        _by_hand[handle.id] = handle
+    return _Context(handle.id)
+
+
+def _release_context(context_id):
+    """Releases a context _new_context() made, from any thread, on every
+    worker that took part (the peer's _release_context). RuntimeError with
+    the peer's text for a context this worker does not hold; a context of a
+    ``with`` block is released by its block."""
+    with _by_hand_lock:
+        handle = _by_hand.pop(context_id, None)
+    if handle is None:
+        _C.autograd_context_peers(context_id)  # the peer's text if unknown
+        raise RuntimeError(
+            "distributed autograd context %d was not made by _new_context(): "
+            "its with block releases it" % context_id)
+    handle.release()
 
 
 def _get_max_id():
