@@ -79,6 +79,10 @@ const char* message_type_name(MessageType type) {
       return "MEMBER_LEAVE";
     case MessageType::kAutogradBackwardRet:
       return "AUTOGRAD_BACKWARD_RET";
+    case MessageType::kProfiledRequest:
+      return "PROFILED_REQUEST";
+    case MessageType::kProfiledResponse:
+      return "PROFILED_RESPONSE";
   }
   return "INVALID";
 }

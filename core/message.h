@@ -60,6 +60,13 @@ enum class MessageType : int32_t {
   // requester's own recv nodes (autograd/): they ride back in it instead of
   // a BACKWARD of their own. Otherwise that response is kAck.
   kAutogradBackwardRet = 17,
+  // A request sent while the caller runs LibTorch's legacy profiler
+  // (core/profiling.h): it wraps the request as it would travel otherwise;
+  // the callee runs it under a profiler of its own and answers with a
+  // PROFILED_RESPONSE wrapping its response and the events it recorded.
+  // Payloads: core/wire/codec.h (ProfiledRequest, ProfiledResponse).
+  kProfiledRequest = 18,
+  kProfiledResponse = 19,
 };
 
 // Returns a short name for logs and error messages ("CALL", ...).

@@ -4,6 +4,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/time/clock.h>
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/thread_pool.h>
 #include <signal.h>
 
@@ -14,6 +15,7 @@
 
 #include "core/ivalue_future.h"
 #include "core/join/membership.h"
+#include "core/profiling.h"
 #include "core/rendezvous.h"
 #include "core/wire/codec.h"
 
@@ -249,7 +251,8 @@ absl::Status Worker::register_handler(MessageType type,
                                       RequestHandler handler,
                                       HandlerTraits traits) {
   TETHER_CHECK(building_, "register_handler after the worker started");
-  if (type == MessageType::kCall || !handler) {
+  if (type == MessageType::kCall || type == MessageType::kProfiledRequest ||
+      !handler) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot register a handler for ", message_type_name(type)));
   }
@@ -258,6 +261,7 @@ absl::Status Worker::register_handler(MessageType type,
         "a handler for ", message_type_name(type), " is already registered"));
   }
   if (traits.counts_as_call) counted_as_calls_.insert(type);
+  if (traits.profiled) profiled_types_.insert(type);
   return absl::OkStatus();
 }
 
@@ -412,7 +416,7 @@ Future<Message> Worker::send_limited(const WorkerInfo& to,
   const bool call = message.type == MessageType::kCall ||
                     counted_as_calls_.contains(message.type);
   if (!call || options_.max_calls_in_flight == 0) {
-    return agent_->send(to, std::move(message), resolve_timeout(timeout));
+    return send_to_agent(to, std::move(message), resolve_timeout(timeout));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -426,12 +430,64 @@ Future<Message> Worker::send_limited(const WorkerInfo& to,
     ++calls_in_flight_;
   }
   Future<Message> response =
-      agent_->send(to, std::move(message), resolve_timeout(timeout));
+      send_to_agent(to, std::move(message), resolve_timeout(timeout));
   response.on_complete([this](const absl::StatusOr<Message>&) {
     absl::MutexLock lock(&mu_);
     --calls_in_flight_;
   });
   return response;
+}
+
+bool Worker::profiled(MessageType type) const {
+  // Read without a lock: profiled_types_ is fixed once the worker serves.
+  return type == MessageType::kCall || profiled_types_.contains(type);
+}
+
+Future<Message> Worker::send_to_agent(const WorkerInfo& to, Message message,
+                                      absl::Duration timeout) {
+  if (!profiled(message.type) || !profiling::enabled()) {
+    return agent_->send(to, std::move(message), timeout);
+  }
+  const std::string* key = profiling::CallKey::current();
+  std::optional<profiling::Call> call = profiling::Call::begin(
+      key != nullptr ? *key
+                     : absl::StrCat(message_type_name(message.type), "(",
+                                    agent_->self().name, " -> ", to.name,
+                                    ")"));
+  if (!call.has_value()) return agent_->send(to, std::move(message), timeout);
+  absl::StatusOr<Message> wrapped =
+      wire::wrap_profiled_request(std::move(message), call->settings());
+  if (!wrapped.ok()) return Future<Message>::ready(wrapped.status());
+  return agent_->send(to, *std::move(wrapped), timeout)
+      .then([call = *std::move(call), to, limits = options_.limits](
+                const absl::StatusOr<Message>& response)
+                -> absl::StatusOr<Message> {
+        // An EXCEPTION (the callee refused or failed it) comes unwrapped.
+        if (!response.ok() ||
+            response->type != MessageType::kProfiledResponse) {
+          return response;
+        }
+        std::vector<wire::ProfiledEvent> events;
+        absl::StatusOr<Message> inner =
+            wire::unwrap_profiled_response(*response, events, limits);
+        if (inner.ok() && (inner->type == MessageType::kProfiledResponse ||
+                           inner->type == MessageType::kProfiledRequest)) {
+          inner = absl::InvalidArgumentError(
+              "malformed PROFILED_RESPONSE: it wraps another");
+        }
+        if (inner.ok()) {
+          absl::Status added = call.add(std::move(events));
+          if (!added.ok()) inner = added;
+        }
+        if (!inner.ok()) {
+          return absl::Status(
+              inner.status().code(),
+              absl::StrCat("worker ", describe(to),
+                           " answered a profiled request: ",
+                           inner.status().message()));
+        }
+        return inner;
+      });
 }
 
 absl::Status Worker::shutdown(bool graceful, absl::Duration timeout) {
@@ -669,7 +725,63 @@ Future<Message> Worker::handle_request(Message request) {
   return response;
 }
 
-Future<Message> Worker::serve_request(Message request) {
+void Worker::run_on_pool(std::function<void()> job,
+                         const at::ThreadLocalState* tls) {
+  if (tls == nullptr) {
+    pool_->run(std::move(job));
+    return;
+  }
+  pool_->run([state = *tls, job = std::move(job)] {
+    at::ThreadLocalStateGuard guard(state);
+    job();
+  });
+}
+
+Future<Message> Worker::serve_profiled(Message wrapped) {
+  const WorkerInfo& self = agent_->self();
+  auto refuse = [&](const absl::Status& status) {
+    return Future<Message>::ready(exception_message(absl::Status(
+        status.code(), absl::StrCat("Error on worker ", describe(self), ": ",
+                                    status.message()))));
+  };
+  wire::ProfilerSettings settings;
+  absl::StatusOr<Message> inner = wire::unwrap_profiled_request(
+      std::move(wrapped), settings, options_.limits);
+  if (!inner.ok()) return refuse(inner.status());
+  if (!profiled(inner->type)) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "malformed PROFILED_REQUEST: it wraps a ",
+        message_type_name(inner->type),
+        ", not a request that runs user code")));
+  }
+  absl::StatusOr<std::shared_ptr<profiling::Serving>> serving =
+      profiling::Serving::start(settings);
+  if (!serving.ok()) return refuse(serving.status());
+  Future<Message> response;
+  {
+    at::ThreadLocalStateGuard guard((*serving)->state());
+    response = serve_request(*std::move(inner), &(*serving)->state());
+  }
+  return response.then(
+      [serving = *std::move(serving), rank = self.id](
+          const absl::StatusOr<Message>& served) -> absl::StatusOr<Message> {
+        std::vector<wire::ProfiledEvent> events = serving->finish(rank);
+        // A failure travels unwrapped, as it would unprofiled.
+        if (!served.ok() || served->type == MessageType::kException) {
+          return served;
+        }
+        absl::StatusOr<Message> out =
+            wire::wrap_profiled_response(*served, events);
+        if (!out.ok()) return exception_message(out.status());
+        return out;
+      });
+}
+
+Future<Message> Worker::serve_request(Message request,
+                                      const at::ThreadLocalState* tls) {
+  if (request.type == MessageType::kProfiledRequest && tls == nullptr) {
+    return serve_profiled(std::move(request));
+  }
   if (request.type == MessageType::kMemberJoin ||
       request.type == MessageType::kMemberLeave) {
     return handle_membership(std::move(request));
@@ -687,14 +799,14 @@ Future<Message> Worker::serve_request(Message request) {
   if (handler != handlers_.end()) {
     auto shared = std::make_shared<Message>(std::move(request));
     const RequestHandler* serve = &handler->second;
-    pool_->run([this, promise, shared, serve] {
+    run_on_pool([this, promise, shared, serve] {
       ServingScope scope(this);
       (*serve)(std::move(*shared))
           .on_complete([promise](const absl::StatusOr<Message>& response) {
             promise.set(response.ok() ? *response
                                       : exception_message(response.status()));
           });
-    });
+    }, tls);
     return promise.future();
   }
   if (small_call(request)) {
@@ -711,23 +823,23 @@ Future<Message> Worker::serve_request(Message request) {
         absl::StartsWith(call->fn, "aten::") && !contains_rref(call->value)) {
       return run_call(*call);
     }
-    pool_->run([this, promise, call] {
+    run_on_pool([this, promise, call] {
       ServingScope scope(this);
       run_call(*call).on_complete(
           [promise](const absl::StatusOr<Message>& response) {
             promise.set(response);
           });
-    });
+    }, tls);
     return promise.future();
   }
   auto shared = std::make_shared<Message>(std::move(request));
-  pool_->run([this, promise, shared] {
+  run_on_pool([this, promise, shared] {
     ServingScope scope(this);
     process_request(*shared).on_complete(
         [promise](const absl::StatusOr<Message>& response) {
           promise.set(response);
         });
-  });
+  }, tls);
   return promise.future();
 }
 

@@ -42,6 +42,10 @@
 #include "core/rendezvous.h"  // kDynamicGroup, for callers of create()
 #include "core/wire/codec.h"
 
+namespace at {
+class ThreadLocalState;
+}  // namespace at
+
 namespace c10 {
 class ThreadPool;
 }  // namespace c10
@@ -194,6 +198,9 @@ struct HandlerTraits {
   // Sending one counts against RpcOptions::max_calls_in_flight, as a CALL
   // does: it runs a user function on the callee (or waits for one's value).
   bool counts_as_call = false;
+  // Sent from a thread that runs LibTorch's legacy profiler, it is profiled
+  // on its callee, as a CALL is (core/profiling.h): it runs user code there.
+  bool profiled = false;
 };
 
 // A RequestHandler that calls `method` on the layer object `weak` points to,
@@ -448,7 +455,20 @@ class Worker {
   absl::Status probe(const WorkerInfo& who);
 
   Future<Message> handle_request(Message request);
-  Future<Message> serve_request(Message request);
+  // Serves `request`; with `tls`, every thread that does runs under it (a
+  // profiled request, below).
+  Future<Message> serve_request(Message request,
+                                const at::ThreadLocalState* tls = nullptr);
+  void run_on_pool(std::function<void()> job, const at::ThreadLocalState* tls);
+  // A PROFILED_REQUEST: serves the request it wraps under a profiler with
+  // the caller's settings, and answers with what that recorded.
+  Future<Message> serve_profiled(Message wrapped);
+  // Whether a request of `type` is profiled (CALL, HandlerTraits::profiled).
+  bool profiled(MessageType type) const;
+  // The agent's send; a request of a profiled type sent from a thread that
+  // runs the legacy profiler goes as a PROFILED_REQUEST.
+  Future<Message> send_to_agent(const WorkerInfo& to, Message message,
+                                absl::Duration timeout);
   // send_counted's work, apart from the in-flight count of dynamic groups.
   Future<Message> send_limited(const WorkerInfo& to, Message message,
                                          absl::Duration timeout);
@@ -529,8 +549,10 @@ class Worker {
   // Set while extensions are made; read-only once the worker serves.
   std::vector<std::unique_ptr<WorkerExtension>> extensions_;
   absl::flat_hash_map<MessageType, RequestHandler> handlers_;
-  // The types of handlers_ registered with HandlerTraits::counts_as_call.
+  // The types of handlers_ registered with HandlerTraits::counts_as_call,
+  // and with HandlerTraits::profiled.
   absl::flat_hash_set<MessageType> counted_as_calls_;
+  absl::flat_hash_set<MessageType> profiled_types_;
   wire::RRefHook* rref_hook_ = nullptr;
   AutogradHook* autograd_hook_ = nullptr;
   CallGate call_gate_;

@@ -359,23 +359,30 @@ ExtensionFactory rref_extension(RRefOptions options) {
     std::weak_ptr<ContextState> weak = state;
     // The requests that run a user function on the owner, or wait for its
     // value, count against max_calls_in_flight as calls; the control
-    // messages do not.
+    // messages do not. Those that run one are profiled on the owner when
+    // sent under LibTorch's legacy profiler (core/profiling.h).
     struct Handler {
       MessageType type;
       Future<Message> (ContextState::*method)(Message);
       bool counts_as_call;
+      bool profiled;
     };
     const Handler handlers[] = {
-        {MessageType::kRemoteCall, &ContextState::on_remote_call, true},
-        {MessageType::kRRefFetch, &ContextState::on_fetch, true},
-        {MessageType::kRRefUserDelete, &ContextState::on_user_delete, false},
-        {MessageType::kRRefForkRequest, &ContextState::on_fork_request, false},
-        {MessageType::kRRefChildAccept, &ContextState::on_child_accept, false},
-        {MessageType::kRRefMethodCall, &ContextState::on_method_call, true},
+        {MessageType::kRemoteCall, &ContextState::on_remote_call, true, true},
+        {MessageType::kRRefFetch, &ContextState::on_fetch, true, false},
+        {MessageType::kRRefUserDelete, &ContextState::on_user_delete, false,
+         false},
+        {MessageType::kRRefForkRequest, &ContextState::on_fork_request, false,
+         false},
+        {MessageType::kRRefChildAccept, &ContextState::on_child_accept, false,
+         false},
+        {MessageType::kRRefMethodCall, &ContextState::on_method_call, true,
+         true},
     };
     for (const Handler& handler : handlers) {
       HandlerTraits traits;
       traits.counts_as_call = handler.counts_as_call;
+      traits.profiled = handler.profiled;
       absl::Status added = worker.register_handler(
           handler.type, route_to(weak, handler.method), traits);
       if (!added.ok()) return added;

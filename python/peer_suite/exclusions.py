@@ -27,11 +27,8 @@ GROUPS = [
       "_init_rpc_backend", "_is_current_rpc_agent_set", "mock",
       "StubRpcAgent", "FooBackendOptions"]),
     ("peer profiler",
-     "the peer's RPC profiler integration (remote events in "
-     "torch.autograd.profiler, its server-side profiler, GIL profiling)",
-     ["_profile", "_server_process_global_profile", "enable_gil_profiling",
-      "_build_rpc_profiling_key", "profiler", "record_function",
-      "get_function_event"]),
+     "the peer's server-side profiler and GIL profiling",
+     ["_server_process_global_profile", "enable_gil_profiling"]),
     ("peer internal collectives",
      "the peer's internal helpers of its shutdown (tether has _all_gather, "
      "_barrier, _wait_all_workers and _wait_all)",
@@ -44,7 +41,7 @@ GROUPS = [
     ("CUDA",
      "needs GPUs and CUDA device maps: this machine has no GPU and tether "
      "for Python moves CPU tensors",
-     ["skip_if_lt_x_gpu", "cuda", "device_maps", "set_device_map"]),
+     ["skip_if_lt_x_gpu", "device_maps", "set_device_map"]),
 ]
 
 # Tests excluded by name, with their group (a reading of the test shows

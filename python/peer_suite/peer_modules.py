@@ -25,7 +25,6 @@ PeerOnlyError is not a RuntimeError: a test expecting the peer's
 RuntimeError cannot pass by touching a placeholder.
 """
 import contextlib
-import enum
 import importlib
 import sys
 import types
@@ -85,15 +84,6 @@ class PeerOnly:
 
     def __repr__(self):
         return "<peer-only %s>" % self._name
-
-
-class RPCExecMode(enum.Enum):
-    """The peer's internal enum of call kinds, which its tests use as plain
-    values to pick rpc_sync / rpc_async / remote (same members)."""
-    SYNC = "sync"
-    ASYNC = "async"
-    ASYNC_JIT = "async_jit"
-    REMOTE = "remote"
 
 
 def _module(name, names, source=None):
@@ -194,7 +184,8 @@ def install():
     options = _module(PEER_RPC + ".options", {
         "TensorPipeRpcBackendOptions": rpc.TensorPipeRpcBackendOptions})
     internal = _module(PEER_RPC + ".internal", {
-        "RPCExecMode": RPCExecMode})
+        "RPCExecMode": rpc.RPCExecMode,
+        "_build_rpc_profiling_key": rpc._build_rpc_profiling_key})
     stand_in = _module(PEER_RPC, dict(
         names, api=api, constants=constants, backend_registry=registry,
         functions=functions, options=options, internal=internal,

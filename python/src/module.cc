@@ -12,6 +12,7 @@
 // Python objects and run the user's callbacks: an agent's threads never
 // wait for the GIL.
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/ascii.h>
 #include <absl/synchronization/mutex.h>
@@ -25,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -33,6 +35,7 @@
 #include "autograd/autograd.h"
 #include "autograd/rref_backward.h"
 #include "backends/builtin.h"
+#include "core/profiling.h"
 #include "core/rpc.h"
 #include "core/wire/codec.h"
 #include "python/src/convert.h"
@@ -368,16 +371,26 @@ void init_rpc(const std::string& name, int rank, int world_size,
         {rref_extension(), autograd::autograd_extension(), python});
   }
   check(up);
+  // The events this process's profiler records carry its rank, as the
+  // peer's (a remote event carries its callee's: core/profiling.h).
+  absl::StatusOr<WorkerInfo> self = get_current_worker_info();
+  if (self.ok()) at::RecordFunction::setDefaultNodeId(self->id);
 }
+
+// `key`: what the call is named in the caller's profile when it runs
+// LibTorch's legacy profiler (core/profiling.h), or None.
+using ProfilingKey = std::optional<std::string>;
 
 py::object rpc_sync(py::handle to, const std::string& fn,
                     const py::tuple& args, const py::dict& kwargs,
-                    double timeout) {
+                    double timeout, const ProfilingKey& key) {
   To target = to_target(to);
   std::vector<c10::IValue> a = to_args(args, fn);
   Kwargs k = to_kwargs(kwargs, fn);
   absl::StatusOr<c10::IValue> result;
   {
+    std::optional<profiling::CallKey> named;
+    if (key.has_value()) named.emplace(*key);
     py::gil_scoped_release nogil;
     result = tether::rpc_sync(target, fn, std::move(a), std::move(k),
                               to_duration(timeout));
@@ -387,12 +400,14 @@ py::object rpc_sync(py::handle to, const std::string& fn,
 
 py::object rpc_async(py::handle to, const std::string& fn,
                      const py::tuple& args, const py::dict& kwargs,
-                     double timeout) {
+                     double timeout, const ProfilingKey& key) {
   To target = to_target(to);
   std::vector<c10::IValue> a = to_args(args, fn);
   Kwargs k = to_kwargs(kwargs, fn);
   Future<c10::IValue> future;
   {
+    std::optional<profiling::CallKey> named;
+    if (key.has_value()) named.emplace(*key);
     py::gil_scoped_release nogil;
     future = tether::rpc_async(target, fn, std::move(a), std::move(k),
                                to_duration(timeout));
@@ -401,12 +416,14 @@ py::object rpc_async(py::handle to, const std::string& fn,
 }
 
 RRef remote(py::handle to, const std::string& fn, const py::tuple& args,
-            const py::dict& kwargs, double timeout) {
+            const py::dict& kwargs, double timeout, const ProfilingKey& key) {
   To target = to_target(to);
   std::vector<c10::IValue> a = to_args(args, fn);
   Kwargs k = to_kwargs(kwargs, fn);
   absl::StatusOr<RRef> rref;
   {
+    std::optional<profiling::CallKey> named;
+    if (key.has_value()) named.emplace(*key);
     py::gil_scoped_release nogil;
     rref = tether::remote(target, fn, std::move(a), std::move(k),
                           to_duration(timeout));

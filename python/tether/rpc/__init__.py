@@ -27,8 +27,9 @@ import torch
 from torch.jit._builtins import _find_builtin
 
 from tether import _C
-from tether.rpc import _callee, _errors, functions
+from tether.rpc import _callee, _errors, _profiling, functions
 from tether.rpc._callee import allow_module, expose
+from tether.rpc._profiling import RPCExecMode, _build_rpc_profiling_key
 
 __all__ = [
     "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
@@ -482,17 +483,37 @@ def _call_parts(func, args, kwargs):
     return name, args, kwargs
 
 
+def _profiled(exec_type, func, name, to):
+    # The record_function and key of a call under the legacy profiler
+    # (tether.rpc._profiling).
+    return _profiling.record(exec_type, func, name,
+                             get_worker_info().name,
+                             get_worker_info(to).name)
+
+
 def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Runs ``func(*args, **kwargs)`` on worker ``to`` and returns its
     result. ``timeout`` in seconds: -1 the default, 0 none."""
     name, args, kwargs = _call_parts(func, args, kwargs)
-    return _C.rpc_sync(to, name, args, kwargs, float(timeout))
+    if not _profiling.enabled():
+        return _C.rpc_sync(to, name, args, kwargs, float(timeout), None)
+    record, key = _profiled(RPCExecMode.SYNC, func, name, to)
+    with record:
+        return _C.rpc_sync(to, name, args, kwargs, float(timeout), key)
 
 
 def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """As rpc_sync, returning a torch.futures.Future of the result."""
     name, args, kwargs = _call_parts(func, args, kwargs)
-    future = _C.rpc_async(to, name, args, kwargs, float(timeout))
+    if not _profiling.enabled():
+        future = _C.rpc_async(to, name, args, kwargs, float(timeout), None)
+    else:
+        record, key = _profiled(RPCExecMode.ASYNC, func, name, to)
+        with record:
+            future = _C.rpc_async(to, name, args, kwargs, float(timeout), key)
+            # The call's event ends when its answer has come (and with it
+            # the callee's events), before the future completes.
+            future = record._call_end_callbacks_on_future(future)
     collected = getattr(_thread_local_var, "future_list", None)
     if collected is not None:
         collected.append(future)
@@ -503,4 +524,31 @@ def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Runs ``func`` on ``to`` and keeps the result there; returns an RRef
     at once. A failure is raised by the RRef's first use."""
     name, args, kwargs = _call_parts(func, args, kwargs)
-    return _C.remote(to, name, args, kwargs, float(timeout))
+    if not _profiling.enabled():
+        return _C.remote(to, name, args, kwargs, float(timeout), None)
+    record, key = _profiled(RPCExecMode.REMOTE, func, name, to)
+    with record:
+        rref = _C.remote(to, name, args, kwargs, float(timeout), key)
+        rref._set_profiling_future(
+            record._call_end_callbacks_on_future(rref._get_future()))
+    return rref
+
+
+def _set_profiling_future(rref, future):
+    rref._tether_profiling_future = future
+
+
+def _get_profiling_future(rref):
+    """The peer's rref._get_profiling_future(): of a remote() made under
+    the legacy profiler, a future that completes once the owner has made
+    the value and the call's event (with the owner's events) is recorded."""
+    try:
+        return rref._tether_profiling_future
+    except AttributeError:
+        raise RuntimeError(
+            "this RRef has no profiling future: it was not made by "
+            "remote() under the legacy profiler") from None
+
+
+RRef._set_profiling_future = _set_profiling_future
+RRef._get_profiling_future = _get_profiling_future

@@ -52,7 +52,7 @@ HARMLESS_BUILTINS = frozenset({
 # modules), allowed whether or not this worker has imported them yet.
 INTERNAL = frozenset({
     "py::tether.rpc._proxy:invoke",
-    "py::tether.rpc._proxy:type_of",
+    "py::tether.rpc._proxy:_rref_typeof_on_owner",
     "py::tether.nn.api.remote_module:_parameter_rrefs",
     "py::tether.optim:_LocalOptimizer",
     "py::tether.optim:_local_optimizer_step",

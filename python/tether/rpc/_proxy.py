@@ -44,7 +44,7 @@ def invoke(rref, name, args, kwargs):
     return functions.result_of(method, method(*args, **kwargs))
 
 
-def type_of(rref):
+def _rref_typeof_on_owner(rref):
     """On the owner: the reference ("module:qualname") of the type of the
     RRef's value, once it exists (raising its creation error)."""
     kind = type(rref.local_value())
@@ -103,8 +103,8 @@ def get_type(rref, timeout=UNSET_RPC_TIMEOUT, blocking=True):
             fut = _future_of(lambda: type(rref.local_value()))
         else:
             import tether.rpc as rpc
-            fut = _chain(rpc.rpc_async(rref.owner(), type_of, args=(rref,),
-                                       timeout=timeout),
+            fut = _chain(rpc.rpc_async(rref.owner(), _rref_typeof_on_owner,
+                                       args=(rref,), timeout=timeout),
                          _callee.resolve_type)
         rref._tether_type = fut
     return fut.wait() if blocking else fut

@@ -1,0 +1,129 @@
+#include "core/profiling.h"
+
+#include <absl/strings/str_cat.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+
+#include <cmath>
+#include <exception>
+#include <utility>
+
+namespace tether::profiling {
+namespace {
+
+namespace legacy = torch::autograd::profiler;
+using torch::profiler::impl::ActiveProfilerType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+thread_local const CallKey* current_key = nullptr;
+
+}  // namespace
+
+bool enabled() {
+  return torch::profiler::impl::profilerEnabled() &&
+         torch::profiler::impl::profilerType() == ActiveProfilerType::LEGACY;
+}
+
+CallKey::CallKey(std::string key)
+    : key_(std::move(key)), previous_(current_key) {
+  current_key = this;
+}
+
+CallKey::~CallKey() { current_key = previous_; }
+
+const std::string* CallKey::current() {
+  return current_key == nullptr ? nullptr : &current_key->key_;
+}
+
+std::optional<Call> Call::begin(std::string key) {
+  if (!enabled()) return std::nullopt;
+  const ProfilerConfig config = torch::profiler::impl::getProfilerConfig();
+  Call call;
+  call.key_ = std::move(key);
+  call.settings_.record_shapes = config.report_input_shapes;
+  call.settings_.profile_memory = config.profile_memory;
+  call.settings_.with_stack = config.with_stack;
+  call.settings_.with_flops = config.with_flops;
+  call.settings_.with_modules = config.with_modules;
+  call.profile_ = c10::ThreadLocalDebugInfo::current();
+  return call;
+}
+
+absl::Status Call::add(std::vector<wire::ProfiledEvent> events) const {
+  try {
+    std::vector<legacy::LegacyEvent> out;
+    out.reserve(events.size());
+    for (wire::ProfiledEvent& e : events) {
+      // The codec checked the kind and that the time is positive, which
+      // LibTorch asserts.
+      out.emplace_back(static_cast<legacy::EventKind>(e.kind),
+                       at::StringView(absl::StrCat(key_, kRemoteOpPrefix,
+                                                   e.name)),
+                       static_cast<uint16_t>(e.thread_id), e.handle,
+                       std::move(e.shapes), e.node_id, /*is_remote=*/true,
+                       e.cpu_memory_usage, e.cpu_ns, /*cuda_recorded=*/false);
+    }
+    c10::DebugInfoGuard guard(profile_);
+    if (!enabled()) return absl::OkStatus();  // cannot be: the profile holds
+    legacy::addEventList(std::move(out));
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LibTorch refused the remote events of ", key_, ": ",
+                     e.what()));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Serving>> Serving::start(
+    const wire::ProfilerSettings& settings) {
+  if (torch::profiler::impl::profilerEnabled()) {
+    return absl::FailedPreconditionError(
+        "cannot profile a request on a thread that runs a profiler already");
+  }
+  const ProfilerConfig config(ProfilerState::CPU, settings.record_shapes,
+                              settings.profile_memory, settings.with_stack,
+                              settings.with_flops, settings.with_modules);
+  try {
+    // Started on this thread only to take its state with the profiler on;
+    // this thread itself goes back to none.
+    legacy::enableProfilerLegacy(config);
+    auto serving = std::make_shared<Serving>(at::ThreadLocalState());
+    legacy::disableProfilerLegacy(legacy::ProfilerDisableOptions(
+        /*shouldCleanupTLSState=*/true, /*shouldConsolidate=*/false));
+    return serving;
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("LibTorch's profiler did not start: ", e.what()));
+  }
+}
+
+std::vector<wire::ProfiledEvent> Serving::finish(int32_t self) {
+  legacy::thread_event_lists lists;
+  try {
+    at::ThreadLocalStateGuard guard(state_);
+    lists = legacy::disableProfilerLegacy(legacy::ProfilerDisableOptions(
+        /*shouldCleanupTLSState=*/false, /*shouldConsolidate=*/true));
+  } catch (const std::exception&) {
+    return {};  // finished already
+  }
+  std::vector<wire::ProfiledEvent> out;
+  for (const std::vector<legacy::LegacyEvent>& list : lists) {
+    for (const legacy::LegacyEvent& e : list) {
+      wire::ProfiledEvent event;
+      event.kind = static_cast<int>(e.kind());
+      event.name = e.name();
+      event.thread_id = e.threadId();
+      event.handle = e.handle();
+      event.shapes = e.shapes();
+      event.node_id = e.isRemote() ? e.nodeId() : self;
+      event.cpu_memory_usage = e.cpuMemoryUsage();
+      event.cpu_ns = std::llround(e.cpuUs() * 1000.0);
+      if (event.cpu_ns <= 0) continue;  // never recorded
+      out.push_back(std::move(event));
+    }
+  }
+  return out;
+}
+
+}  // namespace tether::profiling
