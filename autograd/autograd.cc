@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
@@ -406,8 +407,11 @@ class AutogradState final : public AutogradHook,
       }
       meta.message_id = (static_cast<int64_t>(self_.id) << kWorkerShift) |
                         next_message_.fetch_add(1);
-      record->sends.emplace(meta.message_id,
-                            std::make_shared<SendNode>(std::move(edges), to.id));
+      auto send = std::make_shared<SendNode>(std::move(edges), to.id);
+      // What the gradients coming back must fit (the engine checks them
+      // against it, as against any node's inputs).
+      for (const at::Tensor& t : tensors) send->add_input_metadata(t);
+      record->sends.emplace(meta.message_id, std::move(send));
     }
     return meta;
   }
@@ -565,11 +569,13 @@ class AutogradState final : public AutogradHook,
           " gradients for autograd message ", message, " which sent ",
           send->next_edges().size(), " tensors")));
     }
+    // The pass starts at the send node, as the peer's: profiles and hooks
+    // see it run.
     edge_list roots;
     variable_list grads;
     for (size_t i = 0; i < incoming.size(); ++i) {
       if (!incoming[i].defined()) continue;
-      roots.push_back(send->next_edges()[i]);
+      roots.emplace_back(send, static_cast<uint32_t>(i));
       grads.push_back(std::move(incoming[i]));
     }
     if (roots.empty()) return Future<Returned>::ready(Returned());
@@ -1101,6 +1107,9 @@ absl::StatusOr<int64_t> current_context_id() {
 absl::Status backward(Worker& worker, int64_t context_id,
                       const std::vector<at::Tensor>& roots,
                       bool retain_graph) {
+  // The peer's event name, which profiles show.
+  RECORD_FUNCTION("torch::distributed::autograd::backward",
+                  std::vector<c10::IValue>());
   std::shared_ptr<AutogradState> state = internal::state_of(worker);
   if (state == nullptr) return no_extension(worker);
   std::shared_ptr<ContextRecord> record = state->find(context_id);
