@@ -1166,5 +1166,118 @@ TEST(CodecDecode, RejectsBadEnvelopes) {
   EXPECT_THAT(decode(message), StatusIs(kInvalid));
 }
 
+TEST(CodecProfiled, WrappersKeepTheMessageAndCarryTheProfile) {
+  Message inner;
+  inner.type = MessageType::kCall;
+  inner.id = 42;
+  ASSERT_THAT(encode(c10::IValue(at::ones({3})), inner), IsOk());
+  const std::string payload = inner.payload;
+  ProfilerSettings settings;
+  settings.record_shapes = true;
+  settings.profile_memory = true;
+  absl::StatusOr<Message> request = wrap_profiled_request(inner, settings);
+  ASSERT_THAT(request, IsOk());
+  EXPECT_EQ(request->type, MessageType::kProfiledRequest);
+  EXPECT_EQ(request->id, 42);
+  ASSERT_EQ(request->storages.size(), 1u);  // out of band, not copied
+  EXPECT_TRUE(request->storages[0].is_alias_of(inner.storages[0]));
+
+  ProfilerSettings read;
+  absl::StatusOr<Message> unwrapped =
+      unwrap_profiled_request(*request, read);
+  ASSERT_THAT(unwrapped, IsOk());
+  EXPECT_EQ(unwrapped->type, MessageType::kCall);
+  EXPECT_EQ(unwrapped->id, 42);
+  EXPECT_EQ(unwrapped->payload, payload);
+  EXPECT_TRUE(read.record_shapes);
+  EXPECT_TRUE(read.profile_memory);
+  EXPECT_FALSE(read.with_stack);
+
+  ProfiledEvent push;
+  push.kind = 1;
+  push.name = "aten::add";
+  push.thread_id = 7;
+  push.handle = 99;
+  push.shapes = {{3}, {}};
+  push.node_id = 2;
+  push.cpu_memory_usage = 12;
+  push.cpu_ns = 1000;
+  absl::StatusOr<Message> response =
+      wrap_profiled_response(*unwrapped, {push});
+  ASSERT_THAT(response, IsOk());
+  std::vector<ProfiledEvent> events;
+  absl::StatusOr<Message> back = unwrap_profiled_response(*response, events);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->payload, payload);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].name, "aten::add");
+  EXPECT_EQ(events[0].shapes, push.shapes);
+  EXPECT_EQ(events[0].node_id, 2);
+  EXPECT_EQ(events[0].cpu_ns, 1000);
+  EXPECT_EQ(events[0].handle, 99u);
+}
+
+TEST(CodecProfiled, BadWrappersAndEventsAreRefusedNamingWhatIsWrong) {
+  std::vector<ProfiledEvent> events;
+  Message garbage;
+  garbage.payload = "\x0a\xff";
+  EXPECT_THAT(unwrap_profiled_response(garbage, events),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("malformed PROFILED_RESPONSE")));
+  ProfilerSettings settings;
+  EXPECT_THAT(unwrap_profiled_request(garbage, settings),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("malformed PROFILED_REQUEST")));
+
+  Message inner;
+  inner.type = MessageType::kCallRet;
+  auto refused = [&](ProfiledEvent e) {
+    absl::StatusOr<Message> wrapped = wrap_profiled_response(inner, {e});
+    EXPECT_THAT(wrapped, IsOk());
+    return unwrap_profiled_response(*wrapped, events).status();
+  };
+  ProfiledEvent good;
+  good.kind = 2;
+  good.cpu_ns = 5;
+  ProfiledEvent kind = good;
+  kind.kind = 9;
+  EXPECT_THAT(refused(kind), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("event 0 has the unknown "
+                                                "kind 9")));
+  ProfiledEvent time = good;
+  time.cpu_ns = 0;
+  EXPECT_THAT(refused(time), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("event 0 has the time 0 ns")));
+  ProfiledEvent deep = good;
+  deep.shapes = {std::vector<int64_t>(65, 1)};
+  EXPECT_THAT(refused(deep),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a shape of 65 dimensions, over the limit "
+                                 "max_tensor_dims")));
+  ProfiledEvent node = good;
+  node.node_id = -5;
+  EXPECT_THAT(refused(node), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("names the worker -5")));
+
+  // A wrapper of nothing (type 0) and one over the payload limit.
+  Message untyped;
+  absl::StatusOr<Message> wrapped = wrap_profiled_response(untyped, {});
+  ASSERT_THAT(wrapped, IsOk());
+  EXPECT_THAT(unwrap_profiled_response(*wrapped, events),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("wraps a message of type 0")));
+  Limits small;
+  small.max_payload_bytes = 4;
+  Message big;
+  big.type = MessageType::kCall;
+  big.payload = std::string(100, 'x');
+  absl::StatusOr<Message> big_request =
+      wrap_profiled_request(big, ProfilerSettings());
+  ASSERT_THAT(big_request, IsOk());
+  EXPECT_THAT(unwrap_profiled_request(*big_request, settings, small),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("over the limit of 4")));
+}
+
 }  // namespace
 }  // namespace tether::wire
