@@ -84,6 +84,11 @@ class WaitAssist {
 // Armed on this thread by a backend; taken by the next wait.
 inline thread_local WaitAssist* wait_assist = nullptr;
 
+// True while this thread is in WaitAssist::wait: it may handle a request
+// that arrives meanwhile, on a user's thread in the middle of its own work
+// (the Worker serves it as on a fresh thread: core/worker.cc).
+inline thread_local bool in_wait_assist = false;
+
 template <typename T>
 class FutureState {
  public:
@@ -137,7 +142,9 @@ class FutureState {
         }
       }
       if (assisting) {
+        in_wait_assist = true;
         assist->wait(done_, deadline);
+        in_wait_assist = false;
         {
           absl::MutexLock lock(&mu_);
           assisted_by_ = nullptr;

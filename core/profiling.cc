@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <exception>
+#include <thread>
 #include <utility>
 
 namespace tether::profiling {
@@ -19,6 +20,15 @@ using torch::profiler::impl::ProfilerState;
 thread_local const CallKey* current_key = nullptr;
 
 }  // namespace
+
+const at::ThreadLocalState& pristine_thread_state() {
+  static const at::ThreadLocalState* const state = [] {
+    const at::ThreadLocalState* out = nullptr;
+    std::thread([&out] { out = new at::ThreadLocalState(); }).join();
+    return out;
+  }();
+  return *state;
+}
 
 bool enabled() {
   return torch::profiler::impl::profilerEnabled() &&
@@ -77,16 +87,13 @@ absl::Status Call::add(std::vector<wire::ProfiledEvent> events) const {
 
 absl::StatusOr<std::shared_ptr<Serving>> Serving::start(
     const wire::ProfilerSettings& settings) {
-  if (torch::profiler::impl::profilerEnabled()) {
-    return absl::FailedPreconditionError(
-        "cannot profile a request on a thread that runs a profiler already");
-  }
   const ProfilerConfig config(ProfilerState::CPU, settings.record_shapes,
                               settings.profile_memory, settings.with_stack,
                               settings.with_flops, settings.with_modules);
   try {
-    // Started on this thread only to take its state with the profiler on;
-    // this thread itself goes back to none.
+    // Started here only to take a pristine thread state with the profiler
+    // on; this thread goes back to its own.
+    at::ThreadLocalStateGuard clean(pristine_thread_state());
     legacy::enableProfilerLegacy(config);
     auto serving = std::make_shared<Serving>(at::ThreadLocalState());
     legacy::disableProfilerLegacy(legacy::ProfilerDisableOptions(

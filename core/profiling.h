@@ -46,6 +46,13 @@ inline constexpr absl::string_view kRemoteOpPrefix = "#remote_op: ";
 // Whether this thread runs LibTorch's legacy profiler.
 bool enabled();
 
+// The state of a thread that has done nothing yet: no profiler, grad mode
+// on. A request served on a thread in the middle of something else (a
+// user's thread reading its answer off the socket: core/future.h's
+// WaitAssist) runs under it, so that the user's profile, grad mode and the
+// like neither see nor change it.
+const at::ThreadLocalState& pristine_thread_state();
+
 // While it lives, the profiled requests this thread sends are named `key`;
 // without one, the Worker names a request after its type and workers.
 class CallKey {
@@ -87,7 +94,8 @@ class Call {
 // threads that serve one request.
 class Serving {
  public:
-  // FAILED_PRECONDITION if this thread runs a profiler already.
+  // Whatever this thread runs (a user's thread may serve a request while
+  // it waits for its own answer), the request's profile is its own.
   static absl::StatusOr<std::shared_ptr<Serving>> start(
       const wire::ProfilerSettings& settings);
 

@@ -712,6 +712,12 @@ bool contains_rref(const c10::IValue& v) {
 }  // namespace
 
 Future<Message> Worker::handle_request(Message request) {
+  // On a user's thread that waits for its own answer: served as on a
+  // fresh thread (profiling::pristine_thread_state).
+  std::optional<at::ThreadLocalStateGuard> fresh;
+  if (internal::in_wait_assist) {
+    fresh.emplace(profiling::pristine_thread_state());
+  }
   if (!dynamic_) return serve_request(std::move(request));
   {
     absl::MutexLock lock(&members_mu_);

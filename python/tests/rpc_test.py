@@ -313,3 +313,60 @@ def test_nested_calls_back_to_the_waiting_caller(callee):
     # released the GIL.
     assert rpc.rpc_sync(callee, rpc_functions.python_add_on,
                         args=("caller", 20, 22)) == 42
+
+
+def _named(events, name):
+    return [e for e in events if e.name == name]
+
+
+def test_calls_under_the_legacy_profiler_bring_back_the_callees_events(
+        callee):
+    from torch.autograd.profiler_legacy import profile
+    a = torch.ones(2, 3)
+    with profile(record_shapes=True) as prof:
+        rpc.rpc_sync(callee, torch.mul, args=(a, a))
+        rpc.rpc_async(callee, rpc_functions.add, args=(a, a)).wait()
+        rref = rpc.remote(callee, torch.sub, args=(a, a))
+        rref._get_profiling_future().wait()
+    events = prof.function_events
+    for mode, name, op in [(rpc.RPCExecMode.SYNC, "aten::mul", "aten::mul"),
+                           (rpc.RPCExecMode.ASYNC, "add", "aten::add"),
+                           (rpc.RPCExecMode.REMOTE, "aten::sub", "aten::sub")]:
+        key = rpc._build_rpc_profiling_key(mode, name, "caller", callee)
+        assert key == "rpc_%s#%s(caller -> %s)" % (mode.value, name, callee)
+        [call] = _named(events, key)
+        assert (call.node_id, call.is_remote, call.count) == (0, False, 1)
+        [remote] = _named(events, key + "#remote_op: " + op)
+        assert (remote.node_id, remote.is_remote) == (1, True)
+        # The caller's settings travelled: the callee recorded shapes.
+        assert remote.input_shapes[:2] == [[2, 3], [2, 3]], remote
+        # One clock on one machine: the callee's op ran within the call.
+        assert call.time_range.start <= remote.time_range.start
+        assert remote.time_range.end <= call.time_range.end
+
+
+def test_a_profiled_calls_onward_calls_come_back_nested(callee):
+    from torch.autograd.profiler_legacy import profile
+    with profile() as prof:
+        rpc.rpc_sync(callee, rpc_functions.async_add,
+                     args=("caller", torch.ones(2), torch.ones(2)))
+    outer = "rpc_sync#async_add(caller -> callee)#remote_op: "
+    inner = "rpc_async#aten::add(callee -> caller)"
+    names = [e.name for e in prof.function_events]
+    [call] = _named(prof.function_events, outer + inner)
+    assert call.node_id == 1, names  # the callee's call back to us
+    [add] = _named(prof.function_events,
+                   outer + inner + "#remote_op: aten::add")
+    assert add.node_id == 0, names  # run here, reported through the callee
+    # This thread may have served that call itself while it waited (the
+    # assist, with busy_poll): it is the callee's profile's, not ours.
+    assert not [e for e in prof.function_events
+                if e.name == "aten::add" and not e.is_remote], names
+
+
+def test_the_kineto_profiler_is_not_carried(callee):
+    # As the peer: only the legacy profiler profiles calls remotely.
+    with torch.profiler.profile() as prof:
+        rpc.rpc_sync(callee, torch.mul, args=(torch.ones(1), torch.ones(1)))
+    assert not [e for e in prof.events() if e.name.startswith("rpc_")]
+    assert not [e for e in prof.events() if "#remote_op: " in e.name]
