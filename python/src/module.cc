@@ -22,6 +22,7 @@
 #include <torch/csrc/jit/python/python_ivalue.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -278,6 +279,36 @@ py::object python_future(Future<c10::IValue> future) {
   return out;
 }
 
+// GIL profiling (the peer's rpc.enable_gil_profiling): while on, every
+// Python function a peer calls here counts how long its pool thread waited
+// for the GIL; agent_debug_info reports the average.
+struct GilProfile {
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> waits{0};
+  std::atomic<int64_t> wait_ns{0};
+
+  static GilProfile& get() {
+    static GilProfile* profile = new GilProfile();  // leaked, as Completer
+    return *profile;
+  }
+};
+
+// Takes the GIL into `gil`, timing the wait when GIL profiling is on.
+void acquire_gil(std::optional<py::gil_scoped_acquire>& gil) {
+  GilProfile& profile = GilProfile::get();
+  if (!profile.on.load(std::memory_order_relaxed)) {
+    gil.emplace();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  gil.emplace();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  profile.wait_ns.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count(),
+      std::memory_order_relaxed);
+  profile.waits.fetch_add(1, std::memory_order_relaxed);
+}
+
 // Serves "py::module:qualname" calls by tether.rpc._callee.serve, which
 // applies the worker's allow policy (docs/security.md).
 class PythonCallables : public CallableProvider {
@@ -291,7 +322,8 @@ class PythonCallables : public CallableProvider {
   absl::StatusOr<c10::IValue> call(absl::string_view name,
                                    std::vector<c10::IValue> args,
                                    const Kwargs& kwargs) override {
-    py::gil_scoped_acquire gil;
+    std::optional<py::gil_scoped_acquire> gil;
+    acquire_gil(gil);
     try {
       py::tuple py_args(args.size());
       for (size_t i = 0; i < args.size(); ++i) {
@@ -685,7 +717,16 @@ PYBIND11_MODULE(_C, m) {
     py::dict out;
     out["agent.thread_pool_size"] = std::to_string(pool.threads);
     out["agent.num_idle_threads"] = std::to_string(pool.idle);
+    const GilProfile& gil = GilProfile::get();
+    if (gil.on.load()) {
+      const int64_t waits = gil.waits.load();
+      out["agent.gil_average_wait_time_us"] = std::to_string(
+          waits == 0 ? 0 : gil.wait_ns.load() / waits / 1000);
+    }
     return out;
+  });
+  m.def("enable_gil_profiling", [](bool on) {
+    GilProfile::get().on.store(on);
   });
   // The peer's _rref_context_get_debug_info(): its keys, values as text.
   m.def("rref_debug_info", [] {

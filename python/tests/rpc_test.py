@@ -370,3 +370,21 @@ def test_the_kineto_profiler_is_not_carried(callee):
         rpc.rpc_sync(callee, torch.mul, args=(torch.ones(1), torch.ones(1)))
     assert not [e for e in prof.events() if e.name.startswith("rpc_")]
     assert not [e for e in prof.events() if "#remote_op: " in e.name]
+
+
+def test_gil_profiling_reports_the_average_wait(callee):
+    key = "agent.gil_average_wait_time_us"
+    agent = rpc._get_current_rpc_agent()
+    assert key not in agent.get_debug_info()  # off by default, as the peer
+    rpc.enable_gil_profiling(True)
+    try:
+        # The callee calls a Python function back here: a pool thread of
+        # this worker takes the GIL for it, timed.
+        assert torch.equal(
+            rpc.rpc_sync(callee, rpc_functions.python_add_on,
+                         args=("caller", torch.ones(1), torch.ones(1))),
+            torch.full((1,), 2.0))
+        assert int(agent.get_debug_info()[key]) >= 0
+    finally:
+        rpc.enable_gil_profiling(False)
+    assert key not in agent.get_debug_info()

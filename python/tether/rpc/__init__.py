@@ -34,7 +34,8 @@ from tether.rpc._profiling import RPCExecMode, _build_rpc_profiling_key
 __all__ = [
     "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
     "RRef", "RpcTimeoutError", "WorkerInfo", "allow_module", "expose",
-    "get_all_worker_infos", "get_current_worker_info", "get_rpc_timeout",
+    "enable_gil_profiling", "get_all_worker_infos", "get_current_worker_info",
+    "get_rpc_timeout",
     "functions", "get_worker_info", "init_rpc", "remote", "rpc_async", "rpc_sync",
     "shutdown",
 ]
@@ -357,8 +358,19 @@ class _CurrentAgent:
 
     def get_debug_info(self):
         """The worker pool's size and idle threads, with the peer's keys
-        (agent.thread_pool_size, agent.num_idle_threads), values as text."""
+        (agent.thread_pool_size, agent.num_idle_threads), and while GIL
+        profiling is on (enable_gil_profiling) the average wait of the
+        Python functions peers called here for the GIL
+        (agent.gil_average_wait_time_us); values as text."""
         return _C.agent_debug_info()
+
+
+def enable_gil_profiling(flag):
+    """The peer's rpc.enable_gil_profiling: while on, each Python function
+    a peer calls on this worker times its wait for the GIL, and the agent's
+    debug info reports the average (agent.gil_average_wait_time_us). Off
+    by default."""
+    _C.enable_gil_profiling(bool(flag))
 
 
 def _get_debug_info():
