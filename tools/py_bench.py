@@ -20,6 +20,12 @@ between two local processes are shm. --busy_poll_us gives tether's
 workers RpcBackendOptions(busy_poll=...) (default 0: waiting threads sleep
 at once).
 
+With "rpc_sync builtin" it also measures the floor of any RPC between
+the two processes that does not poll: a plain Python TCP ping-pong of 16
+bytes each way (blocking sockets, TCP_NODELAY, no RPC), each side asleep
+in recv() until the other's bytes come, in each round, and prints it
+under the table beside 1/5 of the peer's rpc_sync builtin.
+
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:
   rpc_sync builtin   rpc_sync(torch.add, (2-float tensor, 1))
@@ -79,8 +85,45 @@ WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "rpc_async + wait",
              "remote + to_here", "dist autograd step", "rpc_async builtin"]
 
 
+def run_socket(rank, n):
+    """The floor: n round trips of 16 bytes over one TCP connection."""
+    port = int(os.environ["MASTER_PORT"])
+    if rank == 1:
+        with socket.socket() as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1)
+            conn, _ = listener.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while True:
+                    data = conn.recv(16, socket.MSG_WAITALL)
+                    if len(data) < 16:
+                        return
+                    conn.sendall(data)
+    for _ in range(100):
+        try:
+            conn = socket.create_connection(("127.0.0.1", port))
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.05)
+    with conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        message = b"x" * 16
+
+        def round_trip():
+            conn.sendall(message)
+            conn.recv(16, socket.MSG_WAITALL)
+
+        print("JSON " + json.dumps({"tcp ping-pong": timed(n, round_trip)}),
+              flush=True)
+
+
 def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
     global rpc
+    if impl == "socket":
+        run_socket(rank, n)
+        return
     import torch
     if impl == "tether":
         import tether.autograd as dist_autograd
@@ -206,14 +249,18 @@ def main():
             workloads, args.busy_poll_us)
         return
     n = 300 if args.quick else 3000
-    tether, peer = [], []
+    floor = "rpc_sync builtin" in workloads
+    tether, peer, sockets = [], [], []
     for r in range(args.rounds):
         tether.append(measure("tether", n, args.backend, args.transports,
                               workloads, args.busy_poll_us))
         peer.append(measure("peer", n, args.backend, "", workloads))
+        if floor:
+            sockets.append(measure("socket", n, args.backend, "", []))
         if args.rounds > 1:
             print("round %d: %s" % (r + 1, json.dumps(
-                {"tether": tether[-1], "peer": peer[-1]})), flush=True)
+                {"tether": tether[-1], "peer": peer[-1],
+                 "socket": sockets[-1] if floor else None})), flush=True)
     print("| workload | tether (%s%s%s) | peer (tensorpipe) | better by |"
           % (args.backend, " " + args.transports if args.transports else "",
              ", busy poll %d us" % args.busy_poll_us
@@ -221,6 +268,14 @@ def main():
     print("| --- | --- | --- | --- |")
     for name in workloads:
         print(row(name, tether, peer))
+    if floor:
+        ping = median([r["tcp ping-pong"]["p50_us"] for r in sockets])
+        ping99 = median([r["tcp ping-pong"]["p99_us"] for r in sockets])
+        fifth = median([r["rpc_sync builtin"]["p50_us"] for r in peer]) / 5
+        print("\nFloor: a Python TCP ping-pong of 16 bytes between the same "
+              "two processes (no RPC; each side asleep in recv): p50 %.1f "
+              "us (p99 %.1f). 1/5 of the peer's rpc_sync builtin p50: %.1f "
+              "us." % (ping, ping99, fifth))
 
 
 if __name__ == "__main__":

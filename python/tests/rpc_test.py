@@ -388,3 +388,28 @@ def test_gil_profiling_reports_the_average_wait(callee):
     finally:
         rpc.enable_gil_profiling(False)
     assert key not in agent.get_debug_info()
+
+
+def test_rpc_async_values_come_back_as_rpc_sync_gives_them(callee):
+    # The same Python values, whether read from wait(), value() or in a
+    # callback: tensors, numbers, strings, None, containers of them, a
+    # dtype, an RRef.
+    values = [
+        {"t": torch.arange(3), "xs": [1, 2], "nested": (None, "s", 1.5,
+                                                        [torch.ones(1)]),
+         "flags": [True, False], "empty": []}, {7: "int key", 8: None},
+        (1, (2, (3, "deep"))), "text", 3, 2.5, None, True,
+        torch.float64, [torch.int8, 1],
+    ]
+    for value in values:
+        synced = rpc.rpc_sync(callee, rpc_functions.echo, args=(value,))
+        fut = rpc.rpc_async(callee, rpc_functions.echo, args=(value,))
+        seen = []
+        fut.add_done_callback(lambda f: seen.append(f.value()))
+        waited = fut.wait()
+        for got in (waited, fut.value(), seen[0]):
+            assert type(got) is type(synced), (value, got)
+            assert repr(got) == repr(synced), (value, got)
+    rref = rpc.remote(callee, rpc_functions.echo, args=(1,))
+    back = rpc.rpc_async(callee, rpc_functions.echo, args=(rref,)).wait()
+    assert isinstance(back, rpc.RRef) and back.to_here() == 1
