@@ -6,6 +6,9 @@
 //
 // Properties checked: decode never crashes, fails only with INVALID_ARGUMENT
 // or RESOURCE_EXHAUSTED, and whatever it accepts encodes and decodes again.
+// The same of the payload read as a PROFILED_REQUEST and as a
+// PROFILED_RESPONSE (unwrap_profiled_*): what they accept wraps again into
+// what unwraps to the same message.
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/empty.h>
 
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/message.h"
 #include "core/wire/codec.h"
@@ -20,6 +24,52 @@
 namespace {
 
 constexpr int64_t kStorageBytes[4] = {0, 16, 64, 1024};
+
+void check_failure(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kInvalidArgument &&
+      status.code() != absl::StatusCode::kResourceExhausted) {
+    std::abort();
+  }
+}
+
+void check_profiled_wrappers(const tether::Message& message) {
+  tether::wire::ProfilerSettings settings;
+  absl::StatusOr<tether::Message> request =
+      tether::wire::unwrap_profiled_request(message, settings);
+  if (!request.ok()) {
+    check_failure(request.status());
+  } else {
+    absl::StatusOr<tether::Message> again =
+        tether::wire::wrap_profiled_request(*request, settings);
+    if (!again.ok()) std::abort();
+    tether::wire::ProfilerSettings read;
+    absl::StatusOr<tether::Message> back =
+        tether::wire::unwrap_profiled_request(*again, read);
+    if (!back.ok() || back->type != request->type ||
+        back->payload != request->payload ||
+        read.record_shapes != settings.record_shapes ||
+        read.profile_memory != settings.profile_memory) {
+      std::abort();
+    }
+  }
+  std::vector<tether::wire::ProfiledEvent> events;
+  absl::StatusOr<tether::Message> response =
+      tether::wire::unwrap_profiled_response(message, events);
+  if (!response.ok()) {
+    check_failure(response.status());
+    return;
+  }
+  absl::StatusOr<tether::Message> again =
+      tether::wire::wrap_profiled_response(*response, events);
+  if (!again.ok()) std::abort();
+  std::vector<tether::wire::ProfiledEvent> read;
+  absl::StatusOr<tether::Message> back =
+      tether::wire::unwrap_profiled_response(*again, read);
+  if (!back.ok() || back->payload != response->payload ||
+      read.size() != events.size()) {
+    std::abort();
+  }
+}
 
 }  // namespace
 
@@ -34,6 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     message.storages.push_back(buffer.storage());
   }
   message.payload.assign(reinterpret_cast<const char*>(data + 1), size - 1);
+  check_profiled_wrappers(message);
 
   absl::StatusOr<c10::IValue> decoded = tether::wire::decode(message);
   if (!decoded.ok()) {

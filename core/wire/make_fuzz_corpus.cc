@@ -36,6 +36,16 @@ int layout_for(const tether::Message& message) {
   return layout;
 }
 
+// Writes `message` as the seed `name` in `dir`: the layout byte, then
+// the payload. False if the write failed.
+bool write_seed(const std::string& dir, const std::string& name, int layout,
+                const tether::Message& message) {
+  std::ofstream out(dir + "/" + name, std::ios::binary | std::ios::trunc);
+  out.put(static_cast<char>(layout));
+  out << message.payload;
+  return static_cast<bool>(out);
+}
+
 c10::IValue tuple_of(std::vector<c10::IValue> elems) {
   return c10::ivalue::Tuple::create(std::move(elems));
 }
@@ -94,6 +104,46 @@ int main(int argc, char** argv) {
        tuple_of({c10::List<int64_t>({1, 2, 3}), c10::List<bool>({true, false}),
                  state, maybe, by_int})},
   };
+  // The wrappers of profiled calls (codec.h): a CALL under the profiler,
+  // and its response with two events.
+  tether::wire::ProfiledEvent push;
+  push.kind = 1;
+  push.name = "aten::add";
+  push.thread_id = 3;
+  push.handle = 17;
+  push.shapes = {{2, 3}, {}};
+  push.node_id = 1;
+  push.cpu_ns = 1000;
+  tether::wire::ProfiledEvent pop = push;
+  pop.kind = 2;
+  pop.shapes.clear();
+  pop.cpu_ns = 2500;
+  tether::wire::ProfilerSettings settings;
+  settings.record_shapes = true;
+  auto seed = [&seeds](const std::string& name) {
+    for (const auto& [n, value] : seeds) {
+      if (n == name) return value;
+    }
+    return c10::IValue();
+  };
+  const std::vector<std::pair<std::string, c10::IValue>> wrapped = {
+      {"profiled_request", seed("call")},
+      {"profiled_response", seed("tensor")},
+  };
+  for (const auto& [name, value] : wrapped) {
+    tether::Message inner;
+    absl::Status status = tether::wire::encode(value, inner);
+    absl::StatusOr<tether::Message> message =
+        !status.ok() ? absl::StatusOr<tether::Message>(status)
+        : name == "profiled_request"
+            ? tether::wire::wrap_profiled_request(inner, settings)
+            : tether::wire::wrap_profiled_response(inner, {push, pop});
+    const int layout = message.ok() ? layout_for(*message) : -1;
+    if (layout < 0 || !write_seed(argv[1], name, layout, *message)) {
+      std::fprintf(stderr, "seed %s: not written\n", name.c_str());
+      return 1;
+    }
+  }
   for (const auto& [name, value] : seeds) {
     tether::Message message;
     absl::Status status = tether::wire::encode(value, message);
@@ -104,11 +154,7 @@ int main(int argc, char** argv) {
           status.ok() ? "storages too large" : status.ToString().c_str());
       return 1;
     }
-    std::ofstream out(std::string(argv[1]) + "/" + name,
-                      std::ios::binary | std::ios::trunc);
-    out.put(static_cast<char>(layout));
-    out << message.payload;
-    if (!out) {
+    if (!write_seed(argv[1], name, layout, message)) {
       std::fprintf(stderr, "seed %s: write failed\n", name.c_str());
       return 1;
     }
