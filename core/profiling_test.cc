@@ -5,20 +5,23 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <string>
 #include <vector>
 
 #include "core/rpc.h"
 #include "core/worker.h"
+#include "testing/legacy_profile.h"
 #include "testing/loopback_group.h"
 #include "testing/status_matchers.h"
 
 namespace tether {
 namespace {
 
-namespace legacy = torch::autograd::profiler;
+using ::tether::testing::event_names;
+using ::tether::testing::legacy_profile;
+using ::tether::testing::LegacyEvents;
+using ::tether::testing::pushes_named;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using ::tether::testing::IsOk;
@@ -32,49 +35,16 @@ class Profiling : public tether::testing::LoopbackGroup {
   }
 };
 
-// Runs `work` on this thread under the legacy profiler (recording shapes);
-// returns every event it recorded.
-template <typename F>
-std::vector<legacy::LegacyEvent> profiled(F work) {
-  legacy::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
-      torch::profiler::impl::ProfilerState::CPU,
-      /*report_input_shapes=*/true));
-  work();
-  std::vector<legacy::LegacyEvent> out;
-  for (auto& list : legacy::disableProfilerLegacy()) {
-    for (auto& event : list) out.push_back(event);
-  }
-  return out;
-}
-
-// The push events named `name`.
-std::vector<legacy::LegacyEvent> pushes(
-    const std::vector<legacy::LegacyEvent>& events, const std::string& name) {
-  std::vector<legacy::LegacyEvent> out;
-  for (const auto& e : events) {
-    if (e.kind() == legacy::EventKind::PushRange && e.name() == name) {
-      out.push_back(e);
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> names(const std::vector<legacy::LegacyEvent>& events) {
-  std::vector<std::string> out;
-  for (const auto& e : events) out.push_back(e.name());
-  return out;
-}
-
 TEST_F(Profiling, ACallBringsBackItsCalleesEventsUnderItsKey) {
   const at::Tensor a = at::ones({2, 3});
-  std::vector<legacy::LegacyEvent> events = profiled([&] {
+  LegacyEvents events = legacy_profile([&] {
     profiling::CallKey key("rpc_sync#mul(alice -> bob)");
     EXPECT_THAT(worker(0).rpc_sync("bob", "aten::mul.Tensor", {a, a}),
                 IsOk());
   });
-  std::vector<legacy::LegacyEvent> mul =
-      pushes(events, "rpc_sync#mul(alice -> bob)#remote_op: aten::mul");
-  ASSERT_EQ(mul.size(), 1u) << ::testing::PrintToString(names(events));
+  LegacyEvents mul = pushes_named(
+      events, "rpc_sync#mul(alice -> bob)#remote_op: aten::mul");
+  ASSERT_EQ(mul.size(), 1u) << ::testing::PrintToString(event_names(events));
   EXPECT_TRUE(mul[0].isRemote());
   EXPECT_EQ(mul[0].nodeId(), 1);  // bob
   // The caller's settings travelled: the callee recorded the shapes.
@@ -84,13 +54,14 @@ TEST_F(Profiling, ACallBringsBackItsCalleesEventsUnderItsKey) {
 
 TEST_F(Profiling, WithoutAKeyTheWorkerNamesTheCall) {
   const at::Tensor a = at::ones({2});
-  std::vector<legacy::LegacyEvent> events = profiled([&] {
+  LegacyEvents events = legacy_profile([&] {
     EXPECT_THAT(worker(0).rpc_sync("bob", "aten::add.Tensor", {a, a}),
                 IsOk());
   });
-  EXPECT_EQ(pushes(events, "CALL(alice -> bob)#remote_op: aten::add").size(),
-            1u)
-      << ::testing::PrintToString(names(events));
+  EXPECT_EQ(
+      pushes_named(events, "CALL(alice -> bob)#remote_op: aten::add").size(),
+      1u)
+      << ::testing::PrintToString(event_names(events));
 }
 
 TEST_F(Profiling, CallsMadeOnwardComeBackNestedUnderBothKeys) {
@@ -100,14 +71,14 @@ TEST_F(Profiling, CallsMadeOnwardComeBackNestedUnderBothKeys) {
                     return rpc_sync<at::Tensor>("carol", "aten::neg", {t});
                   }),
               IsOk());
-  std::vector<legacy::LegacyEvent> events = profiled([&] {
+  LegacyEvents events = legacy_profile([&] {
     profiling::CallKey key("outer");
     EXPECT_THAT(worker(0).rpc_sync("bob", "relay", {at::ones({2})}), IsOk());
   });
-  std::vector<legacy::LegacyEvent> neg = pushes(
+  LegacyEvents neg = pushes_named(
       events,
       "outer#remote_op: CALL(bob -> carol)#remote_op: aten::neg");
-  ASSERT_EQ(neg.size(), 1u) << ::testing::PrintToString(names(events));
+  ASSERT_EQ(neg.size(), 1u) << ::testing::PrintToString(event_names(events));
   EXPECT_EQ(neg[0].nodeId(), 2);  // carol, though bob sent it back
   EXPECT_TRUE(neg[0].isRemote());
 }

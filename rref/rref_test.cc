@@ -12,9 +12,11 @@
 #include <atomic>
 #include <thread>
 
+#include "core/profiling.h"
 #include "core/rpc.h"
 #include "core/wire/codec.h"
 #include "rref/rref_impl.h"
+#include "testing/legacy_profile.h"
 #include "testing/loopback_group.h"
 #include "testing/status_matchers.h"
 
@@ -379,6 +381,37 @@ TEST_F(RRefs, ProxiesRunMethodsOnTheOwnersObject) {
       "carol", "tether_rref_test::add_via_proxy", {*counter, int64_t{1}});
   ASSERT_THAT(from_carol, IsOk());
   EXPECT_EQ(from_carol->toInt(), 11);
+}
+
+TEST_F(RRefs, RemoteAndProxyCallsUnderTheProfilerBringBackTheOwnersEvents) {
+  absl::StatusOr<RRef> counter =
+      remote(*workers_[0], "bob", kCounter, {int64_t{5}});
+  ASSERT_THAT(counter, IsOk());
+  ASSERT_THAT(counter->rpc_sync().call("add", {int64_t{0}}), IsOk());
+  testing::LegacyEvents events = testing::legacy_profile([&] {
+    {
+      profiling::CallKey key("made");
+      absl::StatusOr<RRef> sum = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                        {at::ones({2}), at::ones({2})});
+      ASSERT_THAT(sum, IsOk());
+      ASSERT_THAT(sum->get_future().get(), IsOk());  // the owner answered
+    }
+    {
+      profiling::CallKey key("method");
+      ASSERT_THAT(counter->rpc_sync().call("scale", {at::ones({3})}), IsOk());
+    }
+  });
+  const auto names = ::testing::PrintToString(testing::event_names(events));
+  testing::LegacyEvents add =
+      testing::pushes_named(events, "made#remote_op: aten::add");
+  ASSERT_EQ(add.size(), 1u) << names;
+  EXPECT_EQ(add[0].nodeId(), 1);  // bob
+  EXPECT_TRUE(add[0].isRemote());
+  // `t * 5`: aten::mul with a Scalar, which calls aten::mul with a Tensor.
+  testing::LegacyEvents mul =
+      testing::pushes_named(events, "method#remote_op: aten::mul");
+  ASSERT_FALSE(mul.empty()) << names;
+  for (const auto& e : mul) EXPECT_EQ(e.nodeId(), 1);
 }
 
 TEST_F(RRefs, MissingMethodIsNotFoundNamingIt) {
