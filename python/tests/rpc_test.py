@@ -413,3 +413,20 @@ def test_rpc_async_values_come_back_as_rpc_sync_gives_them(callee):
     rref = rpc.remote(callee, rpc_functions.echo, args=(1,))
     back = rpc.rpc_async(callee, rpc_functions.echo, args=(rref,)).wait()
     assert isinstance(back, rpc.RRef) and back.to_here() == 1
+
+
+def test_errors_under_the_profiler_are_the_same_errors(callee):
+    from torch.autograd.profiler_legacy import profile
+    with profile() as prof:
+        with pytest.raises(ValueError, match="boom"):
+            rpc.rpc_sync(callee, rpc_functions.fail, args=("boom",))
+        with pytest.raises(ValueError, match="bang"):
+            rpc.rpc_async(callee, rpc_functions.fail, args=("bang",)).wait()
+        rref = rpc.remote(callee, rpc_functions.fail, args=("late",))
+        with pytest.raises(ValueError, match="late"):
+            rref.to_here()
+        # and the worker still answers, profiled
+        assert rpc.rpc_sync(callee, torch.add, args=(1, 2)) == 3
+    names = [e.name for e in prof.function_events]
+    assert "rpc_sync#fail(caller -> callee)" in names, names
+    assert "rpc_async#fail(caller -> callee)" in names, names
