@@ -1,9 +1,13 @@
 #include "core/profiling.h"
 
+#include <absl/base/thread_annotations.h>
 #include <absl/strings/str_cat.h>
+#include <absl/synchronization/mutex.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 #include <thread>
@@ -18,6 +22,43 @@ using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
 
 thread_local const CallKey* current_key = nullptr;
+
+// LibTorch's events for `events`, each named `prefix` + its name. The codec
+// checked the kinds and that the times are positive, which LibTorch asserts.
+std::vector<legacy::LegacyEvent> legacy_events(
+    std::vector<wire::ProfiledEvent> events, const std::string& prefix,
+    bool remote) {
+  std::vector<legacy::LegacyEvent> out;
+  out.reserve(events.size());
+  for (wire::ProfiledEvent& e : events) {
+    out.emplace_back(static_cast<legacy::EventKind>(e.kind),
+                     at::StringView(prefix + e.name),
+                     static_cast<uint16_t>(e.thread_id), e.handle,
+                     std::move(e.shapes), e.node_id, remote,
+                     e.cpu_memory_usage, std::max<int64_t>(e.cpu_ns, 1),
+                     /*cuda_recorded=*/false);
+  }
+  return out;
+}
+
+struct ServerProfile {
+  int64_t id;
+  wire::ProfilerSettings settings;
+  std::vector<ServerProfiles::Events> gathered;
+};
+
+struct ServerProfileState {
+  absl::Mutex mu;
+  int64_t next_id ABSL_GUARDED_BY(mu) = 0;
+  std::vector<ServerProfile> on ABSL_GUARDED_BY(mu);
+  // How many are on: read without the lock on every request served.
+  std::atomic<int> count{0};
+
+  static ServerProfileState& get() {
+    static ServerProfileState* state = new ServerProfileState();
+    return *state;
+  }
+};
 
 }  // namespace
 
@@ -62,18 +103,8 @@ std::optional<Call> Call::begin(std::string key) {
 
 absl::Status Call::add(std::vector<wire::ProfiledEvent> events) const {
   try {
-    std::vector<legacy::LegacyEvent> out;
-    out.reserve(events.size());
-    for (wire::ProfiledEvent& e : events) {
-      // The codec checked the kind and that the time is positive, which
-      // LibTorch asserts.
-      out.emplace_back(static_cast<legacy::EventKind>(e.kind),
-                       at::StringView(absl::StrCat(key_, kRemoteOpPrefix,
-                                                   e.name)),
-                       static_cast<uint16_t>(e.thread_id), e.handle,
-                       std::move(e.shapes), e.node_id, /*is_remote=*/true,
-                       e.cpu_memory_usage, e.cpu_ns, /*cuda_recorded=*/false);
-    }
+    std::vector<legacy::LegacyEvent> out = legacy_events(
+        std::move(events), absl::StrCat(key_, kRemoteOpPrefix), true);
     c10::DebugInfoGuard guard(profile_);
     if (!enabled()) return absl::OkStatus();  // cannot be: the profile holds
     legacy::addEventList(std::move(out));
@@ -131,6 +162,45 @@ std::vector<wire::ProfiledEvent> Serving::finish(int32_t self) {
     }
   }
   return out;
+}
+
+int64_t ServerProfiles::start(const wire::ProfilerSettings& settings) {
+  ServerProfileState& state = ServerProfileState::get();
+  absl::MutexLock lock(&state.mu);
+  const int64_t id = state.next_id++;
+  state.on.push_back(ServerProfile{id, settings, {}});
+  state.count.store(static_cast<int>(state.on.size()));
+  return id;
+}
+
+std::vector<ServerProfiles::Events> ServerProfiles::stop(int64_t id) {
+  ServerProfileState& state = ServerProfileState::get();
+  absl::MutexLock lock(&state.mu);
+  for (auto it = state.on.begin(); it != state.on.end(); ++it) {
+    if (it->id != id) continue;
+    std::vector<Events> gathered = std::move(it->gathered);
+    state.on.erase(it);
+    state.count.store(static_cast<int>(state.on.size()));
+    return gathered;
+  }
+  return {};
+}
+
+std::optional<wire::ProfilerSettings> ServerProfiles::settings() {
+  ServerProfileState& state = ServerProfileState::get();
+  if (state.count.load() == 0) return std::nullopt;
+  absl::MutexLock lock(&state.mu);
+  if (state.on.empty()) return std::nullopt;
+  return state.on.back().settings;
+}
+
+void ServerProfiles::add(const std::vector<wire::ProfiledEvent>& events) {
+  ServerProfileState& state = ServerProfileState::get();
+  if (state.count.load() == 0 || events.empty()) return;
+  absl::MutexLock lock(&state.mu);
+  for (ServerProfile& profile : state.on) {
+    profile.gathered.push_back(legacy_events(events, "", false));
+  }
 }
 
 }  // namespace tether::profiling

@@ -28,6 +28,7 @@
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <cstdint>
 #include <memory>
@@ -111,6 +112,25 @@ class Serving {
 
  private:
   at::ThreadLocalState state_;
+};
+
+// Process-wide profiles of every request this process serves (the peer's
+// rpc._server_process_global_profile): while one is on, each request that
+// runs user code is served under a profiler with the settings of the
+// latest started (as a caller's profiled request is), and its events go to
+// every profile on, one list per request.
+class ServerProfiles {
+ public:
+  using Events = std::vector<torch::autograd::profiler::LegacyEvent>;
+
+  static int64_t start(const wire::ProfilerSettings& settings);
+  // Stops profile `id` (another's stay on) and returns what it gathered;
+  // empty for an id not on.
+  static std::vector<Events> stop(int64_t id);
+  // The settings to serve a request under, if any profile is on.
+  static std::optional<wire::ProfilerSettings> settings();
+  // Gives one served request's events to every profile on.
+  static void add(const std::vector<wire::ProfiledEvent>& events);
 };
 
 }  // namespace tether::profiling

@@ -6,6 +6,7 @@
 #include <absl/time/clock.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/thread_pool.h>
+#include <glog/logging.h>
 #include <signal.h>
 
 
@@ -772,6 +773,7 @@ Future<Message> Worker::serve_profiled(Message wrapped) {
       [serving = *std::move(serving), rank = self.id](
           const absl::StatusOr<Message>& served) -> absl::StatusOr<Message> {
         std::vector<wire::ProfiledEvent> events = serving->finish(rank);
+        profiling::ServerProfiles::add(events);
         // A failure travels unwrapped, as it would unprofiled.
         if (!served.ok() || served->type == MessageType::kException) {
           return served;
@@ -783,10 +785,39 @@ Future<Message> Worker::serve_profiled(Message wrapped) {
       });
 }
 
+Future<Message> Worker::serve_server_profiled(
+    Message request, const wire::ProfilerSettings& settings) {
+  absl::StatusOr<std::shared_ptr<profiling::Serving>> serving =
+      profiling::Serving::start(settings);
+  if (!serving.ok()) {
+    LOG(WARNING) << "worker " << describe(agent_->self())
+                 << " serves a request unprofiled: " << serving.status();
+    const at::ThreadLocalState& fresh = profiling::pristine_thread_state();
+    return serve_request(std::move(request), &fresh);
+  }
+  Future<Message> response;
+  {
+    at::ThreadLocalStateGuard guard((*serving)->state());
+    response = serve_request(std::move(request), &(*serving)->state());
+  }
+  return response.then(
+      [serving = *std::move(serving), rank = agent_->self().id](
+          const absl::StatusOr<Message>& served) -> absl::StatusOr<Message> {
+        profiling::ServerProfiles::add(serving->finish(rank));
+        return served;
+      });
+}
+
 Future<Message> Worker::serve_request(Message request,
                                       const at::ThreadLocalState* tls) {
   if (request.type == MessageType::kProfiledRequest && tls == nullptr) {
     return serve_profiled(std::move(request));
+  }
+  if (tls == nullptr && profiled(request.type)) {
+    if (std::optional<wire::ProfilerSettings> settings =
+            profiling::ServerProfiles::settings()) {
+      return serve_server_profiled(std::move(request), *settings);
+    }
   }
   if (request.type == MessageType::kMemberJoin ||
       request.type == MessageType::kMemberLeave) {

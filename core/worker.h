@@ -463,6 +463,10 @@ class Worker {
   // A PROFILED_REQUEST: serves the request it wraps under a profiler with
   // the caller's settings, and answers with what that recorded.
   Future<Message> serve_profiled(Message wrapped);
+  // A request served while a process-wide server profile is on
+  // (profiling::ServerProfiles): under a profiler with its settings.
+  Future<Message> serve_server_profiled(Message request,
+                                        const wire::ProfilerSettings& settings);
   // Whether a request of `type` is profiled (CALL, HandlerTraits::profiled).
   bool profiled(MessageType type) const;
   // The agent's send; a request of a profiled type sent from a thread that

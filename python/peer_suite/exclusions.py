@@ -26,12 +26,6 @@ GROUPS = [
      ["TensorPipeAgent", "register_backend",
       "_init_rpc_backend", "_is_current_rpc_agent_set", "mock",
       "StubRpcAgent", "FooBackendOptions"]),
-    ("peer server-side profiler",
-     "the peer's process-wide profile of every request a worker serves "
-     "(rpc._server_process_global_profile), not built: its test fetches the "
-     "profile's FunctionEvent objects by value over RPC, which tether does "
-     "not move (docs/security.md)",
-     ["_server_process_global_profile"]),
     ("peer internal collectives",
      "the peer's internal helpers of its shutdown (tether has _all_gather, "
      "_barrier, _wait_all_workers and _wait_all)",

@@ -725,6 +725,23 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
+  // The peer's rpc._server_process_global_profile (profiling::ServerProfiles):
+  // start returns the profile's id; stop returns one list of LibTorch
+  // events (torch._C._autograd.ProfilerEvent) per request served meanwhile.
+  m.def("server_profile_start", [](bool record_shapes, bool profile_memory,
+                                   bool with_stack, bool with_flops,
+                                   bool with_modules) {
+    wire::ProfilerSettings settings;
+    settings.record_shapes = record_shapes;
+    settings.profile_memory = profile_memory;
+    settings.with_stack = with_stack;
+    settings.with_flops = with_flops;
+    settings.with_modules = with_modules;
+    return profiling::ServerProfiles::start(settings);
+  });
+  m.def("server_profile_stop", [](int64_t id) {
+    return py::cast(profiling::ServerProfiles::stop(id));
+  });
   m.def("enable_gil_profiling", [](bool on) {
     GilProfile::get().on.store(on);
   });

@@ -430,3 +430,28 @@ def test_errors_under_the_profiler_are_the_same_errors(callee):
     names = [e.name for e in prof.function_events]
     assert "rpc_sync#fail(caller -> callee)" in names, names
     assert "rpc_async#fail(caller -> callee)" in names, names
+
+
+def test_server_process_global_profile_sees_every_request_served(callee):
+    # The callee calls a Python function back here: this worker serves it
+    # while its process-wide profiles are on.
+    def served_add():
+        return rpc.rpc_sync(callee, rpc_functions.python_add_on,
+                            args=("caller", torch.ones(2), torch.ones(2)))
+
+    with rpc._server_process_global_profile() as outer:
+        served_add()
+        with rpc._server_process_global_profile(record_shapes=True) as inner:
+            served_add()
+        assert not rpc._server_process_global_profile().entered
+    assert len(outer.process_global_function_events) == 2
+    assert len(inner.process_global_function_events) == 1
+    for prof in (outer, inner):
+        adds = [e for e in prof.function_events if e.name == "aten::add"]
+        assert adds and all(not e.is_remote for e in adds), [
+            e.name for e in prof.function_events]
+    [add] = [e for e in inner.function_events if e.name == "aten::add"]
+    assert add.input_shapes[:2] == [[2], [2]]
+    assert "aten::add" in str(outer.key_averages())
+    # Off again: nothing more is gathered, and calls are as before.
+    assert torch.equal(served_add(), torch.full((2,), 2.0))

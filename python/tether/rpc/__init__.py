@@ -29,7 +29,8 @@ from torch.jit._builtins import _find_builtin
 from tether import _C
 from tether.rpc import _callee, _errors, _profiling, functions
 from tether.rpc._callee import allow_module, expose
-from tether.rpc._profiling import RPCExecMode, _build_rpc_profiling_key
+from tether.rpc._profiling import (RPCExecMode, _build_rpc_profiling_key,
+                                   _server_process_global_profile)
 
 __all__ = [
     "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",

@@ -11,8 +11,13 @@ core/profiling.h). The kineto profiler (torch.profiler.profile) is not
 carried, as in the peer.
 """
 import enum
+import itertools
 
 import torch
+import torch.autograd.profiler_legacy
+import torch.autograd.profiler_util
+
+from tether import _C
 
 _LEGACY = torch._C._profiler.ActiveProfilerType.LEGACY
 
@@ -54,3 +59,40 @@ def record(exec_type, func, name, caller, callee):
     key = _build_rpc_profiling_key(exec_type, function_name(func, name),
                                    caller, callee)
     return torch.autograd.profiler.record_function(key), key
+
+
+class _server_process_global_profile(torch.autograd.profiler_legacy.profile):
+    """The peer's rpc._server_process_global_profile: while on, every
+    request that runs user code which this process serves (from any peer,
+    on any thread) is profiled, with this profile's settings
+    (record_shapes, profile_memory ...). On exit, ``function_events`` holds
+    them all and ``process_global_function_events`` one list per request.
+    Profiles may nest: each sees the requests served while it is on."""
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        if self.entered:
+            raise RuntimeError("autograd profiler traces are not reentrant")
+        self.entered = True
+        self._server_profile = _C.server_profile_start(
+            self.record_shapes, self.profile_memory, self.with_stack,
+            self.with_flops, self.with_modules)
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if not self.enabled:
+            return False
+        gathered = _C.server_profile_stop(self._server_profile)
+        process_global_events = []
+        for request_events in gathered:
+            events = torch.autograd.profiler_legacy._parse_legacy_records(
+                [request_events])
+            events.sort(key=lambda e: [e.time_range.start, -e.time_range.end])
+            process_global_events.append(events)
+        self.function_events = torch.autograd.profiler_util.EventList(
+            list(itertools.chain(*process_global_events)),
+            use_cuda=self.use_cuda, profile_memory=self.profile_memory)
+        self.function_events._build_tree()
+        self.process_global_function_events = process_global_events
+        return False
