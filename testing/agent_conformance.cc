@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/internal/receive_buffers.h"
 #include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
@@ -58,6 +59,39 @@ TEST_P(AgentConformance, LargeStorageRoundTrip) {
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   expect_large_storage_round_trip(group[0], group[1].self());
+}
+
+// Every backend whose peers live apart receives large storages into the
+// shared cache of receive buffers (core/internal/receive_buffers.h), so
+// that a stream of large tensors does not fault in fresh pages for each
+// one: of 16 large receives (8 requests, 8 responses, one process), every
+// one comes from the cache, which allocates only the few buffers in use at
+// once.
+TEST_P(RemotePeerConformance, LargeStoragesArriveInReusedReceiveBuffers) {
+  AgentGroup group(GetParam().backend(), 2);
+  ASSERT_TRUE(group.ok());
+  group.start_all(echo);
+  constexpr size_t kBytes = ::tether::internal::kReusedBufferBytes * 2;
+  constexpr int kCalls = 8;
+  ::tether::internal::drop_idle_receive_buffers();
+  const ::tether::internal::ReceiveBufferStats before = ::tether::internal::receive_buffer_stats();
+  for (int i = 0; i < kCalls; ++i) {
+    Message request = ping("big");
+    request.storages.push_back(make_storage(kBytes, static_cast<uint8_t>(i)));
+    absl::StatusOr<Message> response =
+        group[0].send(group[1].self(), std::move(request), kBound)
+            .get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk()) << "call " << i;
+    ASSERT_EQ(response->storages.size(), 1u);
+    EXPECT_TRUE(storage_matches(response->storages[0], kBytes,
+                                static_cast<uint8_t>(i)))
+        << "call " << i;
+  }
+  const ::tether::internal::ReceiveBufferStats after = ::tether::internal::receive_buffer_stats();
+  const int64_t allocated = after.allocated - before.allocated;
+  const int64_t reused = after.reused - before.reused;
+  EXPECT_EQ(allocated + reused, 2 * kCalls);
+  EXPECT_LE(allocated, 4);
 }
 
 TEST_P(AgentConformance, HandlerErrorReachesSenderWithCodeAndText) {

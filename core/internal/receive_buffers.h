@@ -5,11 +5,11 @@
 // kernel on every allocation, and every one of its pages faults in (and is
 // zeroed) on first write, which on the project's machines costs more than
 // the copy itself (docs/benchmarks.md, "What the profiles show"). The
-// backends (tensorpipe, grpc) ask for their large receive storages here:
-// a storage comes from a small, bounded cache of buffers by size, and goes
-// back to it when its last user (the tensor the user holds) drops it. A
-// new buffer is aligned and advised to use transparent huge pages, so even
-// a miss faults once per 2 MiB rather than once per 4 KiB.
+// backends (tensorpipe, grpc, libfabric) ask for their large receive
+// storages here: a storage comes from a small, bounded cache of buffers by
+// size, and goes back to it when its last user (the tensor the user holds)
+// drops it. A new buffer is aligned and advised to use transparent huge
+// pages, so even a miss faults once per 2 MiB rather than once per 4 KiB.
 //
 // Ownership: a storage owns its buffer until released; then the cache owns
 // it (or frees it when full). The cache is process-wide: storages outlive

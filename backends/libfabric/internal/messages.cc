@@ -1,10 +1,11 @@
 #include "backends/libfabric/internal/agent_state.h"
 
-#include <c10/core/CPUAllocator.h>
 #include <c10/util/Logging.h>
 
 #include <cstring>
 #include <exception>
+
+#include "core/internal/receive_buffers.h"
 
 namespace tether::backends::libfabric::internal {
 
@@ -317,10 +318,9 @@ absl::Status State::set_up_segments(Arrival& in, absl::string_view bytes) {
     message.payload.resize(body->segments[0].size);
     message.storages.reserve(body->segments.size() - 1);
     for (size_t i = 1; i < body->segments.size(); ++i) {
-      message.storages.emplace_back(c10::Storage::use_byte_size_t(),
-                                    static_cast<size_t>(body->segments[i].size),
-                                    c10::GetCPUAllocator(),
-                                    /*resizable=*/false);
+      // Large ones reuse buffers that received earlier tensors.
+      message.storages.push_back(tether::internal::receive_storage(
+          static_cast<size_t>(body->segments[i].size)));
     }
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat(
