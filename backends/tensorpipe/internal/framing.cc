@@ -163,7 +163,7 @@ namespace {
 
 // The payload (the codec's envelope, some hundred bytes beside a tensor)
 // and the storages are bounded apart, as decode_header() bounds them: a
-// 16 KiB tensor travels inline with its envelope instead of taking the
+// 64 KiB tensor travels inline with its envelope instead of taking the
 // channel's path (a second frame and the channel's own round of writes).
 bool fits_inline(const OutgoingFrame& frame) {
   uint64_t bytes = 0;

@@ -70,8 +70,12 @@ struct AuthFrame {
 };
 
 // A payload up to this many bytes, with storages together up to as many,
-// travels inline.
-constexpr uint64_t kInlineLimit = 16 << 10;
+// travels inline. 64 KiB: a message out of line pays a second read of the
+// pipe (and its hand-off to the agent's io thread) on each side, which
+// costs more than copying 64 KiB twice; a larger inline frame no longer
+// fits one loopback segment and was slower than the channel
+// (docs/benchmarks.md, "Mid-size messages inline up to 64 KiB").
+constexpr uint64_t kInlineLimit = 64 << 10;
 
 struct FrameHeader {
   FrameKind kind = FrameKind::kRequest;

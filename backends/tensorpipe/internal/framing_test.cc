@@ -180,8 +180,8 @@ TEST(Framing, SmallMessageTravelsInlineInTheMetadata) {
   EXPECT_EQ(static_cast<uint8_t*>(received->storages[2].data())[2], 2);
 }
 
-// A 16 KiB tensor with its envelope (payload and storages over the limit
-// together, each within it) still travels inline; one byte more of
+// A tensor of the inline limit with its envelope (payload and storages
+// over the limit together, each within it) still travels inline; one byte more of
 // storage does not.
 TEST(Framing, PayloadAndStoragesAreBoundedApartForInline) {
   Message request;

@@ -34,7 +34,9 @@
 
 namespace tether::backends::internal {
 
-inline constexpr uint8_t kHandshakeVersion = 1;
+// 2: frames inline up to 64 KiB (framing.h; 16 KiB in version 1, whose
+// peers would refuse the larger ones as malformed).
+inline constexpr uint8_t kHandshakeVersion = 2;
 inline constexpr size_t kMaxHandshakeFrameBytes = 4096;
 
 enum class HandshakeKind : uint8_t { kHello = 1, kProof = 2, kVerdict = 3 };
