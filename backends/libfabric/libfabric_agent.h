@@ -136,9 +136,13 @@
 // Memory: world size x (credits + 1) receive buffers and 64 send buffers of
 // threshold + 1 KiB each, plus what the registration cache holds.
 //
-// Threads: each agent runs one progress thread, which alone calls libfabric:
-// it drives the completion queue, runs the request handler and completes
-// send() futures; other threads hand it work through a queue and wake it.
+// Threads: each agent runs one progress thread: it drives the completion
+// queue, runs the request handler and completes send() futures; other
+// threads hand it work through a queue and wake it. Only the holder of the
+// agent's drive token calls libfabric: the progress thread, except while it
+// sleeps; on tcp;ofi_rxm, a caller's thread sends a small request itself
+// when the token is free, and drives the queue while it waits for the
+// answer (the assist, backends/common/fd_assist.h).
 // It sleeps on the completion queue's file descriptor where the provider
 // has one (tcp;ofi_rxm); where the queue must be polled (shm), same-host
 // peers ring its doorbell (a Unix datagram socket named in the address

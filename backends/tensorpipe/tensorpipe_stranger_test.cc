@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -171,14 +172,40 @@ std::vector<Listening> listening_sockets(pid_t pid) {
   return found;
 }
 
-int open_files() {
-  int count = 0;
+// This process's open files, by descriptor: what each one is (a socket's
+// or pipe's inode, a file's path), the directory stream's own left out.
+std::map<int, std::string> open_file_list() {
+  std::map<int, std::string> files;
   DIR* fds = ::opendir("/proc/self/fd");
+  const int own = ::dirfd(fds);
   while (dirent* entry = ::readdir(fds)) {
-    if (entry->d_name[0] != '.') ++count;
+    int fd = -1;
+    if (entry->d_name[0] == '.' || !absl::SimpleAtoi(entry->d_name, &fd) ||
+        fd == own) {
+      continue;
+    }
+    char target[256] = {0};
+    const std::string link = absl::StrCat("/proc/self/fd/", fd);
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+    files[fd] = n > 0 ? std::string(target, n) : "?";
   }
   ::closedir(fds);
-  return count - 1;  // the directory stream itself
+  return files;
+}
+
+int open_files() { return static_cast<int>(open_file_list().size()); }
+
+// The descriptors of `after` that are not in `before` as they were.
+std::string new_files(const std::map<int, std::string>& before,
+                      const std::map<int, std::string>& after) {
+  std::string out;
+  for (const auto& [fd, what] : after) {
+    auto it = before.find(fd);
+    if (it == before.end() || it->second != what) {
+      absl::StrAppend(&out, " ", fd, " -> ", what, ";");
+    }
+  }
+  return out.empty() ? " none" : out;
 }
 
 // A connected socket to `to`, or -1 (errno set).
@@ -367,8 +394,10 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         set_key(store, absl::StrCat("test/warm", rank), "1");
         wait_key(store, absl::StrCat("test/warm", 1 - rank));
         int baseline = 0;
+        std::map<int, std::string> before;
         if (rank == 1) {
-          baseline = open_files();
+          before = open_file_list();
+          baseline = static_cast<int>(before.size());
           set_key(store, "test/pid", absl::StrCat(::getpid()));
         }
         Caller caller(**agent, peer);
@@ -407,7 +436,8 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
           }
           EXPECT_EQ(now, baseline)
               << "open files before the attack: " << baseline
-              << ", after: " << now;
+              << ", after: " << now << "; new or changed:"
+              << new_files(before, open_file_list());
         }
         set_key(store, absl::StrCat("test/done", rank), "1");
         wait_key(store, absl::StrCat("test/done", 1 - rank));

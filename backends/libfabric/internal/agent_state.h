@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "backends/common/agent_skeleton.h"
+#include "backends/common/fd_assist.h"
 #include "backends/common/peer_table.h"
 #include "backends/libfabric/internal/fabric.h"
 #include "backends/libfabric/internal/frame.h"
@@ -80,12 +81,17 @@ namespace frame = libfabric::internal;
 // thread uses it until shutdown() has joined that thread.
 //
 // Thread safety: the creating thread runs init() before the progress thread
-// exists; from then on the progress thread (run()) alone calls libfabric
-// and alone touches the members under "the progress thread's own". Other
-// threads hand it work with post() and wake() (commands_, under the
-// skeleton's mu_); the members set by the constructor and by init() before
-// the thread starts are const.
-class State : public common::AgentSkeleton<State, int> {
+// exists; from then on only the thread that holds the drive token
+// (drive_mu_) calls libfabric and touches the members under "the progress
+// thread's own". The progress thread holds it except while it sleeps; a
+// thread waiting for its answer on a provider with a wait descriptor
+// (tcp;ofi_rxm) takes it to drive the completion queue itself (the assist,
+// backends/common/fd_assist.h), and marks itself as the progress thread
+// while it does (t_progress_of). Other threads hand the progress thread work
+// with post() and wake() (commands_, under the skeleton's mu_); the members
+// set by the constructor and by init() before the thread starts are const.
+class State : public common::AgentSkeleton<State, int>,
+              public common::AssistSource {
  public:
   State(AgentSetup setup, Settings settings)
       : AgentSkeleton(setup, kLibfabricNames), settings_(std::move(settings)) {}
@@ -106,6 +112,13 @@ class State : public common::AgentSkeleton<State, int> {
   // record `worker` published (tcp;ofi_rxm), nullopt for shm.
   absl::StatusOr<std::optional<Endpoint>> endpoint_of(
       const WorkerInfo& worker) const;
+
+  // The assist (progress.cc), from a thread that waits for an answer: it
+  // takes the completion queue's descriptor from the progress thread's
+  // watch and drives the queue itself, with the drive token.
+  int begin_assist() override ABSL_LOCKS_EXCLUDED(drive_mu_, assist_mu_);
+  bool assist_step() override ABSL_LOCKS_EXCLUDED(drive_mu_);
+  void end_assist() override ABSL_LOCKS_EXCLUDED(drive_mu_, assist_mu_);
 
  private:
   friend class AgentSkeleton<State, int>;
@@ -142,12 +155,18 @@ class State : public common::AgentSkeleton<State, int> {
   void on_peer_removed(const WorkerInfo& worker);
 
   // ---- any thread (api.cc)
+  // From a thread other than the progress thread, with the drive token if
+  // it is free (progress.cc): sends `request` (moved from only then) at
+  // once when it is a small request to a ready peer with nothing queued
+  // before it, saving the progress thread's wake-up; false otherwise.
+  bool send_directly(int rank, int64_t id, Message& request)
+      ABSL_LOCKS_EXCLUDED(drive_mu_, mu_);
   // Runs `command` on the progress thread; false once shut down.
   bool post(std::function<void()> command) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `command` on the progress thread and waits until it has run:
   // CANCELLED once shut down, DEADLINE_EXCEEDED ("... did not <doing>
-  // within 10s") if the thread does not get to it. Not from the progress
-  // thread (it would wait for itself).
+  // within 10s") if the thread does not get to it. On the progress thread
+  // (or a thread assisting it) it runs `command` at once.
   absl::Status call_on_progress_thread(std::function<void()> command,
                                        absl::string_view doing)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -185,6 +204,12 @@ class State : public common::AgentSkeleton<State, int> {
   // (progress.cc)
   void run();
   bool run_commands(bool* stop) ABSL_LOCKS_EXCLUDED(mu_);
+  // One round of the loop's work, with the drive token: kWorked if there
+  // was some, kIdle once nothing is left and the completion queue's
+  // descriptor is armed (fi_trywait), kStopped once shut down.
+  enum class Drove { kWorked, kIdle, kStopped };
+  Drove drive_once();
+
   // Sleeps until woken or until a timeout; true if the timeout ran out.
   bool idle(absl::Time next_tick, absl::Duration* poll_sleep,
             absl::Duration* nap);
@@ -286,12 +311,29 @@ class State : public common::AgentSkeleton<State, int> {
   // thread
   int event_fd_ = -1;
   int epoll_fd_ = -1;
+  // The completion queue's wait descriptor (-1: a polled provider).
+  int cq_fd_ = -1;
   // Polled providers: a Unix datagram socket that same-host peers write a
   // byte to after each frame they send us, so that an idle progress thread
   // can sleep instead of polling (its name is published in our record).
   int doorbell_fd_ = -1;
   std::string doorbell_name_;
   std::atomic<bool> sleeping_{false};
+
+  // ---- the drive token: held by the progress thread except while it
+  // sleeps, or by a thread assisting (progress.cc)
+  absl::Mutex drive_mu_;
+  // Threads assisting: while any, the progress thread does not watch the
+  // completion queue's descriptor.
+  absl::Mutex assist_mu_;
+  int assistants_ ABSL_GUARDED_BY(assist_mu_) = 0;
+  // The progress thread has closed the fabric: nothing may drive it.
+  bool torn_down_ ABSL_GUARDED_BY(drive_mu_) = false;
+  // The progress thread runs (set once it holds the token).
+  bool driving_ ABSL_GUARDED_BY(drive_mu_) = false;
+  // A caller's thread sends with the token (send_directly()): what would
+  // complete futures goes to the progress thread instead.
+  bool sending_directly_ ABSL_GUARDED_BY(drive_mu_) = false;
 
   // ---- the progress thread's own (and init()'s, before it starts)
   // WARNING: declared first, destroyed last: what follows may hold its

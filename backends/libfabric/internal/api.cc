@@ -25,6 +25,10 @@ bool State::post(std::function<void()> command) {
 
 absl::Status State::call_on_progress_thread(std::function<void()> command,
                                             absl::string_view doing) {
+  if (on_own_thread()) {  // an assisting thread, which holds the token
+    command();
+    return absl::OkStatus();
+  }
   auto done = std::make_shared<absl::Notification>();
   if (!post([command = std::move(command), done] {
         command();
@@ -81,11 +85,18 @@ Future<Message> State::start_send(const common::Peer& peer, Message request,
       return std::move(pending.response);
     }
   }
-  // Once shut down, shutdown() fails it.
-  post([this, rank = peer.info.id, id = pending.id,
-        request = std::move(request)]() mutable {
-    start_request(rank, id, std::move(request));
-  });
+  const bool assisted = cq_fd_ >= 0 && !on_own_thread();
+  // Sent from this thread when it can go at once (progress.cc), else by the
+  // progress thread; once shut down, shutdown() fails it.
+  if (!assisted || !send_directly(peer.info.id, pending.id, request)) {
+    post([this, rank = peer.info.id, id = pending.id,
+          request = std::move(request)]() mutable {
+      start_request(rank, id, std::move(request));
+    });
+  }
+  // If this thread now waits for the answer, it reads the completion queue
+  // itself (the assist; progress.cc).
+  if (assisted) common::arm_fd_assist(weak_from_this());
   return std::move(pending.response);
 }
 

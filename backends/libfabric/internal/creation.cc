@@ -262,6 +262,7 @@ absl::Status State::set_up_wakeups() {
                           length - offsetof(sockaddr_un, sun_path));
     return absl::OkStatus();
   }
+  cq_fd_ = fabric_->wait_fd();
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) {
     return absl::InternalError(

@@ -25,6 +25,12 @@ void State::heard_from(Peer& peer) {
 }
 
 void State::fail_peer(int rank, const absl::Status& status) {
+  if (sending_directly_) {
+    // Inside a caller's send(): no future completes there (its callbacks
+    // could take the caller's locks); the progress thread fails them.
+    post([this, rank, status] { fail_peer(rank, status); });
+    return;
+  }
   Peer& peer = ranks_[rank];
   if (peer.lost) return;
   if (!peer.requests.empty() || !peer.transfers.empty() ||

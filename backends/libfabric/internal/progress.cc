@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 #include "backends/libfabric/internal/shared_endpoints.h"
 
@@ -30,6 +31,8 @@ constexpr absl::Duration kLongestNap = absl::Milliseconds(20);
 }  // namespace
 
 void State::run() {
+  drive_mu_.Lock();
+  driving_ = true;
   t_progress_of = this;
   absl::Time last_work = absl::Now();
   absl::Time next_tick = last_work + tick_;
@@ -64,7 +67,9 @@ void State::run() {
     woke_by_timeout = idle(next_tick, &poll_sleep, &nap);
   }
   teardown();
+  torn_down_ = true;
   t_progress_of = nullptr;
+  drive_mu_.Unlock();
 }
 
 bool State::run_commands(bool* stop) {
@@ -120,17 +125,23 @@ bool State::idle(absl::Time next_tick, absl::Duration* poll_sleep,
   bool ran_out = false;
   sleeping_.store(true);
   if (!has_commands()) {
+    // The drive token is free while this thread sleeps: a thread waiting
+    // for its answer may drive the queue meanwhile (the assist).
     if (polled) {
       pollfd wakeups[2] = {{event_fd_, POLLIN, 0}, {doorbell_fd_, POLLIN, 0}};
       const timespec wait = absl::ToTimespec(timeout);
+      drive_mu_.Unlock();
       ran_out = ::ppoll(wakeups, doorbell_fd_ >= 0 ? 2 : 1, &wait, nullptr) == 0;
+      drive_mu_.Lock();
     } else {
       fid* fids[] = {&fabric_->cq()->fid};
       if (fi_trywait(fabric_->fabric(), fids, 1) == FI_SUCCESS) {
         epoll_event events[2];
         const int ms = static_cast<int>(
             absl::ToInt64Milliseconds(timeout + absl::Microseconds(999)));
+        drive_mu_.Unlock();
         ran_out = ::epoll_wait(epoll_fd_, events, 2, ms) == 0;
+        drive_mu_.Lock();
       }
     }
   }
@@ -138,6 +149,139 @@ bool State::idle(absl::Time next_tick, absl::Duration* poll_sleep,
   uint64_t count = 0;
   [[maybe_unused]] ssize_t got = ::read(event_fd_, &count, sizeof(count));
   return ran_out;
+}
+
+// ---- the assist
+
+namespace {
+
+// Rounds of work an assisting thread does when it starts, before it polls
+// the descriptor; a queue still busy after them is left to the progress
+// thread.
+constexpr int kAssistStartRounds = 64;
+
+
+// While a thread other than the progress thread drives the queue.
+class Driving {
+ public:
+  explicit Driving(const void* state)
+      : outer_(std::exchange(t_progress_of, state)) {}
+  ~Driving() { t_progress_of = outer_; }
+
+ private:
+  const void* const outer_;
+};
+
+}  // namespace
+
+int State::begin_assist() {
+  if (cq_fd_ < 0 || t_progress_of == this) return -1;
+  {
+    absl::MutexLock lock(&assist_mu_);
+    if (assistants_++ == 0) {
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, cq_fd_, nullptr);
+    }
+  }
+  // The descriptor only signals what comes after an fi_trywait that
+  // succeeded. If the progress thread holds the token, it is working and
+  // calls fi_trywait before it sleeps again; otherwise this thread does.
+  if (!drive_mu_.TryLock()) return cq_fd_;
+  Drove drove = Drove::kStopped;
+  if (driving_ && !torn_down_) {
+    Driving driving(this);
+    for (int round = 0; round < kAssistStartRounds; ++round) {
+      drove = drive_once();
+      if (drove != Drove::kWorked) break;
+    }
+  }
+  drive_mu_.Unlock();
+  if (drove == Drove::kIdle) return cq_fd_;
+  end_assist();
+  return -1;
+}
+
+bool State::assist_step() {
+  absl::MutexLock token(&drive_mu_);
+  if (torn_down_) return false;
+  Driving driving(this);
+  for (;;) {
+    switch (drive_once()) {
+      case Drove::kIdle:
+        return true;
+      case Drove::kStopped:
+        return false;
+      case Drove::kWorked:
+        break;
+    }
+  }
+}
+
+bool State::send_directly(int rank, int64_t id, Message& request) {
+  if (!drive_mu_.TryLock()) return false;
+  bool sent = false;
+  bool more = false;
+  if (driving_ && !torn_down_ && !has_commands() && installed(rank)) {
+    const Peer& peer = ranks_[rank];
+    // An eager frame that goes at once: nothing queued before it to the
+    // peer (a thread's requests leave in order), no rendezvous or handshake
+    // to start, a credit and a send buffer free.
+    // The frame as send_message() lays it out, every segment inline.
+    std::vector<SegmentDesc> segments(1 + request.storages.size());
+    segments[0].size = request.payload.size();
+    bool small = segments[0].size < threshold_;
+    for (size_t i = 0; i < request.storages.size(); ++i) {
+      segments[i + 1].size = request.storages[i].nbytes();
+      small = small && segments[i + 1].size < threshold_;
+    }
+    const uint64_t frame_bytes = frame::kHeaderSize +
+                                 frame::kMessageHeadSize +
+                                 frame::body_size(segments);
+    if (small && frame_bytes <= peer.buffer_size && !peer.lost &&
+        peer.queue.empty() && peer.credits > 0 &&
+        (!auth_ || peer.client_auth == Peer::ClientAuth::kReady) &&
+        !free_send_buffers_.empty() && have_tx_room()) {
+      Driving driving(this);
+      sending_directly_ = true;
+      start_request(rank, id, std::move(request));
+      sending_directly_ = false;
+      sent = true;
+      // Refused by the provider meanwhile (queued): the progress thread
+      // sends it, if this thread does not wait and assist.
+      more = refused_ || !queued_ranks_.empty();
+    }
+  }
+  drive_mu_.Unlock();
+  if (more) wake();
+  return sent;
+}
+
+void State::end_assist() {
+  {
+    absl::MutexLock lock(&assist_mu_);
+    if (--assistants_ > 0) return;
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = cq_fd_;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, cq_fd_, &event);
+  }
+  // What the assist leaves to do, the progress thread does (it may be
+  // asleep until its next tick); if it holds the token, it is at work.
+  if (!drive_mu_.TryLock()) return;
+  const bool more = !torn_down_ && (waiting() || refused_);
+  drive_mu_.Unlock();
+  if (more) wake();
+}
+
+State::Drove State::drive_once() {
+  bool stop = false;
+  bool worked = run_commands(&stop);
+  if (stop) return Drove::kStopped;
+  worked |= poll_completions();
+  worked |= pump();
+  if (worked) return Drove::kWorked;
+  fid* fids[] = {&fabric_->cq()->fid};
+  return fi_trywait(fabric_->fabric(), fids, 1) == FI_SUCCESS ? Drove::kIdle
+                                                               : Drove::kWorked;
 }
 
 bool State::waiting() {

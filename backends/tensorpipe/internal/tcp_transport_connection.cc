@@ -4,126 +4,19 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 #include <utility>
 
-#include "core/future.h"
-
+#include "backends/common/fd_assist.h"
 #include "backends/tensorpipe/internal/tcp_transport_listener.h"
 
 namespace tether::backends::internal::tcp {
-namespace {
-
-// One per thread that writes: the thread's side of the assist. Its eventfd
-// is made at its first wait, so a thread that writes but never waits for a
-// future (the agent's io thread, a pool thread answering) holds none.
-class Assistant final : public tether::internal::WaitAssist {
- public:
-  ~Assistant() override {
-    if (tether::internal::wait_assist == this) {
-      tether::internal::wait_assist = nullptr;
-    }
-    if (const int fd = event_fd_.load(); fd >= 0) ::close(fd);
-  }
-
-  void arm(std::weak_ptr<ConnectionImpl> connection) {
-    connection_ = std::move(connection);
-    tether::internal::wait_assist = this;
-  }
-
-  void wait(const std::atomic<bool>& done, absl::Time deadline) override {
-    std::shared_ptr<ConnectionImpl> connection =
-        std::exchange(connection_, {}).lock();
-    if (connection == nullptr) return;
-    int event_fd = event_fd_.load();
-    if (event_fd < 0) {
-      event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-      if (event_fd < 0) return;
-      event_fd_.store(event_fd);
-      // A wake() that found no eventfd yet (it sets signalled_ first).
-      if (signalled_.load()) return;
-    }
-    const int fd = connection->begin_assist();
-    if (fd < 0) return;
-    // Polls the socket first if waits may spin (RpcOptions::busy_poll): a
-    // thread that is running needs no wake-up when the answer comes.
-    if (const int64_t spin =
-            tether::internal::wait_spin_ns.load(std::memory_order_relaxed);
-        spin > 0) {
-      const absl::Time until =
-          std::min(deadline, absl::Now() + absl::Nanoseconds(spin));
-      while (!done.load(std::memory_order_acquire) && absl::Now() < until) {
-        pollfd socket = {fd, POLLIN, 0};
-        const int n = ::poll(&socket, 1, 0);
-        if (n < 0 && errno != EINTR) break;
-        if (n > 0 && !connection->assist_read()) break;
-      }
-    }
-    while (!done.load(std::memory_order_acquire)) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) break;
-      // Bounded, so that a socket the loop closed meanwhile (its number
-      // perhaps reused) is noticed by assist_read().
-      const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
-          absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-          1, 1000));
-      pollfd fds[2] = {{fd, POLLIN, 0}, {event_fd, POLLIN, 0}};
-      const int n = ::poll(fds, 2, timeout_ms);
-      if (n < 0 && errno != EINTR) break;
-      if (n <= 0) {
-        if (!connection->assist_read()) break;
-        continue;
-      }
-      if (fds[1].revents != 0) break;  // woken: the future is complete
-      if (!connection->assist_read()) break;
-    }
-    connection->end_assist();
-  }
-
-  void wake() override {
-    if (std::this_thread::get_id() == owner_) return;
-    signalled_.store(true);
-    if (const int fd = event_fd_.load(); fd >= 0) {
-      const uint64_t one = 1;
-      [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof(one));
-    }
-  }
-
-  // Every wake() of this wait came before (under the future's lock, which
-  // the waiter took since): the eventfd is read only if one came.
-  void settle() override {
-    if (!signalled_.exchange(false)) return;
-    uint64_t count = 0;
-    const int fd = event_fd_.load();
-    while (fd >= 0 && ::read(fd, &count, sizeof(count)) > 0) {
-    }
-  }
-
- private:
-  std::atomic<int> event_fd_{-1};
-  const std::thread::id owner_ = std::this_thread::get_id();
-  // Sequentially consistent with event_fd_: a wake() either finds the
-  // eventfd or is seen by the wait that made it.
-  std::atomic<bool> signalled_{false};
-  std::weak_ptr<ConnectionImpl> connection_;
-};
-
-void arm_assist(std::weak_ptr<ConnectionImpl> connection) {
-  thread_local Assistant assistant;
-  assistant.arm(std::move(connection));
-}
-
-}  // namespace
 
 int ConnectionImpl::begin_assist() {
   if (context_->inLoop()) return -1;
@@ -137,7 +30,7 @@ int ConnectionImpl::begin_assist() {
   return fd;
 }
 
-bool ConnectionImpl::assist_read() {
+bool ConnectionImpl::assist_step() {
   bool more = false;
   context_->run_in_loop([this, &more] {
     if (!wants_input()) return;
@@ -328,7 +221,7 @@ void ConnectionImpl::readImplFromLoop(tp::AbstractNopHolder& object,
 
 void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
                                        write_callback_fn fn) {
-  if (!context_->on_poller()) arm_assist(shared_from_this());
+  if (!context_->on_poller()) common::arm_fd_assist(shared_from_this());
   WriteOp op;
   op.header = length;
   op.ptr = static_cast<const char*>(ptr);

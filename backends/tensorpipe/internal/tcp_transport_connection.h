@@ -7,14 +7,13 @@
 // is in it; tcp_transport_context.h), but the three of the assist, which
 // any thread outside it calls.
 //
-// The assist (tether::internal::WaitAssist, core/future.h): a thread other
-// than the poller that writes a frame arms it, and when that thread then
-// waits for a future (the answer to its request, as a rule), it stops the
-// poller from reading this connection, waits in poll() on the socket and
-// on its own eventfd, and reads and handles what arrives itself, until its
-// future completes (the completer wakes it through the eventfd when that
-// is another thread). The answer then costs one wake-up, of the thread
-// that wants it, instead of two (the poller's, then the waiter's).
+// The assist (backends/common/fd_assist.h): a thread other than the
+// poller that writes a frame arms it, and when that thread then waits for
+// a future (the answer to its request, as a rule), it stops the poller
+// from reading this connection, waits in poll() on the socket and on its
+// own eventfd, and reads and handles what arrives itself, until its future
+// completes. The answer then costs one wake-up, of the thread that wants
+// it, instead of two (the poller's, then the waiter's).
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_
 
@@ -32,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/common/fd_assist.h"
 #include "backends/tensorpipe/internal/tcp_handshake.h"
 #include "backends/tensorpipe/internal/tcp_transport_context.h"
 #include "core/auth/handshake.h"
@@ -49,7 +49,8 @@ inline constexpr size_t kMaxIov = 64;
 class ConnectionImpl final
     : public tpt::ConnectionImplBoilerplate<ContextImpl, ListenerImpl,
                                             ConnectionImpl>,
-      public Handler {
+      public Handler,
+      public common::AssistSource {
  public:
   // Accepted by `listener` (its key for this connection: `key`).
   ConnectionImpl(ConstructorToken token, std::shared_ptr<ContextImpl> context,
@@ -77,13 +78,13 @@ class ConnectionImpl final
 
   // The assist; any thread not in the loop. begin_assist(): the poller
   // stops reading this connection; returns its socket, or -1 if it cannot
-  // be assisted (not established, failed). assist_read(): the socket is
+  // be assisted (not established, failed). assist_step(): the socket is
   // readable (or hung up): reads and handles what came; false once the
   // connection cannot be assisted any longer. end_assist(): the poller
   // reads it again.
-  int begin_assist();
-  bool assist_read();
-  void end_assist();
+  int begin_assist() override;
+  bool assist_step() override;
+  void end_assist() override;
 
  protected:
   void initImplFromLoop() override;
