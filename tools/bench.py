@@ -24,10 +24,10 @@ register_builtin_backends), so new backends appear once registered.
 
 Raw baselines: bench_worker --raw (TCP ping-pong and stream between two
 processes, memcpy), plus the tools in EXTERNAL_BASELINES when their binaries
-are built (bare gRPC: //bench:grpc_baseline_benchmark, a data dependency of
-//tools:bench; raw libfabric: //tools:fabric_pingpong), otherwise "n/a". Each variant is compared with
-its own limit (BASELINE_OF). An external tool either is a Google Benchmark
-binary (parse_gbench) or prints, from rank 0, one line
+are built (bare gRPC: //tools:grpc_pingpong, a data dependency of
+//tools:bench; raw libfabric: //tools:fabric_pingpong), otherwise "n/a".
+Each variant is compared with its own limit (BASELINE_OF). An external
+tool runs under tether_run --nproc 2 and prints, from rank 0, one line
 `JSON {"p50_us": <smallest round trip>, "sweep": [{"bytes": B, "p50_us": T,
 "GBps": G}, ...]}` (parse_json_line).
 
@@ -297,28 +297,6 @@ def raw_record(label, status="ok", small_p50_us=None, bw_GBps=None,
             "note": note}
 
 
-def parse_gbench(text, name_filter):
-    """Rows {bytes, p50_us, GBps} of a Google Benchmark JSON report, for the
-    benchmarks whose name starts with `name_filter` (argument = bytes).
-    Google Benchmark reports means per iteration, not medians."""
-    report = json.loads(text)
-    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
-    rows = []
-    for b in report.get("benchmarks", []):
-        name = b.get("name", "")
-        if not name.startswith(name_filter) or b.get("run_type") == "aggregate":
-            continue
-        m = re.match(r"[^/]+/(\d+)", name)
-        if not m:
-            continue
-        size = int(m.group(1))
-        us = b["real_time"] * scale.get(b.get("time_unit", "ns"), 1e-3)
-        rows.append({"bytes": size, "p50_us": us,
-                     "GBps": b.get("bytes_per_second", 0) / 1e9})
-    rows.sort(key=lambda r: r["bytes"])
-    return rows
-
-
 def from_sweep(label, sweep, note=""):
     """A baseline record from sweep rows: smallest size's latency, largest
     (up to 64 MiB) size's bandwidth."""
@@ -330,18 +308,18 @@ def from_sweep(label, sweep, note=""):
                       note=note)
 
 
-def grpc_baseline(args, exe):
-    min_time = "0.05" if args.quick else "0.5"
-    code, out, err = run([exe, "--benchmark_format=json",
-                          "--benchmark_filter=BM_GrpcStreamPingPong",
-                          "--benchmark_min_time=" + min_time], args.timeout)
-    if code != 0:
-        return raw_record("bare gRPC", "failed: exit %s: %s"
-                          % (code, tail(err)))
-    rows = parse_gbench(out, "BM_GrpcStreamPingPong")
-    return from_sweep("bare gRPC", rows,
-                      "one stream, one process; means; sizes up to %s"
-                      % (human_bytes(rows[-1]["bytes"]) if rows else "?"))
+def grpc_baseline(api, label):
+    def measure(args, exe):
+        argv = [exe, "--api=" + api] + common_args(args)
+        result = run_two_process(args, argv, args.timeout)
+        if result.get("status", "ok") != "ok":
+            return raw_record(label, result["status"])
+        if "sweep" in result:
+            return from_sweep(label, result["sweep"],
+                              "one stream, two processes, %s API" % api)
+        return raw_record(label, "n/a: output not understood (see "
+                          "tools/bench.py: parse_json_line)")
+    return measure
 
 
 def fabric_baseline(provider):
@@ -361,7 +339,11 @@ def fabric_baseline(provider):
 
 # Pluggable: (label, binary relative to bazel-bin, measure(args, exe)).
 EXTERNAL_BASELINES = [
-    ("bare gRPC", "bench/grpc_baseline_benchmark", grpc_baseline),
+    # The library's limit between two processes: completion queues the
+    # caller's thread drives; and the callback API the backend uses.
+    ("bare gRPC", "tools/grpc_pingpong", grpc_baseline("queue", "bare gRPC")),
+    ("bare gRPC, callback API", "tools/grpc_pingpong",
+     grpc_baseline("callback", "bare gRPC, callback API")),
     ("raw libfabric tcp;ofi_rxm", "tools/fabric_pingpong",
      fabric_baseline("tcp;ofi_rxm")),
     ("raw libfabric shm", "tools/fabric_pingpong", fabric_baseline("shm")),
@@ -546,8 +528,7 @@ def limit_rows(results):
         lb = results["baselines"].get(lat_base, {})
         bb = results["baselines"].get(bw_base, {})
         lat = ratio(v.get("builtin_rpc_sync_p50_us"), lb.get("small_p50_us"))
-        # At the baseline's largest size when it stops short of 64 MiB
-        # (bare gRPC's benchmark goes to 16 MiB).
+        # At the baseline's largest size when it stops short of 64 MiB.
         bw_bytes = bb.get("bw_bytes") or BIG
         at_size = [r["GBps"] for r in v.get("sweep", [])
                    if r["bytes"] == bw_bytes]

@@ -47,19 +47,10 @@ class ParseTest(unittest.TestCase):
         self.assertEqual(bench.parse_json_line(text), {"a": 1})
         self.assertIsNone(bench.parse_json_line("[0] no json here\n"))
 
-    def test_google_benchmark_report(self):
-        report = {"benchmarks": [
-            {"name": "BM_GrpcStreamPingPong/1048576/real_time",
-             "run_type": "iteration", "real_time": 500.0, "time_unit": "us",
-             "bytes_per_second": 4.2e9},
-            {"name": "BM_GrpcStreamPingPong/0/real_time",
-             "run_type": "iteration", "real_time": 40000.0,
-             "time_unit": "ns", "bytes_per_second": 0},
-            {"name": "BM_GrpcUnaryPingPong/0/real_time",
-             "run_type": "iteration", "real_time": 1.0, "time_unit": "ms"}]}
-        rows = bench.parse_gbench(json.dumps(report), "BM_GrpcStreamPingPong")
-        self.assertEqual([r["bytes"] for r in rows], [0, 1 << 20])
-        self.assertAlmostEqual(rows[0]["p50_us"], 40.0)
+    def test_baseline_record_from_a_sweep(self):
+        rows = [{"bytes": 8, "p50_us": 40.0, "GBps": 0.0},
+                {"bytes": 1 << 20, "p50_us": 500.0, "GBps": 4.2},
+                {"bytes": 128 << 20, "p50_us": 9e4, "GBps": 3.0}]
         record = bench.from_sweep("bare gRPC", rows)
         self.assertEqual(record["small_p50_us"], 40.0)
         self.assertAlmostEqual(record["bw_GBps"], 4.2)

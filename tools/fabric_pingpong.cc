@@ -46,13 +46,16 @@
 
 #include "backends/libfabric/internal/fabric.h"
 #include "tools/internal/launcher_env.h"
+#include "tools/internal/pingpong.h"
 
 namespace {
 
 using tether::backends::libfabric::internal::Fabric;
 using tether::backends::libfabric::internal::FabricOptions;
 using tether::backends::libfabric::internal::MemoryRegion;
-using Clock = std::chrono::steady_clock;
+using ::tether::bench::Clock;
+using ::tether::bench::Latency;
+using ::tether::bench::PingPongFlags;
 
 constexpr uint64_t kTag = 7;
 constexpr int kWindow = 16;
@@ -152,37 +155,19 @@ void receive(Endpoint& ep, char* buffer, size_t size, void* desc) {
       "fi_trecv");
 }
 
-struct Latency {
-  size_t size;
-  double p50_us;
-  double p99_us;
-};
-
-Latency ping_pong(Endpoint& ep, int rank, char* buffer, void* desc, size_t size,
-                  int iterations) {
-  std::vector<double> samples;
-  for (int i = -iterations / 10; i < iterations; ++i) {  // warm-up first
-    const auto start = Clock::now();
-    if (rank == 0) {
-      receive(ep, buffer, size, desc);
-      send(ep, buffer, size, desc);
-      ep.wait(2 - ep.take_early());
-    } else {
-      receive(ep, buffer, size, desc);
-      ep.wait(1 - ep.take_early());
-      send(ep, buffer, size, desc);
-      ep.wait(1 - ep.take_early());
-    }
-    if (i >= 0) {
-      samples.push_back(
-          std::chrono::duration<double, std::micro>(Clock::now() - start)
-              .count());
-    }
+// One round trip of `size` bytes: rank 0 sends, rank 1 sends it back.
+void round_trip(Endpoint& ep, int rank, char* buffer, void* desc,
+                size_t size) {
+  if (rank == 0) {
+    receive(ep, buffer, size, desc);
+    send(ep, buffer, size, desc);
+    ep.wait(2 - ep.take_early());
+  } else {
+    receive(ep, buffer, size, desc);
+    ep.wait(1 - ep.take_early());
+    send(ep, buffer, size, desc);
+    ep.wait(1 - ep.take_early());
   }
-  std::sort(samples.begin(), samples.end());
-  return Latency{
-      size, samples[samples.size() / 2],
-      samples[std::min(samples.size() - 1, samples.size() * 99 / 100)]};
 }
 
 // GB/s of `count` messages of `size` bytes, rank 0 to rank 1.
@@ -271,9 +256,7 @@ double read_bandwidth(Endpoint& ep, int rank, c10d::Store& store, char* buffer,
 int main(int argc, char** argv) {
   std::string provider = "tcp;ofi_rxm";
   std::string wait = "fd";
-  int iterations = 2000;
-  bool quick = false;
-  int64_t max_bytes = int64_t{64} << 20;
+  PingPongFlags flags;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--provider=", 0) == 0) {
@@ -281,22 +264,14 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--wait=", 0) == 0 &&
                (arg.substr(7) == "fd" || arg.substr(7) == "poll")) {
       wait = arg.substr(7);
-    } else if (arg.rfind("--iterations=", 0) == 0 &&
-               absl::SimpleAtoi(arg.substr(13), &iterations) &&
-               iterations >= 10) {
-    } else if (arg == "--quick") {
-      quick = true;
-    } else if (arg.rfind("--max_bytes=", 0) == 0 &&
-               absl::SimpleAtoi(arg.substr(12), &max_bytes) && max_bytes >= 8) {
-    } else {
+    } else if (!flags.parse(arg)) {
       std::fprintf(stderr,
                    "usage: fabric_pingpong [--provider=NAME] "
-                   "[--wait=fd|poll] [--iterations=N>=10] [--quick] "
-                   "[--max_bytes=N>=8]\n");
+                   "[--wait=fd|poll] %s\n",
+                   PingPongFlags::kUsage);
       return 2;
     }
   }
-  if (quick) iterations = std::min(iterations, 300);
   const tether::LauncherEnv env = tether::bench::launched("fabric_pingpong");
   const int rank = env.rank;
   if (env.world_size != 2) die("run with --nproc 2");
@@ -321,7 +296,7 @@ int main(int argc, char** argv) {
   ep.peer = (*peer)[0];
 
   const size_t largest =
-      std::min(size_t{64} << 20, static_cast<size_t>(max_bytes));
+      std::min(size_t{64} << 20, static_cast<size_t>(flags.max_bytes));
   std::vector<char> buffer(std::max(largest, size_t{16} << 20), 'x');
   absl::StatusOr<std::unique_ptr<MemoryRegion>> region =
       ep.fabric().register_memory(
@@ -332,15 +307,11 @@ int main(int argc, char** argv) {
   void* desc = (*region)->desc();
 
   std::vector<Latency> latencies;
-  for (size_t size :
-       {size_t{8}, size_t{1} << 10, size_t{8} << 10, size_t{64} << 10,
-        size_t{1} << 20, size_t{16} << 20, size_t{64} << 20}) {
-    if (size > largest) break;
-    const int rounds = size >= (size_t{16} << 20)
-                           ? std::max(10, iterations / 100)
-                       : size >= (size_t{64} << 10) ? iterations / 4
-                                                    : iterations;
-    latencies.push_back(ping_pong(ep, rank, buffer.data(), desc, size, rounds));
+  for (size_t size : flags.sizes()) {
+    latencies.push_back(
+        tether::bench::time_round_trips(size, flags.rounds_of(size), [&] {
+          round_trip(ep, rank, buffer.data(), desc, size);
+        }));
   }
   std::vector<std::pair<size_t, double>> tagged;
   std::vector<std::pair<size_t, double>> reads;
@@ -376,14 +347,8 @@ int main(int argc, char** argv) {
               ep.fabric().provider_name().c_str(),
               ep.sleeps() ? "sleeping on the completion queue's fd"
                           : "polling the completion queue");
-  std::printf("%-24s %12s %12s\n", "ping-pong round trip", "p50 us", "p99 us");
+  tether::bench::print_latencies(latencies);
   std::vector<std::string> json;
-  for (const Latency& l : latencies) {
-    std::printf("%-24s %12.1f %12.1f\n", absl::StrCat(l.size, " B").c_str(),
-                l.p50_us, l.p99_us);
-    json.push_back(absl::StrCat("\"rtt_", l.size, "\": {\"p50_us\": ", l.p50_us,
-                                ", \"p99_us\": ", l.p99_us, "}"));
-  }
   std::printf("%-24s %12s %12s\n", "bandwidth", "tagged GB/s", "read GB/s");
   for (size_t i = 0; i < tagged.size(); ++i) {
     const double read = i < reads.size() ? reads[i].second : 0;
@@ -394,17 +359,9 @@ int main(int argc, char** argv) {
                                 "\": {\"tagged_gbps\": ", tagged[i].second,
                                 ", \"read_gbps\": ", read, "}"));
   }
-  std::vector<std::string> sweep;
-  for (const Latency& l : latencies) {
-    sweep.push_back(absl::StrCat(
-        "{\"bytes\": ", l.size, ", \"p50_us\": ", l.p50_us, ", \"GBps\": ",
-        2.0 * static_cast<double>(l.size) / (l.p50_us * 1e3), "}"));
-  }
-  std::printf(
-      "JSON {\"provider\": \"%s\", \"wait\": \"%s\", \"p50_us\": %g, "
-      "\"sweep\": [%s], %s}\n",
-      ep.fabric().provider_name().c_str(), ep.sleeps() ? "fd" : "poll",
-      latencies.front().p50_us, absl::StrJoin(sweep, ", ").c_str(),
-      absl::StrJoin(json, ", ").c_str());
+  std::printf("JSON {\"provider\": \"%s\", \"wait\": \"%s\", %s, %s}\n",
+              ep.fabric().provider_name().c_str(), ep.sleeps() ? "fd" : "poll",
+              tether::bench::sweep_json(latencies).c_str(),
+              absl::StrJoin(json, ", ").c_str());
   return 0;
 }
