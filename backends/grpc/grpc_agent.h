@@ -1,5 +1,5 @@
 // The gRPC backend: agents that talk over gRPC (Debian's gRPC C++ 1.51, the
-// callback API), for clusters where gRPC is the transport that is allowed,
+// async API on completion queues the agent drives), for clusters where gRPC is the transport that is allowed,
 // proxied or secured (TLS, mutual TLS). docs/architecture.md section 2.
 //
 // At creation the agent starts a gRPC server with one generic method,
@@ -60,8 +60,10 @@
 //   grpc.keepalive_timeout_ms  a ping unanswered this long loses the peer
 //                         (default 5000): a silent peer is detected within
 //                         keepalive_ms + keepalive_timeout_ms
-//   grpc.completion_threads  agent threads that run the request handler and
-//                         complete send() futures, 1..64 (default 2)
+//   grpc.completion_threads  completion queues of the agent's streams, each
+//                         with a thread of the agent that drives it, runs
+//                         the request handler and completes send()
+//                         futures, 1..64 (default 1)
 //   grpc.max_message_bytes  largest message (payload and storages) sent or
 //                         accepted (default 2 GiB)
 //   grpc.chunk_bytes      largest piece of a large buffer per frame, 4 KiB to
@@ -73,10 +75,12 @@
 //                         proven it this long after the stream began is
 //                         refused (default 20000)
 //
-// Threads: gRPC's callback threads (shared by every gRPC user in the process)
-// parse frames and never run user code; the agent's completion threads run
-// the request handler and complete send() futures, each stream's messages on
-// one of them in arrival order; one timer thread bounds requests. join() is
+// Threads: the agent's queue threads drive its completion queues (gRPC's
+// async API: each stream's operations complete on one of them, in order),
+// run the request handler and complete send() futures; one task thread runs
+// requests that arrived before start() and deletes ended streams; one timer
+// thread bounds requests. gRPC's own threads (timers, name resolution) carry
+// no message. join() is
 // the store barrier of core/join. The Agent's methods may be called from any
 // thread, shutdown() included from the handler or a future's callback (the
 // joins then finish on a thread of their own).

@@ -59,8 +59,13 @@ absl::Status AgentState::start_server() {
   ::grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, credentials, &port);
-  auto service = std::make_unique<Service>(weak_from_this());
-  builder.RegisterCallbackGenericService(service.get());
+  auto service = std::make_unique<::grpc::AsyncGenericService>();
+  builder.RegisterAsyncGenericService(service.get());
+  std::vector<std::unique_ptr<Queue>> queues;
+  for (int i = 0; i < settings_.completion_threads; ++i) {
+    queues.push_back(std::make_unique<Queue>());
+    queues.back()->queue = builder.AddCompletionQueue();
+  }
   const int frame_limit = static_cast<int>(2 * settings_.chunk_bytes +
                                            grpc_internal::kMaxHeadFrameBytes);
   builder.SetMaxReceiveMessageSize(frame_limit);
@@ -83,13 +88,32 @@ absl::Status AgentState::start_server() {
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 0);
   std::unique_ptr<::grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
+    if (server != nullptr) server->Shutdown();
+    for (const std::unique_ptr<Queue>& queue : queues) {
+      queue->queue->Shutdown();
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->queue->Next(&tag, &ok)) {
+      }
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "gRPC agent of worker '", self_.name, "' cannot listen on ", address,
         " (setting grpc.address)"));
   }
+  for (const std::unique_ptr<Queue>& queue : queues) {
+    queue->thread = std::thread([queue = queue->queue.get(), owner = this] {
+      ScopedMark mark(t_completion_of, owner);
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) QueueStream::complete(tag, ok);
+    });
+    // Waits for a peer's first stream; each arrival asks for the next.
+    new ServerStream(weak_from_this(), service.get(), queue->queue.get());
+  }
   absl::MutexLock lock(&mu_);
   service_ = std::move(service);
   server_ = std::move(server);
+  queues_ = std::move(queues);
   my_address_ = absl::StrCat(settings_.host, ":", port);
   return absl::OkStatus();
 }
@@ -130,17 +154,15 @@ void AgentState::run_deferred_later(Incoming::Deferred deferred) {
     return;
   }
   auto shared = std::make_shared<Incoming::Deferred>(std::move(deferred));
-  post(*link, [shared](AgentState& state) {
+  post([shared](AgentState& state) {
     state.incoming_.run_deferred(std::move(*shared));
   });
 }
 
-bool AgentState::post(const Link& link, std::function<void(AgentState&)> task) {
+bool AgentState::post(std::function<void(AgentState&)> task) {
   absl::MutexLock lock(&mu_);
   if (closed_) return false;
-  SerialExecutor& executor =
-      *completion_[link.connection() % completion_.size()];
-  return executor.post([weak = weak_from_this(), task = std::move(task)] {
+  return tasks_->post([weak = weak_from_this(), task = std::move(task)] {
     std::shared_ptr<AgentState> state = weak.lock();
     if (state == nullptr) return;
     ScopedMark mark(t_completion_of, state.get());
@@ -208,6 +230,8 @@ std::shared_ptr<Link> AgentState::link_for(int rank, int64_t id) {
   std::shared_ptr<Link> link;
   std::shared_ptr<Link> created;
   std::shared_ptr<::grpc::Channel> channel;
+  // Lives until the stream has retired (join_resources() waits for it).
+  ::grpc::CompletionQueue* queue = nullptr;
   std::optional<common::Peer> peer = peers_.by_rank(rank);
   if (!peer.has_value()) {
     // Left the group meanwhile (dynamic groups). Not inside send().
@@ -230,19 +254,21 @@ std::shared_ptr<Link> AgentState::link_for(int rank, int64_t id) {
       std::shared_ptr<::grpc::Channel>& cached = channels_[rank];
       if (cached == nullptr) cached = make_channel(peer->address);
       channel = cached;
+      queue = queue_of(*link);
     }
     // Under mu_: a link leaves links_ under it before its requests fail.
     if (!pending_.set_connection(id, link->connection())) link = nullptr;
   }
   // Opened even if the request is gone: the link is in links_ already.
-  if (created != nullptr) open_stream(created, std::move(channel));
+  if (created != nullptr) open_stream(created, std::move(channel), queue);
   return link;
 }
 
 void AgentState::open_stream(const std::shared_ptr<Link>& link,
-                             std::shared_ptr<::grpc::Channel> channel) {
-  // Deletes itself in OnDone.
-  auto* stream = new ClientStream(link, std::move(channel));
+                             std::shared_ptr<::grpc::Channel> channel,
+                             ::grpc::CompletionQueue* queue) {
+  // Handed to on_link_done() when it retires.
+  auto* stream = new ClientStream(link, std::move(channel), queue);
   stream->start(self_, WorkerInfo{link->peer(), link->rank()});
 }
 
@@ -268,14 +294,11 @@ Future<Message> AgentState::start_send(const common::Peer& peer,
 
 // ------------------------------------------------------------- server side
 
-::grpc::ServerGenericBidiReactor* AgentState::accept(
-    ::grpc::GenericCallbackServerContext* context) {
-  if (context->method() != kMethod) {
-    return new RefusedStream(
-        ::grpc::Status(::grpc::StatusCode::UNIMPLEMENTED,
-                       absl::StrCat("unknown method ", context->method())));
-  }
-  const auto& metadata = context->client_metadata();
+void AgentState::accept(ServerStream& stream) {
+  const ::grpc::GenericServerContext& context = stream.context();
+  std::shared_ptr<Link> link;
+  ::grpc::Status refusal;
+  const auto& metadata = context.client_metadata();
   auto value = [&metadata](const char* key) -> std::string {
     auto it = metadata.find(key);
     if (it == metadata.end()) return "";
@@ -291,25 +314,31 @@ Future<Message> AgentState::start_send(const common::Peer& peer,
   if (parsed) known = peers_.by_rank(rank);
   const bool member =
       known.has_value() ? known->info.name == name : dynamic_ && !name.empty();
-  if (!parsed || !member || value(kToNameKey) != self_.name) {
-    return new RefusedStream(::grpc::Status(
+  if (context.method() != kMethod) {
+    refusal = ::grpc::Status(
+        ::grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("unknown method ", context.method()));
+  } else if (!parsed || !member || value(kToNameKey) != self_.name) {
+    refusal = ::grpc::Status(
         ::grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("worker '", self_.name, "' (rank ", self_.id,
                      ") refuses a stream from '", name, "' (rank ",
                      value(kFromRankKey), ") meant for '", value(kToNameKey),
-                     "': not a member of its group")));
+                     "': not a member of its group"));
   }
-  std::shared_ptr<Link> link;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
-      return new RefusedStream(::grpc::Status(
+      refusal = ::grpc::Status(
           ::grpc::StatusCode::UNAVAILABLE,
-          absl::StrCat("worker '", self_.name, "' has shut down")));
+          absl::StrCat("worker '", self_.name, "' has shut down"));
+    } else {
+      // The next call on this queue.
+      new ServerStream(weak_from_this(), service_.get(), stream.queue());
+      if (refusal.ok()) link = add_link(rank, name, /*is_client=*/false);
     }
-    link = add_link(rank, name, /*is_client=*/false);
   }
-  return new ServerStream(std::move(link));
+  stream.accept(std::move(link), std::move(refusal));
 }
 
 void AgentState::on_received(const std::shared_ptr<Link>& link,
@@ -323,10 +352,7 @@ void AgentState::on_received(const std::shared_ptr<Link>& link,
   }
   if (received.is_response) {
     // A response for an id no longer pending (timed out) is dropped.
-    post(*link, [id = received.id, result = std::move(received.result)](
-                    AgentState& state) mutable {
-      state.pending_.complete(id, std::move(result));
-    });
+    pending_.complete(received.id, std::move(received.result));
     return;
   }
   if (!received.result.ok()) {
@@ -334,11 +360,7 @@ void AgentState::on_received(const std::shared_ptr<Link>& link,
     link->enqueue(grpc_internal::make_response(received.id, received.result));
     return;
   }
-  post(*link,
-       [weak = std::weak_ptr<Link>(link),
-        request = *std::move(received.result)](AgentState& state) mutable {
-         state.incoming_.arrived(std::move(weak), std::move(request));
-       });
+  incoming_.arrived(std::weak_ptr<Link>(link), *std::move(received.result));
 }
 
 void AgentState::send_response(const std::weak_ptr<Link>& weak_link, int64_t id,
@@ -379,7 +401,7 @@ void AgentState::on_link_done(const std::shared_ptr<Link>& link,
     }
   }
   if (closed) return;  // shutdown() has failed everything
-  post(*link, [](AgentState& state) {
+  post([](AgentState& state) {
     std::vector<std::unique_ptr<Stream>> retired;
     absl::MutexLock lock(&state.mu_);
     retired.swap(state.retired_streams_);
@@ -423,7 +445,8 @@ void AgentState::take_resources(Resources& out) {
   out.channels.swap(channels_);
   out.server = std::move(server_);
   out.service = std::move(service_);
-  out.completion.swap(completion_);
+  out.queues.swap(queues_);
+  out.tasks = std::move(tasks_);
 }
 
 void AgentState::close_resources(Resources& resources) {
@@ -433,8 +456,8 @@ void AgentState::close_resources(Resources& resources) {
 }
 
 void AgentState::join_resources(Resources& resources) {
-  // Every link has ended its call; the server finishes what it accepted
-  // meanwhile and waits for its reactors.
+  // Every link has ended its call; the server cancels what it accepted
+  // meanwhile (after a grace) and the request for the next call.
   if (resources.server != nullptr) {
     resources.server->Shutdown(
         std::chrono::system_clock::now() +
@@ -453,7 +476,7 @@ void AgentState::join_resources(Resources& resources) {
     }
   }
   // Tasks still queued find the agent closed and do nothing.
-  for (auto& executor : resources.completion) executor->stop();
+  if (resources.tasks != nullptr) resources.tasks->stop();
   resources.links.clear();
   resources.channels.clear();
   {
@@ -461,8 +484,17 @@ void AgentState::join_resources(Resources& resources) {
     absl::MutexLock lock(&mu_);
     retired.swap(retired_streams_);
   }
+  // Each thread drains its queue (gRPC completes what is still in flight)
+  // and ends.
+  for (const std::unique_ptr<Queue>& queue : resources.queues) {
+    queue->queue->Shutdown();
+  }
+  for (const std::unique_ptr<Queue>& queue : resources.queues) {
+    if (queue->thread.joinable()) queue->thread.join();
+  }
   resources.server.reset();
   resources.service.reset();
+  resources.queues.clear();
 }
 
 }  // namespace tether::backends::grpc_internal

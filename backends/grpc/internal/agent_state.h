@@ -1,7 +1,7 @@
 // The gRPC agent's state over the agent skeleton
 // (backends/common/agent_skeleton.h): its server, channels and links, the
-// completion threads that deliver what links receive. grpc_agent.cc builds
-// it; internal/link.h holds the streams.
+// completion queues of their streams and the threads that drive them.
+// grpc_agent.cc builds it; internal/link.h holds the streams.
 //
 // Ownership: held by a shared_ptr; links and reactors hold it weakly.
 //
@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/common/agent_skeleton.h"
@@ -40,15 +41,12 @@ class AgentState
     : public common::AgentSkeleton<AgentState, std::weak_ptr<Link>> {
  public:
   AgentState(AgentSetup setup, Settings settings)
-      : AgentSkeleton(setup, kGrpcNames), settings_(std::move(settings)) {
-    for (int i = 0; i < settings_.completion_threads; ++i) {
-      completion_.push_back(
-          std::make_unique<tether::internal::SerialExecutor>());
-    }
-  }
+      : AgentSkeleton(setup, kGrpcNames),
+        settings_(std::move(settings)),
+        tasks_(std::make_unique<tether::internal::SerialExecutor>()) {}
 
   ~AgentState() {
-    // WARNING: this may run on a gRPC thread (a reaction held the last
+    // WARNING: this may run on a queue thread (a stream held the last
     // reference); shutdown() has already taken every gRPC object and thread
     // out of here, so nothing below joins a thread.
   }
@@ -56,13 +54,13 @@ class AgentState
   absl::Status init();
   void remove_peer(const WorkerInfo& worker) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // For the service: the reactor of an incoming stream.
-  ::grpc::ServerGenericBidiReactor* accept(
-      ::grpc::GenericCallbackServerContext* context) ABSL_LOCKS_EXCLUDED(mu_);
-  // For links: a message arrived whole on `link`.
+  // For a server stream whose call has arrived: accepts or refuses it,
+  // and asks for the next call on its queue.
+  void accept(ServerStream& stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // For links, on a queue thread: a message arrived whole on `link`.
   void on_received(const std::shared_ptr<Link>& link, Received received);
   // For links: `link`'s stream is gone, `why`. `client` (a client
-  // stream's reactor) is deleted later, off gRPC's threads.
+  // stream) is deleted later, off the thread that completed it.
   void on_link_done(const std::shared_ptr<Link>& link, absl::string_view why,
                     absl::StatusCode code, std::unique_ptr<Stream> client)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -70,25 +68,31 @@ class AgentState
  private:
   friend class AgentSkeleton<AgentState, std::weak_ptr<Link>>;
 
+  // A completion queue of the server (its client streams use it too) and
+  // the thread that drives it: runs what gRPC completes for the streams on
+  // it, their messages included (the request handler, send() futures).
+  struct Queue {
+    std::unique_ptr<::grpc::ServerCompletionQueue> queue;
+    std::thread thread;
+  };
+
   // What shutdown() takes out of the state, closes and joins, outside the
   // lock (the skeleton's hooks below).
   struct Resources {
     std::unique_ptr<::grpc::Server> server;
-    std::unique_ptr<::grpc::CallbackGenericService> service;
+    std::unique_ptr<::grpc::AsyncGenericService> service;
+    std::vector<std::unique_ptr<Queue>> queues;
     std::vector<std::shared_ptr<Link>> links;
     absl::flat_hash_map<int, std::shared_ptr<::grpc::Channel>> channels;
-    std::vector<std::unique_ptr<tether::internal::SerialExecutor>> completion;
+    std::unique_ptr<tether::internal::SerialExecutor> tasks;
   };
 
   // The skeleton's hooks (backends/common/agent_skeleton.h).
-  bool on_own_thread() const {
-    return t_reaction_of == this || t_completion_of == this;
-  }
+  bool on_own_thread() const { return t_completion_of == this; }
   void take_resources(Resources& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void close_resources(Resources& resources);
-  // gRPC's server waits for the reaction this thread may be in, and a
-  // completion thread cannot join itself: the skeleton runs this on a
-  // thread of its own then.
+  // A queue thread cannot join itself, nor wait for the streams it
+  // completes: the skeleton runs this on a thread of its own then.
   void join_resources(Resources& resources) ABSL_LOCKS_EXCLUDED(mu_);
   Future<Message> start_send(const common::Peer& peer, Message request,
                              PendingRequests::Request pending);
@@ -97,9 +101,8 @@ class AgentState
     return published;
   }
 
-  // Runs `task` on `link`'s completion thread; false once shut down.
-  bool post(const Link& link, std::function<void(AgentState&)> task)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `task` on the agent's task thread; false once shut down.
+  bool post(std::function<void(AgentState&)> task) ABSL_LOCKS_EXCLUDED(mu_);
 
   // An open link to `rank` (a new client link if there is none), with
   // request `id` bound to it; nullptr if the request is no longer pending.
@@ -108,7 +111,13 @@ class AgentState
                                  bool is_client)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void open_stream(const std::shared_ptr<Link>& link,
-                   std::shared_ptr<::grpc::Channel> channel);
+                   std::shared_ptr<::grpc::Channel> channel,
+                   ::grpc::CompletionQueue* queue);
+  // The queue of `link`'s stream.
+  ::grpc::ServerCompletionQueue* queue_of(const Link& link) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queues_[link.connection() % queues_.size()]->queue.get();
+  }
   std::shared_ptr<::grpc::Channel> make_channel(
       const std::string& address) const;
 
@@ -130,18 +139,20 @@ class AgentState
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int, std::shared_ptr<::grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
-  // Reactors of ended client streams. WARNING: gRPC must not destroy a
-  // channel inside one of its callbacks, where streams end, and a reactor
-  // (its context) may hold the last reference to one: they are deleted on a
-  // completion thread, or at shutdown.
+  // Ended client streams: deleted on the task thread, or at shutdown, not
+  // on the queue thread inside their last completion (and a stream's
+  // context may hold the last reference to a channel).
   std::vector<std::unique_ptr<Stream>> retired_streams_ ABSL_GUARDED_BY(mu_);
   // Requests given a second stream after theirs ended in the handshake
   // (on_link_done), while they are pending.
   absl::flat_hash_set<int64_t> resent_ ABSL_GUARDED_BY(mu_);
   PendingRequests::Connection next_connection_ ABSL_GUARDED_BY(mu_) = 1;
-  std::unique_ptr<::grpc::CallbackGenericService> service_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<::grpc::AsyncGenericService> service_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<::grpc::Server> server_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<tether::internal::SerialExecutor>> completion_
+  std::vector<std::unique_ptr<Queue>> queues_ ABSL_GUARDED_BY(mu_);
+  // Runs the requests that arrived before start() and deletes ended client
+  // streams.
+  std::unique_ptr<tether::internal::SerialExecutor> tasks_
       ABSL_GUARDED_BY(mu_);
 };
 

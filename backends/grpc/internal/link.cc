@@ -6,19 +6,7 @@
 
 namespace tether::backends::grpc_internal {
 
-thread_local const void* t_reaction_of = nullptr;
 thread_local const void* t_completion_of = nullptr;
-
-::grpc::ServerGenericBidiReactor* Service::CreateReactor(
-    ::grpc::GenericCallbackServerContext* context) {
-  std::shared_ptr<AgentState> state = state_.lock();
-  if (state == nullptr) {
-    return new RefusedStream(
-        ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "shut down"));
-  }
-  ScopedMark mark(t_reaction_of, state.get());
-  return state->accept(context);
-}
 
 void Link::attach(Stream* stream) {
   absl::MutexLock lock(&mu_);
@@ -214,6 +202,197 @@ void Link::on_done(const std::optional<::grpc::Status>& status,
   if (std::shared_ptr<AgentState> state = state_.lock()) {
     state->on_link_done(self, why, code, std::move(client));
   }
+}
+
+// ----------------------------------------------------------- QueueStream
+
+void QueueStream::start_read() {
+  absl::MutexLock lock(&mu_);
+  if (finishing_) return;
+  if (!open_) {
+    deferred_read_ = true;
+    return;
+  }
+  read();
+}
+
+void QueueStream::start_write(const ::grpc::ByteBuffer* buffer) {
+  absl::MutexLock lock(&mu_);
+  if (finishing_) return;
+  if (!open_) {
+    deferred_write_ = buffer;
+    return;
+  }
+  write(*buffer);
+}
+
+void QueueStream::end(absl::StatusCode code, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (finishing_) return;
+  finishing_ = true;
+  end_code_ = code;
+  end_why_ = why;
+  if (!open_) {
+    cancel();
+    return;
+  }
+  finish_started_ = true;
+  finish();
+}
+
+void QueueStream::open() {
+  open_ = true;
+  if (finishing_) {
+    if (!finish_started_) {
+      finish_started_ = true;
+      finish();
+    }
+    return;
+  }
+  if (deferred_read_) {
+    deferred_read_ = false;
+    read();
+  }
+  if (const ::grpc::ByteBuffer* buffer = std::exchange(deferred_write_, nullptr);
+      buffer != nullptr) {
+    write(*buffer);
+  }
+}
+
+void QueueStream::on_complete(Kind kind, bool ok) {
+  switch (kind) {
+    case kStart:
+    case kMetadata:
+      on_step(kind, ok);
+      break;
+    case kRead:
+      if (!ok) {
+        absl::MutexLock lock(&mu_);
+        read_failed_ = true;
+      }
+      link_->on_read_done(ok, read_buffer_);
+      break;
+    case kWrite:
+      link_->on_write_done(ok);
+      break;
+    case kFinish: {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      break;
+    }
+    case kKinds:
+      break;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    if (!finished_ || outstanding_ > 0 || retired_) return;
+    retired_ = true;
+  }
+  retire();
+}
+
+// ---------------------------------------------------------- ClientStream
+
+void ClientStream::start(const WorkerInfo& self, const WorkerInfo& peer) {
+  context_.AddMetadata(kFromRankKey, absl::StrCat(self.id));
+  context_.AddMetadata(kFromNameKey, self.name);
+  context_.AddMetadata(kToNameKey, peer.name);
+  {
+    ::grpc::GenericStub stub(channel_);
+    absl::MutexLock lock(&mu_);
+    call_ = stub.PrepareCall(&context_, kMethod, queue_);
+    // Reads and writes wait for both (see QueueStream::open_).
+    call_->StartCall(tag(kStart));
+    call_->ReadInitialMetadata(tag(kMetadata));
+  }
+  link_->attach(this);
+}
+
+void ClientStream::finish() {
+  // A client can only cancel; the peer sees its stream cancelled. Not once
+  // the call failed or a read did: the server has ended the call (or the
+  // connection broke), and its status, which says why (UNAUTHENTICATED...),
+  // is what Finish brings; a cancel now would turn it into CANCELLED.
+  if (!read_failed_ && !failed_early_) context_.TryCancel();
+  call_->Finish(&status_, tag(kFinish));
+}
+
+void ClientStream::on_step(Kind /*kind*/, bool ok) {
+  absl::MutexLock lock(&mu_);
+  if (!ok && !failed_early_) {
+    failed_early_ = true;
+    finishing_ = true;
+  }
+  // Both the start (whose operations a write reuses) and the metadata.
+  if (++steps_done_ == 2) open();
+}
+
+void ClientStream::retire() {
+  // The link hands the stream to the state to delete later: this very
+  // thread is inside it.
+  link_->on_done(status_, std::unique_ptr<Stream>(this));
+}
+
+// ---------------------------------------------------------- ServerStream
+
+ServerStream::ServerStream(std::weak_ptr<AgentState> state,
+                           ::grpc::AsyncGenericService* service,
+                           ::grpc::ServerCompletionQueue* queue)
+    : state_(std::move(state)), queue_(queue) {
+  absl::MutexLock lock(&mu_);
+  service->RequestCall(&context_, &stream_, queue_, queue_, tag(kStart));
+}
+
+void ServerStream::accept(std::shared_ptr<Link> link, ::grpc::Status refusal) {
+  if (link == nullptr) {
+    absl::MutexLock lock(&mu_);
+    refusal_ = std::move(refusal);
+    finishing_ = true;
+    open();
+    return;
+  }
+  link_ = std::move(link);
+  {
+    absl::MutexLock lock(&mu_);
+    // The client opens its side once it has these (ClientStream::start).
+    stream_.SendInitialMetadata(tag(kMetadata));
+    open();
+  }
+  link_->attach(this);
+}
+
+void ServerStream::finish() {
+  if (link_ == nullptr) {
+    stream_.Finish(refusal_, tag(kFinish));
+    return;
+  }
+  // absl's codes are gRPC's, number for number.
+  stream_.Finish(
+      ::grpc::Status(static_cast<::grpc::StatusCode>(end_code_), end_why_),
+      tag(kFinish));
+}
+
+void ServerStream::on_step(Kind kind, bool ok) {
+  if (kind != kStart) return;
+  if (!ok) {
+    // The server is shutting down: no call came.
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+    return;
+  }
+  std::shared_ptr<AgentState> state = state_.lock();
+  if (state == nullptr) {
+    accept(nullptr,
+           ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "shut down"));
+    return;
+  }
+  state->accept(*this);
+}
+
+void ServerStream::retire() {
+  if (link_ != nullptr) link_->on_done(std::nullopt, nullptr);
+  delete this;
 }
 
 }  // namespace tether::backends::grpc_internal

@@ -1,11 +1,11 @@
 // The gRPC agent's links: one bidirectional stream with a peer, either
-// side of it (Link), over the gRPC reactor under it (Stream: ClientStream
-// for a stream this agent opened, ServerStream for one a peer opened), and
-// the generic service that accepts streams. The agent's state
-// (internal/agent_state.h) keeps a table of links per peer.
+// side of it (Link), over the gRPC call under it (Stream: ClientStream for
+// a stream this agent opened, ServerStream for one a peer opened, both on
+// a completion queue a thread of the agent drives). The agent's state
+// (internal/agent_state.h) keeps a table of links per peer and the queues.
 //
-// Thread safety: a Link's methods may be called from any thread; reactions
-// run on gRPC's threads.
+// Thread safety: a Link's methods may be called from any thread; what gRPC
+// completes runs on the agent's queue threads.
 #ifndef TETHER_BACKENDS_GRPC_INTERNAL_LINK_H_
 #define TETHER_BACKENDS_GRPC_INTERNAL_LINK_H_
 
@@ -16,11 +16,10 @@
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/completion_queue.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/client_callback.h>
-#include <grpcpp/support/server_callback.h>
 
 #include <atomic>
 #include <deque>
@@ -49,17 +48,16 @@ inline constexpr char kFromRankKey[] = "tether-from-rank";
 inline constexpr char kFromNameKey[] = "tether-from-name";
 inline constexpr char kToNameKey[] = "tether-to-name";
 
-// Which agent's gRPC reaction or completion-thread task this thread is
-// running (nullptr: none): shutdown() must not wait for itself. (Request
-// handlers are marked by common::IncomingRequests, timer callbacks by
+// Which agent's queue thread or task thread this thread is (nullptr:
+// none): shutdown() must not wait for itself. (Request handlers are marked
+// by common::IncomingRequests, timer callbacks by
 // TimerQueue::running_owner().)
-extern thread_local const void* t_reaction_of;
 extern thread_local const void* t_completion_of;
 
 class AgentState;
 
-// What a Link needs from the gRPC reactor under it. Called with the link's
-// lock held: gRPC never runs a reaction inside these calls.
+// What a Link needs from the gRPC call under it. Called with the link's
+// lock held: gRPC completes nothing inside these calls.
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -73,9 +71,9 @@ class Stream {
 };
 
 // One bidirectional stream with a peer, either side of it: the messages
-// queued for it, the frames arriving on it. Shared by its reactor (until
-// gRPC's OnDone), the agent's table of links and the callbacks of requests
-// that arrived on it (weakly).
+// queued for it, the frames arriving on it. Shared by its stream (until it
+// retires), the agent's table of links and the callbacks of requests that
+// arrived on it (weakly).
 class Link : public std::enable_shared_from_this<Link> {
  public:
   // `auth`: the shared secret, when this worker has one (then nothing but
@@ -113,7 +111,7 @@ class Link : public std::enable_shared_from_this<Link> {
   bool is_client() const { return is_client_; }
   const void* owner() const { return owner_; }
 
-  // Binds the reactor, once, after its call has started.
+  // Binds the stream, once, after its call has started.
   void attach(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool is_open() const ABSL_LOCKS_EXCLUDED(mu_) {
@@ -153,12 +151,12 @@ class Link : public std::enable_shared_from_this<Link> {
   // Refuses the stream if the peer has not authenticated by now.
   void check_authenticated() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Reactions, on gRPC's threads.
+  // What the stream's operations completed with, on a queue thread.
   void on_write_done(bool ok) ABSL_LOCKS_EXCLUDED(mu_);
   void on_read_done(bool ok, const ::grpc::ByteBuffer& buffer)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The stream is gone (`status`: gRPC's, for client streams, with the
-  // reactor itself to delete off gRPC's threads).
+  // stream itself to delete later, off the thread completing it).
   void on_done(const std::optional<::grpc::Status>& status,
                std::unique_ptr<Stream> client) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -210,125 +208,159 @@ class Link : public std::enable_shared_from_this<Link> {
   Assembler assembler_;
 };
 
+// A stream on one of the agent's completion queues (AgentState::Queue),
+// which a thread of the agent drives: every operation's tag is one of the
+// stream's Ops, and complete() runs on that thread. Each kind of operation
+// has at most one outstanding. Once the call has finished (its Finish
+// operation completed) and no operation is outstanding, the stream retires
+// (retire()): gRPC is done with it.
+class QueueStream : public Stream {
+ public:
+  enum Kind : int { kStart, kMetadata, kRead, kWrite, kFinish, kKinds };
+  struct Op {
+    QueueStream* stream;
+    Kind kind;
+  };
+
+  // On the queue's thread: the operation of `tag` completed.
+  static void complete(void* tag, bool ok) {
+    Op* op = static_cast<Op*>(tag);
+    op->stream->on_complete(op->kind, ok);
+  }
+
+  void start_write(const ::grpc::ByteBuffer* buffer) final
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void start_read() final ABSL_LOCKS_EXCLUDED(mu_);
+  void end(absl::StatusCode code, const std::string& why) final
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ protected:
+  QueueStream() {
+    for (int kind = 0; kind < kKinds; ++kind) {
+      ops_[kind] = Op{this, static_cast<Kind>(kind)};
+    }
+  }
+
+  void* tag(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++outstanding_;
+    return &ops_[kind];
+  }
+  // Whether reads and writes may start (a client's, once its start has
+  // completed and the server's initial metadata is in: until then, a write
+  // would reuse the start's operations and a read would ask for the
+  // metadata again, which gRPC refuses).
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  // A read or write asked for before open_, started when it opens.
+  bool deferred_read_ ABSL_GUARDED_BY(mu_) = false;
+  const ::grpc::ByteBuffer* deferred_write_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // end() was called (or the call failed before it opened): Finish has
+  // started or starts once the stream is open; nothing else starts.
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusCode end_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
+  std::string end_why_ ABSL_GUARDED_BY(mu_);
+  ::grpc::ByteBuffer read_buffer_;
+  std::shared_ptr<Link> link_;
+  mutable absl::Mutex mu_;
+
+  // Starts the opened stream's deferred operations, or its Finish.
+  void open() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+ private:
+  // The call's own operations, by the side.
+  virtual void read() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  virtual void write(const ::grpc::ByteBuffer& buffer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  virtual void finish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // A kStart or kMetadata operation completed (the side's own steps).
+  virtual void on_step(Kind kind, bool ok) ABSL_LOCKS_EXCLUDED(mu_) = 0;
+  // gRPC is done with the stream: no operation is outstanding and none
+  // starts. May delete this.
+  virtual void retire() ABSL_LOCKS_EXCLUDED(mu_) = 0;
+  // end() before the stream opened: make the call fail, so that it opens
+  // (and finishes) at once.
+  virtual void cancel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {}
+
+  void on_complete(Kind kind, bool ok) ABSL_LOCKS_EXCLUDED(mu_);
+
+  Op ops_[kKinds];
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;
+
+ protected:
+  // The call is over for gRPC (its Finish completed, or it never began).
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // A read failed: the call is over (the server finished it, or the
+  // connection broke).
+  bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // The client side of a stream this agent opened.
-class ClientStream final
-    : public ::grpc::ClientBidiReactor<::grpc::ByteBuffer, ::grpc::ByteBuffer>,
-      public Stream {
+class ClientStream final : public QueueStream {
  public:
   ClientStream(std::shared_ptr<Link> link,
-               std::shared_ptr<::grpc::Channel> channel)
-      : link_(std::move(link)), channel_(std::move(channel)) {}
-
-  void start(const WorkerInfo& self, const WorkerInfo& peer) {
-    context_.AddMetadata(kFromRankKey, absl::StrCat(self.id));
-    context_.AddMetadata(kFromNameKey, self.name);
-    context_.AddMetadata(kToNameKey, peer.name);
-    ::grpc::GenericStub stub(channel_);
-    stub.PrepareBidiStreamingCall(&context_, kMethod, ::grpc::StubOptions(),
-                                  this);
-    // Held until the link ends: OnDone waits for it.
-    AddHold();
-    StartCall();
-    link_->attach(this);
+               std::shared_ptr<::grpc::Channel> channel,
+               ::grpc::CompletionQueue* queue)
+      : channel_(std::move(channel)), queue_(queue) {
+    link_ = std::move(link);
   }
 
-  void start_write(const ::grpc::ByteBuffer* buffer) override {
-    StartWrite(buffer);
-  }
-  void start_read() override { StartRead(&read_buffer_); }
-  void end(absl::StatusCode /*code*/, const std::string& /*why*/) override {
-    // A client can only cancel; the peer sees its stream cancelled. Not
-    // once a read failed: the server has ended the call (or the connection
-    // broke), and its status, which says why (UNAUTHENTICATED...), is on
-    // its way to OnDone; a cancel now would turn it into CANCELLED.
-    if (!read_failed_.load(std::memory_order_acquire)) context_.TryCancel();
-    RemoveHold();
-  }
-
-  void OnReadDone(bool ok) override {
-    ScopedMark mark(t_reaction_of, link_->owner());
-    if (!ok) read_failed_.store(true, std::memory_order_release);
-    link_->on_read_done(ok, read_buffer_);
-  }
-  void OnWriteDone(bool ok) override {
-    ScopedMark mark(t_reaction_of, link_->owner());
-    link_->on_write_done(ok);
-  }
-  void OnDone(const ::grpc::Status& status) override {
-    // gRPC is done with this reactor: the link hands it to the state to
-    // delete (see AgentState::retired_streams_).
-    ScopedMark mark(t_reaction_of, link_->owner());
-    link_->on_done(status, std::unique_ptr<Stream>(this));
-  }
+  // Starts the call and waits (on the queue) for the server's initial
+  // metadata; the link may queue meanwhile.
+  void start(const WorkerInfo& self, const WorkerInfo& peer)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  const std::shared_ptr<Link> link_;
+  void read() override { call_->Read(&read_buffer_, tag(kRead)); }
+  void write(const ::grpc::ByteBuffer& buffer) override {
+    call_->Write(buffer, tag(kWrite));
+  }
+  void finish() override;
+  void on_step(Kind kind, bool ok) override;
+  void retire() override;
+  void cancel() override { context_.TryCancel(); }
+
+  // The start or the server's initial metadata failed: the call did.
+  bool failed_early_ ABSL_GUARDED_BY(mu_) = false;
+  int steps_done_ ABSL_GUARDED_BY(mu_) = 0;
   // The call reaches gRPC through the channel object: it lives as long.
   const std::shared_ptr<::grpc::Channel> channel_;
+  ::grpc::CompletionQueue* const queue_;
   ::grpc::ClientContext context_;
-  ::grpc::ByteBuffer read_buffer_;
-  std::atomic<bool> read_failed_{false};
+  std::unique_ptr<::grpc::GenericClientAsyncReaderWriter> call_;
+  ::grpc::Status status_;
 };
 
-// The server side of a stream a peer opened.
-class ServerStream final : public ::grpc::ServerGenericBidiReactor,
-                           public Stream {
+// The server side of a stream: first a request for the next call on its
+// queue, then (accepted) a peer's stream with a link, or (refused) a call
+// finished at once with why.
+class ServerStream final : public QueueStream {
  public:
-  explicit ServerStream(std::shared_ptr<Link> link) : link_(std::move(link)) {
-    link_->attach(this);
-  }
+  ServerStream(std::weak_ptr<AgentState> state,
+               ::grpc::AsyncGenericService* service,
+               ::grpc::ServerCompletionQueue* queue);
 
-  void start_write(const ::grpc::ByteBuffer* buffer) override {
-    StartWrite(buffer);
-  }
-  void start_read() override { StartRead(&read_buffer_); }
-  void end(absl::StatusCode code, const std::string& why) override {
-    // absl's codes are gRPC's, number for number.
-    Finish(::grpc::Status(static_cast<::grpc::StatusCode>(code), why));
-  }
-
-  void OnReadDone(bool ok) override {
-    ScopedMark mark(t_reaction_of, link_->owner());
-    link_->on_read_done(ok, read_buffer_);
-  }
-  void OnWriteDone(bool ok) override {
-    ScopedMark mark(t_reaction_of, link_->owner());
-    link_->on_write_done(ok);
-  }
-  void OnCancel() override {
-    ScopedMark mark(t_reaction_of, link_->owner());
-    link_->close("the peer cancelled the stream or its connection broke");
-  }
-  void OnDone() override {
-    {
-      ScopedMark mark(t_reaction_of, link_->owner());
-      link_->on_done(std::nullopt, nullptr);
-    }
-    delete this;
-  }
+  ::grpc::ServerCompletionQueue* queue() const { return queue_; }
+  const ::grpc::GenericServerContext& context() const { return context_; }
+  // After the call arrived: serves it on `link`, or refuses it with
+  // `refusal` (when `link` is null).
+  void accept(std::shared_ptr<Link> link, ::grpc::Status refusal)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  const std::shared_ptr<Link> link_;
-  ::grpc::ByteBuffer read_buffer_;
-};
+  void read() override { stream_.Read(&read_buffer_, tag(kRead)); }
+  void write(const ::grpc::ByteBuffer& buffer) override {
+    stream_.Write(buffer, tag(kWrite));
+  }
+  void finish() override;
+  void on_step(Kind kind, bool ok) override;
+  void retire() override;
 
-// A stream refused before it had a link: finished at once.
-class RefusedStream final : public ::grpc::ServerGenericBidiReactor {
- public:
-  explicit RefusedStream(::grpc::Status status) { Finish(std::move(status)); }
-  void OnDone() override { delete this; }
-};
-
-class Service final : public ::grpc::CallbackGenericService {
- public:
-  explicit Service(std::weak_ptr<AgentState> state)
-      : state_(std::move(state)) {}
-
-  ::grpc::ServerGenericBidiReactor* CreateReactor(
-      ::grpc::GenericCallbackServerContext* context) override;
-
- private:
   const std::weak_ptr<AgentState> state_;
+  ::grpc::ServerCompletionQueue* const queue_;
+  ::grpc::GenericServerContext context_;
+  ::grpc::GenericServerAsyncReaderWriter stream_{&context_};
+  ::grpc::Status refusal_;
 };
 
 }  // namespace tether::backends::grpc_internal

@@ -39,7 +39,10 @@ struct Settings {
   // 0: no keepalive pings.
   absl::Duration keepalive = absl::Seconds(10);
   absl::Duration keepalive_timeout = absl::Seconds(5);
-  int completion_threads = 2;
+  // Completion queues, each driven by one thread of the agent. One: with
+  // more, gRPC's poller hands each event to the queue's thread (twice the
+  // context switches a call; docs/benchmarks.md).
+  int completion_threads = 1;
   uint64_t max_message_bytes = uint64_t{1} << 31;
   uint64_t chunk_bytes = uint64_t{1} << 20;
   absl::Duration init_timeout = absl::Seconds(60);
