@@ -395,7 +395,7 @@ void AgentState::on_link_done(const std::shared_ptr<Link>& link,
     }
     if (client != nullptr) {
       // The next stream to this peer starts on a fresh channel (the
-      // reactor keeps this one alive until it is deleted).
+      // stream keeps this one alive until it is deleted).
       channels_.erase(link->rank());
       retired_streams_.push_back(std::move(client));
     }

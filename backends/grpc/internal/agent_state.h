@@ -3,7 +3,7 @@
 // completion queues of their streams and the threads that drive them.
 // grpc_agent.cc builds it; internal/link.h holds the streams.
 //
-// Ownership: held by a shared_ptr; links and reactors hold it weakly.
+// Ownership: held by a shared_ptr; links and streams hold it weakly.
 //
 // Thread safety: as the Agent's (core/agent.h); members say which lock
 // guards them (mu_, the skeleton's).
@@ -135,7 +135,7 @@ class AgentState
   // Per rank, its links (usually one; two if both sides opened at once).
   absl::flat_hash_map<int, std::vector<std::shared_ptr<Link>>> links_
       ABSL_GUARDED_BY(mu_);
-  // Links whose reactor has not had its OnDone yet (shutdown waits).
+  // Links whose stream has not retired yet (shutdown waits).
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int, std::shared_ptr<::grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);

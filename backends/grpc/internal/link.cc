@@ -197,7 +197,7 @@ void Link::on_done(const std::optional<::grpc::Status>& status,
       }
     }
   }
-  // The link may go with the reactor: keep it for this call.
+  // The link may go with the stream: keep it for this call.
   std::shared_ptr<Link> self = shared_from_this();
   if (std::shared_ptr<AgentState> state = state_.lock()) {
     state->on_link_done(self, why, code, std::move(client));

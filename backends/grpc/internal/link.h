@@ -172,7 +172,7 @@ class Link : public std::enable_shared_from_this<Link> {
   // Queues handshake messages, in the gRPC envelope (auth frames).
   void send_auth(std::vector<auth::HandshakeMessage> messages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the call if both a reactor and a reason are there.
+  // Ends the call if both a stream and a reason are there.
   void end_if_closed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::weak_ptr<AgentState> state_;
