@@ -18,6 +18,8 @@
 namespace tether::backends::common {
 namespace {
 
+std::atomic<int> g_assist_descriptors{0};
+
 // One per thread that sends.
 class Assistant final : public tether::internal::WaitAssist {
  public:
@@ -25,7 +27,10 @@ class Assistant final : public tether::internal::WaitAssist {
     if (tether::internal::wait_assist == this) {
       tether::internal::wait_assist = nullptr;
     }
-    if (const int fd = event_fd_.load(); fd >= 0) ::close(fd);
+    if (const int fd = event_fd_.load(); fd >= 0) {
+      ::close(fd);
+      g_assist_descriptors.fetch_sub(1);
+    }
   }
 
   void arm(std::weak_ptr<AssistSource> source) {
@@ -40,6 +45,7 @@ class Assistant final : public tether::internal::WaitAssist {
     if (event_fd < 0) {
       event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
       if (event_fd < 0) return;
+      g_assist_descriptors.fetch_add(1);
       event_fd_.store(event_fd);
       // A wake() that found no eventfd yet (it sets signalled_ first).
       if (signalled_.load()) return;
@@ -106,6 +112,8 @@ class Assistant final : public tether::internal::WaitAssist {
 };
 
 }  // namespace
+
+int assist_descriptors() { return g_assist_descriptors.load(); }
 
 void arm_fd_assist(std::weak_ptr<AssistSource> source) {
   thread_local Assistant assistant;

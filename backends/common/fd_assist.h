@@ -43,6 +43,13 @@ class AssistSource {
 // next wait.
 void arm_fd_assist(std::weak_ptr<AssistSource> source);
 
+// The descriptors the assists of this process hold: one eventfd per thread
+// that has waited with an assist, from that first wait until the thread
+// exits. Which threads those are depends on timing (a send runs inline on
+// the caller's thread or on the backend's), so tests that count a
+// process's descriptors count these apart.
+int assist_descriptors();
+
 }  // namespace tether::backends::common
 
 #endif  // TETHER_BACKENDS_COMMON_FD_ASSIST_H_
