@@ -298,15 +298,26 @@ void ClientStream::start(const WorkerInfo& self, const WorkerInfo& peer) {
   context_.AddMetadata(kFromRankKey, absl::StrCat(self.id));
   context_.AddMetadata(kFromNameKey, self.name);
   context_.AddMetadata(kToNameKey, peer.name);
+  // Bound first: once its first operation is out, the stream may fail,
+  // finish and be deleted on other threads at any time (a peer that is
+  // gone refuses the connection at once). Until it opens, the link's reads
+  // and writes wait, and an end() cancels the call before it starts.
+  link_->attach(this);
+  ::grpc::GenericStub stub(channel_);
+  void* start = nullptr;
+  void* metadata = nullptr;
+  ::grpc::GenericClientAsyncReaderWriter* call = nullptr;
   {
-    ::grpc::GenericStub stub(channel_);
     absl::MutexLock lock(&mu_);
     call_ = stub.PrepareCall(&context_, kMethod, queue_);
-    // Reads and writes wait for both (see QueueStream::open_).
-    call_->StartCall(tag(kStart));
-    call_->ReadInitialMetadata(tag(kMetadata));
+    call = call_.get();
+    // Counted now: the stream cannot finish before both have completed
+    // (reads and writes wait for both; see QueueStream::open_).
+    start = tag(kStart);
+    metadata = tag(kMetadata);
   }
-  link_->attach(this);
+  call->StartCall(start);
+  call->ReadInitialMetadata(metadata);
 }
 
 void ClientStream::finish() {
@@ -340,8 +351,14 @@ ServerStream::ServerStream(std::weak_ptr<AgentState> state,
                            ::grpc::AsyncGenericService* service,
                            ::grpc::ServerCompletionQueue* queue)
     : state_(std::move(state)), queue_(queue) {
-  absl::MutexLock lock(&mu_);
-  service->RequestCall(&context_, &stream_, queue_, queue_, tag(kStart));
+  void* start = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    start = tag(kStart);
+  }
+  // The last use of this here: a call may arrive, be refused and end on
+  // the queue's thread before this returns.
+  service->RequestCall(&context_, &stream_, queue_, queue_, start);
 }
 
 void ServerStream::accept(std::shared_ptr<Link> link, ::grpc::Status refusal) {
