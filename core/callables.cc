@@ -4,6 +4,8 @@
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/custom_class.h>
 #include <torch/jit.h>
@@ -454,12 +456,50 @@ absl::StatusOr<c10::IValue> call_function(const NativeFunction& fn,
   }
 }
 
-// Runs `fn` on `stack` after checking it against the schema.
-absl::StatusOr<c10::IValue> run_function(torch::jit::Function& fn,
-                                         std::vector<c10::IValue> stack,
-                                         const Kwargs& kwargs) {
+namespace {
+
+// A tether RRef's type is its value's only where the value was made
+// (RRef::local); elsewhere it is RRef[Any]: a user learns its value's type
+// by fetching it. So where a function declares an argument RRef[T], any
+// RRef is taken (the schema is checked with Any there, then the argument
+// must be an RRef), and the value's type is checked when to_here() or
+// local_value() gives it (rref/script_operators.cc).
+absl::StatusOr<std::vector<c10::IValue>> check_function_inputs(
+    const c10::FunctionSchema& schema, std::vector<c10::IValue> stack,
+    const Kwargs& kwargs) {
+  const std::vector<c10::Argument>& declared = schema.arguments();
+  std::vector<c10::Argument> relaxed;
+  bool takes_rrefs = false;
+  for (const c10::Argument& argument : declared) {
+    const bool rref = argument.type()->kind() == c10::TypeKind::RRefType;
+    takes_rrefs |= rref;
+    relaxed.push_back(rref ? argument.cloneWithType(c10::AnyType::get())
+                           : argument);
+  }
+  if (!takes_rrefs) return check_inputs(schema, std::move(stack), kwargs);
+  absl::StatusOr<std::vector<c10::IValue>> checked = check_inputs(
+      schema.cloneWithArguments(std::move(relaxed)), std::move(stack), kwargs);
+  if (!checked.ok()) return checked.status();
+  for (size_t i = 0; i < declared.size() && i < checked->size(); ++i) {
+    if (declared[i].type()->kind() == c10::TypeKind::RRefType &&
+        !(*checked)[i].isRRef()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad arguments for ", schema.name(), ": argument '",
+          declared[i].name(), "' is declared ",
+          declared[i].type()->annotation_str(), " but got a ",
+          type_name((*checked)[i])));
+    }
+  }
+  return checked;
+}
+
+}  // namespace
+
+absl::StatusOr<c10::IValue> run_script_function(torch::jit::Function& fn,
+                                                std::vector<c10::IValue> stack,
+                                                const Kwargs& kwargs) {
   absl::StatusOr<std::vector<c10::IValue>> checked =
-      check_inputs(fn.getSchema(), std::move(stack), kwargs);
+      check_function_inputs(fn.getSchema(), std::move(stack), kwargs);
   if (!checked.ok()) return checked.status();
   try {
     fn.run(*checked);
@@ -484,13 +524,49 @@ absl::StatusOr<c10::IValue> Callables::call_method(
                                             " has no method '", method, "'"));
   }
   args.insert(args.begin(), self);
-  return run_function(*fn, std::move(args), kwargs);
+  return run_script_function(*fn, std::move(args), kwargs);
+}
+
+namespace {
+
+void route_rref_methods(torch::jit::Block* block) {
+  static const c10::Symbol kToHere = c10::Symbol::aten("to_here");
+  static const c10::Symbol kLocalValue = c10::Symbol::aten("local_value");
+  static const c10::Symbol kTetherToHere =
+      c10::Symbol::fromQualString("tether::to_here");
+  static const c10::Symbol kTetherLocalValue =
+      c10::Symbol::fromQualString("tether::local_value");
+  std::vector<torch::jit::Node*> routed;
+  for (torch::jit::Node* node : block->nodes()) {
+    for (torch::jit::Block* inner : node->blocks()) route_rref_methods(inner);
+    if (node->kind() == kToHere || node->kind() == kLocalValue) {
+      routed.push_back(node);
+    }
+  }
+  for (torch::jit::Node* node : routed) {
+    node->replaceWithNewSymbol(node->kind() == kToHere ? kTetherToHere
+                                                       : kTetherLocalValue);
+    node->destroy();
+  }
+}
+
+}  // namespace
+
+void route_rref_methods(torch::jit::Graph& graph) {
+  route_rref_methods(graph.block());
 }
 
 absl::Status Callables::add_script(const std::string& source) {
   std::shared_ptr<torch::jit::CompilationUnit> unit;
   try {
     unit = torch::jit::compile(source);
+    for (torch::jit::Function* fn : unit->get_functions()) {
+      if (torch::jit::GraphFunction* graph_fn =
+              torch::jit::tryToGraphFunction(*fn)) {
+        graph_fn->ensure_defined();
+        route_rref_methods(*graph_fn->graph());
+      }
+    }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("TorchScript source does not compile: ", error_text(e)));
@@ -696,7 +772,7 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
         c10::StrongTypePtr(nullptr, type), /*numSlots=*/1));
     args.insert(args.begin(), self);
     absl::StatusOr<c10::IValue> constructed =
-        run_function(*init, std::move(args), kwargs);
+        run_script_function(*init, std::move(args), kwargs);
     if (!constructed.ok()) return constructed.status();
     return self;
   }
@@ -717,7 +793,7 @@ absl::StatusOr<c10::IValue> Callables::call(absl::string_view name,
         "tether::register_function / Worker::register_function instead, "
         "which cannot be dropped)"));
   }
-  return run_function(*fn, std::move(args), kwargs);
+  return run_script_function(*fn, std::move(args), kwargs);
 }
 
 }  // namespace tether

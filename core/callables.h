@@ -56,6 +56,8 @@ class OperatorHandle;
 
 namespace torch::jit {
 struct CompilationUnit;
+struct Function;
+struct Graph;
 }  // namespace torch::jit
 
 namespace tether {
@@ -68,6 +70,24 @@ using Kwargs = std::unordered_map<std::string, c10::IValue>;
 c10::IValue kwargs_to_wire(Kwargs kwargs);
 // Whether `value` has a shape kwargs_to_wire() gives.
 bool is_wire_kwargs(const c10::IValue& value);
+
+// TorchScript compiles an RRef's to_here() and local_value() to the
+// operators aten::to_here and aten::local_value. Where the peer's
+// libtorch_python defines them (every Python process), they cast the RRef
+// to the peer's own classes, which a tether RRef is not. This points such
+// nodes of `graph` (its nested blocks too, not the functions it calls) at
+// tether's operators of the same names, tether::to_here and
+// tether::local_value, which rref/ registers (rref/script_operators.cc).
+// add_script() does it to every function it compiles.
+void route_rref_methods(torch::jit::Graph& graph);
+
+// Runs TorchScript function `fn` on `args` and `kwargs` after checking them
+// against its schema (an argument declared RRef[T] takes any RRef: see
+// callables.cc), as call() runs the functions of add_script(). Errors as
+// call()'s.
+[[nodiscard]] absl::StatusOr<c10::IValue> run_script_function(
+    torch::jit::Function& fn, std::vector<c10::IValue> args,
+    const Kwargs& kwargs);
 // The keyword arguments of `value` (is_wire_kwargs()): INVALID_ARGUMENT
 // "keyword argument names must be strings" for a key that is not one.
 [[nodiscard]] absl::StatusOr<Kwargs> kwargs_from_wire(const c10::IValue& value);

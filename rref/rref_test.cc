@@ -180,6 +180,85 @@ TEST_F(RRefs, RemoteToSelfIsAnOwner) {
   ASSERT_THAT(r->local_value(), IsOk());
 }
 
+// TorchScript's RRef methods (aten::to_here, aten::local_value, ...) are
+// the peer's operators, which cast their RRef to the peer's classes; a
+// script function of the worker runs them on tether's RRefs through
+// tether's operators of the same names, its own or forwarded.
+TEST_F(RRefs, ScriptFunctionsReadTetherRRefs) {
+  ASSERT_THAT(workers_[1]->register_script(R"(
+def read_rref(r: RRef[Tensor], t: Tensor) -> Tensor:
+    return r.to_here() + t
+
+def read_rref_soon(r: RRef[Tensor]) -> Tensor:
+    return r.to_here(5.0)
+
+def local_rref(r: RRef[Tensor]) -> Tensor:
+    return r.local_value()
+
+def about_rref(r: RRef[Tensor]) -> Tuple[str, bool, bool]:
+    return (r.owner_name(), r.is_owner(), r.confirmed_by_owner())
+
+def read_nested(r: RRef[Tensor]) -> Tensor:
+    if r.is_owner():
+        return local_rref(r) * 2
+    return read_rref(r, r.to_here()) * 2
+)"),
+              IsOk());
+  // Owned by carol, read by bob's script: a user's fetch.
+  absl::StatusOr<RRef> on_carol = remote(*workers_[0], "carol",
+                                         "aten::mul.Tensor",
+                                         {at::full({2}, 3.0), at::full({2}, 2.0)});
+  ASSERT_THAT(on_carol, IsOk());
+  absl::StatusOr<c10::IValue> v =
+      workers_[0]->rpc_sync("bob", "read_rref",
+               {on_carol->to_ivalue(), at::ones({2})});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 7.0)));
+  v = workers_[0]->rpc_sync("bob", "read_rref_soon", {on_carol->to_ivalue()});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 6.0)));
+  v = workers_[0]->rpc_sync("bob", "read_nested", {on_carol->to_ivalue()});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 24.0)));
+  v = workers_[0]->rpc_sync("bob", "about_rref", {on_carol->to_ivalue()});
+  ASSERT_THAT(v, IsOk());
+  ASSERT_TRUE(v->isTuple());
+  EXPECT_EQ(v->toTupleRef().elements()[0].toStringRef(), "carol");
+  EXPECT_FALSE(v->toTupleRef().elements()[1].toBool());
+  // local_value() on a user fails the call naming the owner, as in C++.
+  v = workers_[0]->rpc_sync("bob", "local_rref", {on_carol->to_ivalue()});
+  EXPECT_THAT(v, StatusIs(absl::StatusCode::kUnknown, HasSubstr("carol")));
+
+  // Owned by bob itself: the owner's value.
+  absl::StatusOr<RRef> on_bob = remote(*workers_[0], "bob", "aten::mul.Tensor",
+                                       {at::full({2}, 4.0), at::full({2}, 2.0)});
+  ASSERT_THAT(on_bob, IsOk());
+  v = workers_[0]->rpc_sync("bob", "local_rref", {on_bob->to_ivalue()});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 8.0)));
+  v = workers_[0]->rpc_sync("bob", "read_nested", {on_bob->to_ivalue()});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 16.0)));
+  v = workers_[0]->rpc_sync("bob", "about_rref", {on_bob->to_ivalue()});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(v->toTupleRef().elements()[0].toStringRef(), "bob");
+  EXPECT_TRUE(v->toTupleRef().elements()[1].toBool());
+  EXPECT_TRUE(v->toTupleRef().elements()[2].toBool());
+
+  // What does not fit is refused, naming it.
+  v = workers_[0]->rpc_sync("bob", "read_rref_soon", {at::ones({2})});
+  EXPECT_THAT(v, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("argument 'r' is declared RRef[Tensor] "
+                                    "but got a Tensor")));
+  absl::StatusOr<RRef> holds_int =
+      remote(*workers_[0], "carol", "aten::len.t", {c10::List<int64_t>({1, 2})});
+  ASSERT_THAT(holds_int, IsOk());
+  v = workers_[0]->rpc_sync("bob", "read_rref_soon", {holds_int->to_ivalue()});
+  EXPECT_THAT(v, StatusIs(absl::StatusCode::kUnknown,
+                          HasSubstr("to_here() in TorchScript gave a int where "
+                                    "the function declares RRef[Tensor]")));
+}
+
 TEST_F(RRefs, UserPassesItsRRefBackToTheOwner) {
   absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "aten::add.Tensor",
                                   {at::ones({2}), at::ones({2})});
