@@ -41,6 +41,7 @@
 #include "core/wire/codec.h"
 #include "python/src/convert.h"
 #include "python/src/status.h"
+#include "python/src/script.h"
 #include "python/src/training.h"
 #include "rref/rref.h"
 
@@ -779,5 +780,6 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(found->ip, found->port);
   });
   bind_training(m);
+  bind_script(m);
 }
 

@@ -1,5 +1,6 @@
 """Functions the Python tests call remotely (a module callee.py allows)."""
 import time
+from typing import Tuple
 
 import torch
 import tether.rpc as rpc
@@ -79,6 +80,34 @@ def total_of(rref):
 def script_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A TorchScript function; callers name it, the callee runs its own."""
     return a + b
+
+
+@torch.jit.script
+def script_read_rref(r: rpc.RRef[torch.Tensor],
+                     t: torch.Tensor) -> torch.Tensor:
+    """TorchScript reading an RRef (tether's RRef operators run it)."""
+    return r.to_here() + t
+
+
+@torch.jit.script
+def script_local_value(r: rpc.RRef[torch.Tensor]) -> torch.Tensor:
+    return r.local_value() * 2
+
+
+@torch.jit.script
+def script_about_rref(r: rpc.RRef[torch.Tensor]) -> Tuple[str, bool, bool]:
+    return r.owner_name(), r.is_owner(), r.confirmed_by_owner()
+
+
+@torch.jit.script
+def script_read_twice(r: rpc.RRef[torch.Tensor]) -> torch.Tensor:
+    """Calls another scripted function that reads the RRef too."""
+    return script_read_rref(r, r.to_here(0.0)) * 2
+
+
+@torch.jit.script
+def script_rref_back(r: rpc.RRef[torch.Tensor]) -> rpc.RRef[torch.Tensor]:
+    return r
 
 
 @rpc.functions.async_execution

@@ -132,6 +132,41 @@ def test_torchscript_functions_are_called_by_reference(callee):
         rpc.rpc_sync(callee, script_twice, args=(t,))
 
 
+def test_torchscript_functions_take_and_read_rrefs(callee):
+    t = torch.arange(3.0)
+    mine = rpc.RRef(t)  # the callee fetches it from here
+    assert torch.equal(
+        rpc.rpc_sync(callee, rpc_functions.script_read_rref, args=(mine, t)),
+        2 * t)
+    assert torch.equal(
+        rpc.rpc_sync(callee, rpc_functions.script_read_rref,
+                     kwargs={"t": t, "r": mine}), 2 * t)
+    assert torch.equal(
+        rpc.rpc_sync(callee, rpc_functions.script_read_twice, args=(mine,)),
+        4 * t)
+    assert rpc.rpc_sync(callee, rpc_functions.script_about_rref,
+                        args=(mine,)) == ("caller", False, True)
+    back = rpc.rpc_sync(callee, rpc_functions.script_rref_back, args=(mine,))
+    assert isinstance(back, rpc.RRef) and back.is_owner()
+    assert torch.equal(back.local_value(), t)
+    theirs = rpc.remote(callee, torch.add, args=(t, 1))
+    assert torch.equal(
+        rpc.rpc_sync(callee, rpc_functions.script_local_value,
+                     args=(theirs,)), 2 * (t + 1))
+    assert rpc.rpc_sync(callee, rpc_functions.script_about_rref,
+                        args=(theirs,)) == ("callee", True, True)
+    # What does not fit fails the call, naming it.
+    with pytest.raises(RuntimeError, match="callee.*local_value|owner"):
+        rpc.rpc_sync(callee, rpc_functions.script_local_value, args=(mine,))
+    with pytest.raises(RuntimeError,
+                       match=r"gave a int where the function declares "
+                             r"RRef\[Tensor\]"):
+        rpc.rpc_sync(callee, rpc_functions.script_read_rref,
+                     args=(rpc.RRef(7), t))
+    with pytest.raises(RuntimeError, match="declared RRef"):
+        rpc.rpc_sync(callee, rpc_functions.script_read_rref, args=(t, t))
+
+
 def test_shutdown_timeout_bounds_the_graceful_wait():
     program = os.path.join(workers.HERE, "shutdown_timeout.py")
     (rc0, out0), (rc1, out1) = workers.run_group(

@@ -73,6 +73,29 @@ RRef = _C.RRef
 RRef.__class_getitem__ = classmethod(types.GenericAlias)
 
 
+def _script_rref_annotations():
+    """Lets ``@torch.jit.script`` compile tether's ``RRef[T]`` as
+    TorchScript's RRef type, as it compiles the peer's: torch's annotation
+    reader (torch.jit.annotations.is_rref) knows only the peer's class. The
+    callee runs such functions with tether's RRef operators (_callee.serve,
+    python/src/script.h)."""
+    from torch.jit import annotations
+    peer_is_rref = getattr(annotations, "is_rref", None)
+    if peer_is_rref is None or getattr(peer_is_rref, "_tether", False):
+        return
+
+    def is_rref(ann):
+        if getattr(ann, "__origin__", None) is RRef:
+            return True
+        return peer_is_rref(ann)
+
+    is_rref._tether = True
+    annotations.is_rref = is_rref
+
+
+_script_rref_annotations()
+
+
 class BackendType(enum.Enum):
     TENSORPIPE = "tensorpipe"
     GRPC = "grpc"

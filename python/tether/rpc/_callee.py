@@ -288,6 +288,10 @@ def serve(name, args, kwargs):
         fn = _resolve(name)
         _resolved[name] = fn
     try:
+        if (isinstance(fn, torch.jit.ScriptFunction)
+                and _C.script_reads_rrefs(fn)):
+            # It takes or reads RRefs: tether's RRef operators run them.
+            return _C.call_script(fn, args, kwargs)
         return functions.result_of(fn, fn(*args, **kwargs))
     except Exception as e:  # the caller gets its type, text and traceback
         text = "".join(traceback.format_exception_only(type(e), e)).strip()
