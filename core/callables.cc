@@ -462,8 +462,23 @@ namespace {
 // (RRef::local); elsewhere it is RRef[Any]: a user learns its value's type
 // by fetching it. So where a function declares an argument RRef[T], any
 // RRef is taken (the schema is checked with Any there, then the argument
-// must be an RRef), and the value's type is checked when to_here() or
-// local_value() gives it (rref/script_operators.cc).
+// must be an RRef; inside a container, as List[RRef[T]], Any), and the
+// value's type is checked when to_here() or local_value() gives it
+// (rref/script_operators.cc).
+// `type` with every RRef[T] in it (List[RRef[T]] too) made Any.
+c10::TypePtr without_rrefs(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::RRefType) return c10::AnyType::get();
+  const c10::ArrayRef<c10::TypePtr> contained = type->containedTypes();
+  if (contained.empty()) return type;
+  std::vector<c10::TypePtr> relaxed;
+  bool changed = false;
+  for (const c10::TypePtr& t : contained) {
+    relaxed.push_back(without_rrefs(t));
+    changed |= relaxed.back() != t;
+  }
+  return changed ? type->withContained(std::move(relaxed)) : type;
+}
+
 absl::StatusOr<std::vector<c10::IValue>> check_function_inputs(
     const c10::FunctionSchema& schema, std::vector<c10::IValue> stack,
     const Kwargs& kwargs) {
@@ -471,10 +486,9 @@ absl::StatusOr<std::vector<c10::IValue>> check_function_inputs(
   std::vector<c10::Argument> relaxed;
   bool takes_rrefs = false;
   for (const c10::Argument& argument : declared) {
-    const bool rref = argument.type()->kind() == c10::TypeKind::RRefType;
-    takes_rrefs |= rref;
-    relaxed.push_back(rref ? argument.cloneWithType(c10::AnyType::get())
-                           : argument);
+    c10::TypePtr type = without_rrefs(argument.type());
+    takes_rrefs |= type != argument.type();
+    relaxed.push_back(argument.cloneWithType(std::move(type)));
   }
   if (!takes_rrefs) return check_inputs(schema, std::move(stack), kwargs);
   absl::StatusOr<std::vector<c10::IValue>> checked = check_inputs(

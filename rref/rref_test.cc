@@ -198,6 +198,12 @@ def local_rref(r: RRef[Tensor]) -> Tensor:
 def about_rref(r: RRef[Tensor]) -> Tuple[str, bool, bool]:
     return (r.owner_name(), r.is_owner(), r.confirmed_by_owner())
 
+def read_all(rs: List[RRef[Tensor]]) -> Tensor:
+    total = torch.zeros(2)
+    for r in rs:
+        total = total + r.to_here()
+    return total
+
 def read_nested(r: RRef[Tensor]) -> Tensor:
     if r.is_owner():
         return local_rref(r) * 2
@@ -225,6 +231,16 @@ def read_nested(r: RRef[Tensor]) -> Tensor:
   ASSERT_TRUE(v->isTuple());
   EXPECT_EQ(v->toTupleRef().elements()[0].toStringRef(), "carol");
   EXPECT_FALSE(v->toTupleRef().elements()[1].toBool());
+  // In a container.
+  absl::StatusOr<RRef> local = remote(*workers_[0], "bob", "aten::mul.Tensor",
+                                      {at::full({2}, 5.0), at::ones({2})});
+  ASSERT_THAT(local, IsOk());
+  c10::impl::GenericList both(c10::AnyType::get());
+  both.push_back(on_carol->to_ivalue());
+  both.push_back(local->to_ivalue());
+  v = workers_[0]->rpc_sync("bob", "read_all", {c10::IValue(both)});
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 11.0)));
   // local_value() on a user fails the call naming the owner, as in C++.
   v = workers_[0]->rpc_sync("bob", "local_rref", {on_carol->to_ivalue()});
   EXPECT_THAT(v, StatusIs(absl::StatusCode::kUnknown, HasSubstr("carol")));

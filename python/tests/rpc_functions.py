@@ -1,6 +1,6 @@
 """Functions the Python tests call remotely (a module callee.py allows)."""
 import time
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 import tether.rpc as rpc
@@ -103,6 +103,14 @@ def script_about_rref(r: rpc.RRef[torch.Tensor]) -> Tuple[str, bool, bool]:
 def script_read_twice(r: rpc.RRef[torch.Tensor]) -> torch.Tensor:
     """Calls another scripted function that reads the RRef too."""
     return script_read_rref(r, r.to_here(0.0)) * 2
+
+
+@torch.jit.script
+def script_read_all(rs: List[rpc.RRef[torch.Tensor]]) -> torch.Tensor:
+    total = torch.zeros(3)
+    for r in rs:
+        total = total + r.to_here()
+    return total
 
 
 @torch.jit.script

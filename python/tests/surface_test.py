@@ -146,6 +146,9 @@ def test_torchscript_functions_take_and_read_rrefs(callee):
         4 * t)
     assert rpc.rpc_sync(callee, rpc_functions.script_about_rref,
                         args=(mine,)) == ("caller", False, True)
+    assert torch.equal(
+        rpc.rpc_sync(callee, rpc_functions.script_read_all,
+                     args=([mine, rpc.RRef(t + 1)],)), 2 * t + 1)
     back = rpc.rpc_sync(callee, rpc_functions.script_rref_back, args=(mine,))
     assert isinstance(back, rpc.RRef) and back.is_owner()
     assert torch.equal(back.local_value(), t)
