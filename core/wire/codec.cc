@@ -1436,12 +1436,24 @@ absl::StatusOr<at::Tensor> Decoder::sparse_coo(const pb::Tensor& t,
   return out;
 }
 
+// A small message's envelope is built in a block on the stack: an arena's
+// own first block is a malloc and a free in every encode and decode.
+constexpr size_t kArenaBlockBytes = 2048;
+
+google::protobuf::ArenaOptions arena_on(char* block) {
+  google::protobuf::ArenaOptions options;
+  options.initial_block = block;
+  options.initial_block_size = kArenaBlockBytes;
+  return options;
+}
+
 }  // namespace
 
 absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs,
                     const AutogradMeta* autograd, const Limits& limits) {
   try {
-    google::protobuf::Arena arena;
+    alignas(16) char block[kArenaBlockBytes];
+    google::protobuf::Arena arena(arena_on(block));
     auto* envelope =
         google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
     Encoder encoder(rrefs, limits);
@@ -1492,7 +1504,8 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
                      limits.max_storages));
   }
   try {
-    google::protobuf::Arena arena;
+    alignas(16) char block[kArenaBlockBytes];
+    google::protobuf::Arena arena(arena_on(block));
     auto* envelope =
         google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
     google::protobuf::io::CodedInputStream stream(
