@@ -61,6 +61,44 @@ TEST_P(AgentConformance, LargeStorageRoundTrip) {
   expect_large_storage_round_trip(group[0], group[1].self());
 }
 
+// Storages either side of every size where a backend changes how it moves
+// them (inline in the message, on the connection, through a channel; gRPC's
+// chunks), several to a message, all in flight at once, arrive whole.
+TEST_P(AgentConformance, StoragesAcrossEverySizeClassRoundTrip) {
+  AgentGroup group(GetParam().backend(), 2);
+  ASSERT_TRUE(group.ok());
+  group.start_all(echo);
+  const std::vector<std::vector<size_t>> messages = {
+      {1, (64 << 10) - 1},
+      {64 << 10},
+      {(64 << 10) + 1},
+      {100 << 10, 0, 100 << 10, 50 << 10},
+      {256 << 10},
+      {(256 << 10) + 1, 7},
+      {(1 << 20) + 3, 64 << 10},
+  };
+  std::vector<Future<Message>> calls;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Message request = ping(absl::StrCat("sizes:", i));
+    for (size_t j = 0; j < messages[i].size(); ++j) {
+      request.storages.push_back(
+          make_storage(messages[i][j], static_cast<uint8_t>(10 * i + j)));
+    }
+    calls.push_back(group[0].send(group[1].self(), std::move(request), kBound));
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk()) << "message " << i;
+    EXPECT_EQ(response->payload, absl::StrCat("sizes:", i, "/pong"));
+    ASSERT_EQ(response->storages.size(), messages[i].size());
+    for (size_t j = 0; j < messages[i].size(); ++j) {
+      EXPECT_TRUE(storage_matches(response->storages[j], messages[i][j],
+                                  static_cast<uint8_t>(10 * i + j)))
+          << "message " << i << ", storage " << j;
+    }
+  }
+}
+
 // Every backend whose peers live apart receives large storages into the
 // shared cache of receive buffers (core/internal/receive_buffers.h), so
 // that a stream of large tensors does not fault in fresh pages for each

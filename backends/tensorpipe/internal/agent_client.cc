@@ -196,6 +196,9 @@ void AgentState::write_request(int rank, int64_t id,
 void AgentState::write_on_client(const std::shared_ptr<ClientPipe>& client,
                                  std::shared_ptr<OutgoingFrame> frame) {
   ::tensorpipe::Message message = frame->to_tensorpipe();
+  // Out of line, the message is several writes: sent together.
+  std::optional<GatheredWrites> gather;
+  if (!frame->header.inline_data) gather.emplace();
   client->pipe->write(std::move(message),
                       [weak = weak_from_this(), client,
                        frame](const ::tensorpipe::Error& error) {

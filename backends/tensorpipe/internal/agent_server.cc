@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "backends/tensorpipe/internal/agent_state.h"
+#include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/auth/auth.h"
 
 namespace tether::backends::internal {
@@ -392,6 +393,9 @@ void AgentState::write_response(
     return;
   }
   ::tensorpipe::Message message = frame->to_tensorpipe();
+  // Out of line, the message is several writes: sent together.
+  std::optional<GatheredWrites> gather;
+  if (!frame->header.inline_data) gather.emplace();
   pipe->write(std::move(message), [weak = weak_from_this(), frame](
                                       const ::tensorpipe::Error& /*error*/) {
     // On error the pipe is broken: its read loop notices and drops it.

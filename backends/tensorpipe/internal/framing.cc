@@ -21,6 +21,7 @@ using common::put_le;
 constexpr char kMagic[4] = {'T', 'P', 'F', '1'};
 constexpr size_t kFixedSize = 4 + 1 + 3 + 4 + 4 + 8 + 8 + 4;
 constexpr uint8_t kFlagInline = 1;
+constexpr uint8_t kFlagPayloads = 2;
 
 absl::Status malformed(absl::string_view what) {
   return common::malformed("tensorpipe frame", what);
@@ -41,7 +42,8 @@ std::string encode_header(const FrameHeader& header, size_t room) {
   std::memcpy(at, kMagic, sizeof(kMagic));
   at += sizeof(kMagic);
   put_le<uint8_t>(at, static_cast<uint8_t>(header.kind));
-  put_le<uint8_t>(at, header.inline_data ? kFlagInline : 0);
+  put_le<uint8_t>(at, (header.inline_data ? kFlagInline : 0) |
+                         (header.storages_as_payloads ? kFlagPayloads : 0));
   at += 2;  // reserved, zero
   put_le<int32_t>(at, static_cast<int32_t>(header.type));
   put_le<int32_t>(at, header.code);
@@ -67,10 +69,12 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   }
   header.kind = static_cast<FrameKind>(kind);
   const uint8_t flags = get_le<uint8_t>(metadata, 5);
-  if ((flags & ~kFlagInline) != 0) {
+  if ((flags & ~(kFlagInline | kFlagPayloads)) != 0 ||
+      flags == (kFlagInline | kFlagPayloads)) {
     return malformed(absl::StrCat("unknown flags ", flags));
   }
   header.inline_data = (flags & kFlagInline) != 0;
+  header.storages_as_payloads = (flags & kFlagPayloads) != 0;
   header.type = static_cast<MessageType>(get_le<int32_t>(metadata, 8));
   header.code = get_le<int32_t>(metadata, 12);
   header.id = get_le<int64_t>(metadata, 16);
@@ -147,6 +151,13 @@ size_t header_size(const FrameHeader& header) {
   }
   for (const c10::Storage& storage : storages) {
     if (storage.nbytes() == 0) continue;
+    if (header.storages_as_payloads) {
+      ::tensorpipe::Message::Payload entry;
+      entry.data = const_cast<void*>(storage.data());
+      entry.length = storage.nbytes();
+      message.payloads.push_back(std::move(entry));
+      continue;
+    }
     ::tensorpipe::Message::Tensor tensor;
     tensor.buffer = ::tensorpipe::CpuBuffer{storage.data()};
     tensor.length = storage.nbytes();
@@ -171,6 +182,16 @@ bool fits_inline(const OutgoingFrame& frame) {
   return frame.payload.size() <= kInlineLimit && bytes <= kInlineLimit;
 }
 
+// Inline, else storages as the pipe's payloads up to kPayloadLimit, else
+// storages as tensors through a channel.
+void choose_path(OutgoingFrame& frame) {
+  frame.header.inline_data = fits_inline(frame);
+  if (frame.header.inline_data) return;
+  uint64_t bytes = 0;
+  for (const c10::Storage& storage : frame.storages) bytes += storage.nbytes();
+  frame.header.storages_as_payloads = bytes > 0 && bytes <= kPayloadLimit;
+}
+
 }  // namespace
 
 std::shared_ptr<OutgoingFrame> make_request_frame(Message request) {
@@ -184,7 +205,7 @@ std::shared_ptr<OutgoingFrame> make_request_frame(Message request) {
   }
   frame->payload = std::move(request.payload);
   frame->storages = std::move(request.storages);
-  frame->header.inline_data = fits_inline(*frame);
+  choose_path(*frame);
   return frame;
 }
 
@@ -207,7 +228,7 @@ std::shared_ptr<OutgoingFrame> make_response_frame(
     }
   }
   frame->header.payload_size = frame->payload.size();
-  frame->header.inline_data = fits_inline(*frame);
+  choose_path(*frame);
   return frame;
 }
 
@@ -287,9 +308,9 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> discard_frame(
   // Each buffer its own stretch of the region: they alias in memory, not
   // in address (concurrent channels write them).
   char* at = frame->discard->data();
-  if (!descriptor.payloads.empty()) {
+  for (const ::tensorpipe::Descriptor::Payload& payload : descriptor.payloads) {
     frame->allocation.payloads.push_back({at});
-    at += frame->header.payload_size;
+    at += payload.length;
   }
   for (const ::tensorpipe::Descriptor::Tensor& tensor : descriptor.tensors) {
     ::tensorpipe::Allocation::Tensor entry;
@@ -315,14 +336,30 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
     }
   } else {
     const size_t payloads = header->payload_size > 0 ? 1 : 0;
-    if (descriptor.payloads.size() != payloads ||
+    if (header->storages_as_payloads) {
+      size_t expected = payloads;
+      for (uint64_t size : header->storage_sizes) expected += size > 0 ? 1 : 0;
+      if (descriptor.payloads.size() != expected ||
+          !descriptor.tensors.empty()) {
+        return malformed("payloads do not match the header's storages");
+      }
+      size_t at = payloads;
+      for (uint64_t size : header->storage_sizes) {
+        if (size == 0) continue;
+        if (descriptor.payloads[at++].length != size) {
+          return malformed("payloads do not match the header's storages");
+        }
+      }
+    }
+    if ((!header->storages_as_payloads &&
+         descriptor.payloads.size() != payloads) ||
         (payloads == 1 &&
          descriptor.payloads[0].length != header->payload_size)) {
       return malformed("payload does not match the header");
     }
     size_t tensor = 0;
     for (uint64_t size : header->storage_sizes) {
-      if (size == 0) continue;
+      if (size == 0 || header->storages_as_payloads) continue;
       if (tensor >= descriptor.tensors.size() ||
           descriptor.tensors[tensor].length != size) {
         return malformed("tensors do not match the header's storage sizes");
@@ -393,6 +430,10 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
   }
   for (const c10::Storage& storage : frame->storages) {
     if (storage.nbytes() == 0) continue;
+    if (frame->header.storages_as_payloads) {
+      frame->allocation.payloads.push_back({storage.data()});
+      continue;
+    }
     ::tensorpipe::Allocation::Tensor entry;
     entry.buffer = ::tensorpipe::CpuBuffer{storage.data()};
     frame->allocation.tensors.push_back(std::move(entry));

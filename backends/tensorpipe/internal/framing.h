@@ -20,6 +20,15 @@
 // uv transport, a loop round trip) per message; the copy is cheaper than
 // that round trip for messages this small.
 //
+// Mid-size messages (not inline, storages together at most kPayloadLimit
+// bytes) set flag kPayloads: each non-empty storage is a tensorpipe
+// payload after payload 0 (present, as always, only when the payload is
+// not empty), read from the pipe's own connection straight into the
+// storage, and no tensor. Through a channel (cma) each direction pays the
+// channel's own descriptor and its thread's hand-offs, which cost more
+// than the bytes at these sizes (docs/benchmarks.md, "Mid-size messages
+// on the pipe's connection").
+//
 // An error response (the handler's future failed) has kind kError, the
 // absl::StatusCode, and the status message as its payload.
 //
@@ -77,10 +86,19 @@ struct AuthFrame {
 // (docs/benchmarks.md, "Mid-size messages inline up to 64 KiB").
 constexpr uint64_t kInlineLimit = 64 << 10;
 
+// Storages together up to this many bytes, over the inline limit, travel as
+// the pipe's payloads; larger ones through a channel, whose single copy
+// from the sender's memory is faster from about 1 MiB (docs/benchmarks.md,
+// "Mid-size messages on the pipe's connection").
+constexpr uint64_t kPayloadLimit = 256 << 10;
+
 struct FrameHeader {
   FrameKind kind = FrameKind::kRequest;
   // Payload and storages follow the header in the metadata.
   bool inline_data = false;
+  // Flag kPayloads: the non-empty storages are tensorpipe payloads after
+  // the payload's own, not tensors.
+  bool storages_as_payloads = false;
   MessageType type = MessageType::kUnknown;
   int64_t id = -1;
   // Only for kError; 0 otherwise.

@@ -2,8 +2,10 @@
 // descriptor can make allocate_frame() and the frame readers do.
 //
 // An input is: one byte (bit 0: the descriptor has a payload entry; bits
-// 1-2: how many tensor entries, 0-3), then a little-endian u16 length per
-// entry, then the metadata (the frame header, and inline data). The
+// 1-2: how many tensor entries, 0-3; bits 3-5: how many more payload
+// entries, 0-7, as frames of flag kPayloads carry), then a little-endian
+// u16 length per entry (payloads first), then the metadata (the frame
+// header, and inline data). The
 // framing_corpus/ seeds are real frames (make_framing_corpus.cc writes
 // them).
 //
@@ -24,7 +26,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using tether::backends::internal::FrameKind;
   if (size == 0) return 0;
-  const bool has_payload = data[0] & 1;
+  const int payloads = (data[0] & 1) + ((data[0] >> 3) & 7);
   const int tensors = (data[0] >> 1) & 3;
   size_t at = 1;
   auto length = [&]() -> size_t {
@@ -34,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return n;
   };
   ::tensorpipe::Descriptor descriptor;
-  if (has_payload) {
+  for (int i = 0; i < payloads; ++i) {
     ::tensorpipe::Descriptor::Payload payload;
     payload.length = length();
     descriptor.payloads.push_back(payload);

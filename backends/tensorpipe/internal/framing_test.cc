@@ -114,8 +114,8 @@ TEST(Framing, LargeRequestTravelsWithPayloadAndStoragesOutOfBand) {
   request.type = MessageType::kPing;
   request.id = 9;
   request.payload = "hello";
-  // Over the inline limit, so the storages travel out of band.
-  const size_t big = kInlineLimit + 10;
+  // Over the payload limit, so the storages travel through a channel.
+  const size_t big = kPayloadLimit + 10;
   request.storages = {storage_of(big, 1), storage_of(0, 0), storage_of(3, 2)};
   std::shared_ptr<OutgoingFrame> out = make_request_frame(request);
   ::tensorpipe::Message message = out->to_tensorpipe();
@@ -149,6 +149,72 @@ TEST(Framing, LargeRequestTravelsWithPayloadAndStoragesOutOfBand) {
   EXPECT_EQ(received->storages[1].nbytes(), 0u);
   EXPECT_EQ(static_cast<uint8_t*>(received->storages[2].data())[2], 2);
   EXPECT_NE(received->storages[0].data(), request.storages[0].data());
+}
+
+// Over the inline limit and within the payload limit, storages follow the
+// payload as the pipe's own payloads, read straight into the receiver's
+// storages; no channel, no tensor.
+TEST(Framing, MidSizeRequestTravelsAsPipePayloads) {
+  Message request;
+  request.type = MessageType::kCall;
+  request.id = 11;
+  request.payload = "envelope";
+  const size_t mid = kInlineLimit + 10;
+  request.storages = {storage_of(mid, 5), storage_of(0, 0), storage_of(3, 6)};
+  std::shared_ptr<OutgoingFrame> out = make_request_frame(request);
+  EXPECT_FALSE(out->header.inline_data);
+  EXPECT_TRUE(out->header.storages_as_payloads);
+  ::tensorpipe::Message message = out->to_tensorpipe();
+  EXPECT_TRUE(message.tensors.empty());
+  ASSERT_EQ(message.payloads.size(), 3u);  // the envelope, then two storages
+  EXPECT_EQ(message.payloads[1].length, mid);
+  EXPECT_EQ(message.payloads[2].length, 3u);
+  // Zero-copy: the payloads point at the caller's bytes.
+  EXPECT_EQ(message.payloads[1].data, request.storages[0].data());
+
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+      allocate_frame(descriptor_of(message));
+  ASSERT_THAT(in, IsOk());
+  ASSERT_EQ((*in)->allocation.payloads.size(), 3u);
+  EXPECT_TRUE((*in)->allocation.tensors.empty());
+  // Read straight into the storage the receiver gets.
+  EXPECT_EQ((*in)->allocation.payloads[1].data, (*in)->storages[0].data());
+  deliver(message, **in);
+  absl::StatusOr<Message> received = (*in)->take_result();
+  ASSERT_THAT(received, IsOk());
+  EXPECT_EQ(received->type, MessageType::kCall);
+  EXPECT_EQ(received->id, 11);
+  EXPECT_EQ(received->payload, "envelope");
+  ASSERT_EQ(received->storages.size(), 3u);
+  EXPECT_EQ(received->storages[0].nbytes(), mid);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[mid - 1], 5);
+  EXPECT_EQ(received->storages[1].nbytes(), 0u);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[2].data())[2], 6);
+
+  // Without an envelope the storages are payloads from 0; a response takes
+  // the same path.
+  Message bare;
+  bare.type = MessageType::kCallRet;
+  bare.storages = {storage_of(kPayloadLimit, 7)};
+  ::tensorpipe::Message answer =
+      make_response_frame(3, absl::StatusOr<Message>(bare))->to_tensorpipe();
+  ASSERT_EQ(answer.payloads.size(), 1u);
+  EXPECT_EQ(answer.payloads[0].length, kPayloadLimit);
+  EXPECT_TRUE(answer.tensors.empty());
+  in = allocate_frame(descriptor_of(answer));
+  ASSERT_THAT(in, IsOk());
+  deliver(answer, **in);
+  received = (*in)->take_result();
+  ASSERT_THAT(received, IsOk());
+  EXPECT_EQ(received->payload, "");
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[0], 7);
+
+  // One byte over the payload limit goes through a channel.
+  bare.storages.push_back(storage_of(1, 8));
+  ::tensorpipe::Message over =
+      make_response_frame(4, absl::StatusOr<Message>(bare))->to_tensorpipe();
+  EXPECT_TRUE(over.payloads.empty());
+  EXPECT_EQ(over.tensors.size(), 2u);
 }
 
 // `request` through a frame that must carry it inline (no payloads, no
@@ -198,8 +264,8 @@ TEST(Framing, PayloadAndStoragesAreBoundedApartForInline) {
 
   request.storages.push_back(storage_of(1, 9));
   ::tensorpipe::Message over = make_request_frame(request)->to_tensorpipe();
-  EXPECT_EQ(over.payloads.size(), 1u);
-  EXPECT_EQ(over.tensors.size(), 3u);
+  EXPECT_EQ(over.payloads.size(), 4u);  // the envelope and three storages
+  EXPECT_TRUE(over.tensors.empty());
 }
 
 TEST(Framing, InlineFrameWithWrongLengthIsRejected) {
@@ -245,11 +311,16 @@ TEST(Framing, ErrorResponseCarriesCodeAndText) {
 TEST(Framing, RejectsDescriptorsThatDisagreeWithTheHeader) {
   Message request;
   request.payload = "abc";
-  // Over the inline limit: payload and tensor travel out of band.
-  request.storages = {storage_of(kInlineLimit + 4, 0)};
+  // Over the payload limit: payload and tensor travel out of band.
+  request.storages = {storage_of(kPayloadLimit + 4, 0)};
   ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
   const ::tensorpipe::Descriptor good = descriptor_of(message);
   ASSERT_THAT(allocate_frame(good), IsOk());
+  ::tensorpipe::Descriptor tensor_as_payload = good;
+  tensor_as_payload.payloads.push_back({good.tensors[0].length, ""});
+  tensor_as_payload.tensors.clear();
+  EXPECT_THAT(allocate_frame(tensor_as_payload),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 
   ::tensorpipe::Descriptor no_payload = good;
   no_payload.payloads.clear();
@@ -271,6 +342,46 @@ TEST(Framing, RejectsDescriptorsThatDisagreeWithTheHeader) {
   garbage.metadata = "not a header";
   EXPECT_THAT(allocate_frame(garbage),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(Framing, RejectsPayloadFramesThatDisagreeWithTheHeader) {
+  Message request;
+  request.payload = "abc";
+  request.storages = {storage_of(kInlineLimit + 4, 0), storage_of(9, 1)};
+  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  const ::tensorpipe::Descriptor good = descriptor_of(message);
+  ASSERT_EQ(good.payloads.size(), 3u);
+  ASSERT_THAT(allocate_frame(good), IsOk());
+
+  ::tensorpipe::Descriptor missing = good;
+  missing.payloads.pop_back();
+  EXPECT_THAT(allocate_frame(missing),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("payloads do not match")));
+  ::tensorpipe::Descriptor extra = good;
+  extra.payloads.push_back(good.payloads[2]);
+  EXPECT_THAT(allocate_frame(extra),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tensorpipe::Descriptor wrong_length = good;
+  wrong_length.payloads[1].length = 5;
+  EXPECT_THAT(allocate_frame(wrong_length),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tensorpipe::Descriptor wrong_envelope = good;
+  wrong_envelope.payloads[0].length = 2;
+  EXPECT_THAT(allocate_frame(wrong_envelope),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ::tensorpipe::Descriptor with_tensor = good;
+  ::tensorpipe::Descriptor::Tensor tensor;
+  tensor.length = 9;
+  tensor.sourceDevice = ::tensorpipe::Device{::tensorpipe::kCpuDeviceType, 0};
+  with_tensor.tensors.push_back(tensor);
+  EXPECT_THAT(allocate_frame(with_tensor),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Inline and as payloads at once is no frame.
+  ::tensorpipe::Descriptor both = good;
+  both.metadata[5] = 3;
+  EXPECT_THAT(allocate_frame(both), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("unknown flags")));
 }
 
 TEST(Framing, UnknownStatusCodeBecomesUnknown) {
@@ -299,7 +410,7 @@ TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
   Message request;
   request.type = MessageType::kPing;
   request.payload = std::string(100, 'p');
-  request.storages = {storage_of(kInlineLimit + 10, 1), storage_of(50, 2)};
+  request.storages = {storage_of(kPayloadLimit + 10, 1), storage_of(50, 2)};
   ::tensorpipe::Descriptor descriptor =
       descriptor_of(make_request_frame(request)->to_tensorpipe());
   MessageLimits limits;
@@ -314,7 +425,7 @@ TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
     EXPECT_TRUE((*frame)->payload.empty());
     EXPECT_TRUE((*frame)->storages.empty());
     ASSERT_NE((*frame)->discard, nullptr);
-    EXPECT_EQ((*frame)->discard->length(), 100 + kInlineLimit + 10 + 50);
+    EXPECT_EQ((*frame)->discard->length(), 100 + kPayloadLimit + 10 + 50);
     EXPECT_EQ((*frame)->allocation.payloads.size(), 1u);
     EXPECT_EQ((*frame)->allocation.tensors.size(), 2u);
     EXPECT_THAT((*frame)->take_result(),
@@ -327,7 +438,7 @@ TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
   limits.max_storages = 1;
   expect_refused(limits, "2 tensor storages are over the limit max_storages");
   limits = MessageLimits();
-  limits.max_storage_bytes = kInlineLimit;
+  limits.max_storage_bytes = kPayloadLimit;
   expect_refused(limits, "max_storage_bytes");
   // A terabyte announced in the header, with the default limits.
   descriptor.tensors[0].length = uint64_t{1} << 40;
@@ -335,6 +446,33 @@ TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
   header.storage_sizes[0] = uint64_t{1} << 40;
   descriptor.metadata = encode_header(header);
   EXPECT_THAT(allocate_frame(descriptor),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+// Storages that travel as the pipe's payloads are discarded the same way:
+// each payload its own stretch of the region.
+TEST(Framing, PayloadFramesOverTheLimitsAreDiscarded) {
+  Message request;
+  request.type = MessageType::kPing;
+  request.payload = std::string(100, 'p');
+  request.storages = {storage_of(kInlineLimit + 10, 1), storage_of(50, 2)};
+  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  ASSERT_EQ(message.payloads.size(), 3u);
+  MessageLimits limits;
+  limits.max_storage_bytes = kInlineLimit;
+  absl::StatusOr<std::unique_ptr<IncomingFrame>> frame =
+      allocate_frame(descriptor_of(message), limits);
+  ASSERT_THAT(frame, IsOk());
+  EXPECT_THAT((*frame)->refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                          HasSubstr("max_storage_bytes")));
+  ASSERT_NE((*frame)->discard, nullptr);
+  EXPECT_EQ((*frame)->discard->length(), 100 + kInlineLimit + 10 + 50);
+  ASSERT_EQ((*frame)->allocation.payloads.size(), 3u);
+  EXPECT_EQ(static_cast<char*>((*frame)->allocation.payloads[2].data) -
+                static_cast<char*>((*frame)->allocation.payloads[0].data),
+            static_cast<std::ptrdiff_t>(100 + kInlineLimit + 10));
+  deliver(message, **frame);  // the bytes land in the region
+  EXPECT_THAT((*frame)->take_result(),
               StatusIs(absl::StatusCode::kResourceExhausted));
 }
 

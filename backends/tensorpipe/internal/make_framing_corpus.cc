@@ -16,8 +16,10 @@ using tether::backends::common::CorpusDir;
 void write(const CorpusDir& dir, const std::string& name,
            const OutgoingFrame& frame) {
   ::tensorpipe::Message message = frame.to_tensorpipe();
-  std::string input(1, static_cast<char>((message.payloads.empty() ? 0 : 1) |
-                                         (message.tensors.size() << 1)));
+  const size_t payloads = message.payloads.size();
+  std::string input(
+      1, static_cast<char>((payloads == 0 ? 0 : 1) | (message.tensors.size() << 1) |
+                           ((payloads == 0 ? 0 : payloads - 1) << 3)));
   auto put16 = [&](size_t n) {
     input.push_back(static_cast<char>(n & 0xff));
     input.push_back(static_cast<char>((n >> 8) & 0xff));
@@ -33,9 +35,18 @@ void write_seeds(const CorpusDir& dir) {
   write(dir, "request_inline", *make_request_frame(small));
   tether::Message big = small;
   big.payload = std::string(200, 'p');
-  big.storages = {corpus_storage(kInlineLimit + 1), corpus_storage(3),
+  big.storages = {corpus_storage(kPayloadLimit + 1), corpus_storage(3),
                   corpus_storage(0)};
   write(dir, "request_out_of_band", *make_request_frame(big));
+  // Storages as the pipe's payloads (flag kPayloads), shrunk to fit the
+  // input's u16 lengths.
+  tether::Message mid = small;
+  mid.payload = std::string(40, 'p');
+  mid.storages = {corpus_storage(300), corpus_storage(0), corpus_storage(5)};
+  std::shared_ptr<OutgoingFrame> as_payloads = make_request_frame(mid);
+  as_payloads->header.inline_data = false;
+  as_payloads->header.storages_as_payloads = true;
+  write(dir, "request_storages_as_payloads", *as_payloads);
   tether::Message response;
   response.type = tether::MessageType::kCallRet;
   response.payload = "result";

@@ -106,6 +106,34 @@ inline constexpr char kTcpDomainDescriptor[] = "tether-tcp:1";
 std::shared_ptr<::tensorpipe::transport::Context> create_tcp_transport(
     TcpTransportOptions options);
 
+namespace tcp {
+class ConnectionImpl;
+}  // namespace tcp
+
+// While one is alive on a thread, the writes this thread makes in the
+// transport's loop are queued on their connections and sent when it ends,
+// one sendmsg() per connection: a pipe's message of several writes (its
+// descriptor, then each payload) leaves in one segment instead of one
+// each, and the peer is woken once for it, not once per write. Writes the
+// loop runs on another thread (one that was in it already) go out as
+// usual. Not nested: an inner one does nothing.
+class GatheredWrites {
+ public:
+  GatheredWrites();
+  ~GatheredWrites();
+  GatheredWrites(const GatheredWrites&) = delete;
+  GatheredWrites& operator=(const GatheredWrites&) = delete;
+
+  // The one gathering on this thread, or null.
+  static GatheredWrites* current();
+  // `connection` has writes queued for this one to send.
+  void add(std::shared_ptr<tcp::ConnectionImpl> connection);
+
+ private:
+  bool active_ = false;
+  std::vector<std::shared_ptr<tcp::ConnectionImpl>> connections_;
+};
+
 // "ip", "ip:port", "[ip6]" or "[ip6]:port" (port 0 when absent) as a socket
 // address; false if it is none.
 bool parse_socket_address(const std::string& text, sockaddr_storage* storage,

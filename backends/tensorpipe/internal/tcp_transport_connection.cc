@@ -16,7 +16,45 @@
 #include "backends/common/fd_assist.h"
 #include "backends/tensorpipe/internal/tcp_transport_listener.h"
 
-namespace tether::backends::internal::tcp {
+namespace tether::backends::internal {
+namespace {
+
+thread_local GatheredWrites* t_gathering = nullptr;
+
+}  // namespace
+
+GatheredWrites::GatheredWrites() {
+  if (t_gathering != nullptr) return;
+  t_gathering = this;
+  active_ = true;
+}
+
+GatheredWrites::~GatheredWrites() {
+  if (!active_) return;
+  t_gathering = nullptr;
+  for (const std::shared_ptr<tcp::ConnectionImpl>& connection : connections_) {
+    connection->flush_gathered();
+  }
+}
+
+GatheredWrites* GatheredWrites::current() { return t_gathering; }
+
+void GatheredWrites::add(std::shared_ptr<tcp::ConnectionImpl> connection) {
+  for (const auto& known : connections_) {
+    if (known == connection) return;
+  }
+  connections_.push_back(std::move(connection));
+}
+
+namespace tcp {
+
+void ConnectionImpl::flush_gathered() {
+  context_->deferToLoop([self = shared_from_this()] {
+    if (self->error_) return;
+    if (self->state_ == State::kEstablished) self->process_writes();
+    self->update_interest();
+  });
+}
 
 int ConnectionImpl::begin_assist() {
   if (context_->inLoop()) return -1;
@@ -227,6 +265,10 @@ void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
   op.ptr = static_cast<const char*>(ptr);
   op.fn = std::move(fn);
   writes_.push_back(std::move(op));
+  if (GatheredWrites* gathering = GatheredWrites::current()) {
+    gathering->add(shared_from_this());
+    return;
+  }
   if (state_ == State::kEstablished) process_writes();
   update_interest();
 }
@@ -385,4 +427,5 @@ void ConnectionImpl::handleErrorImpl() {
   context_->unenroll(*this);
 }
 
-}  // namespace tether::backends::internal::tcp
+}  // namespace tcp
+}  // namespace tether::backends::internal

@@ -82,6 +82,10 @@ class ConnectionImpl final
   // readable (or hung up): reads and handles what came; false once the
   // connection cannot be assisted any longer. end_assist(): the poller
   // reads it again.
+  // Sends what writes queued while a GatheredWrites was gathering them
+  // (tcp_transport.h); any thread.
+  void flush_gathered();
+
   int begin_assist() override;
   bool assist_step() override;
   void end_assist() override;
