@@ -14,6 +14,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/internal/blas_check.h"
 #include "core/ivalue_future.h"
 #include "core/join/membership.h"
 #include "core/profiling.h"
@@ -106,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     const RpcOptions& options, const BackendRegistry& registry,
     const std::vector<ExtensionFactory>& extensions) {
   ignore_sigpipe();
+  internal::warn_if_blas_unsafe();
 #ifdef TETHER_NO_MUTEX_DEADLOCK_DETECTION
   // Debian's Abseil checks every lock for deadlock cycles (it is built
   // without NDEBUG): a graph update per acquisition on every hot path.

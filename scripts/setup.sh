@@ -8,6 +8,11 @@ packages=(
   bazel-bootstrap
   g++
   libtorch-dev
+  # LibTorch's BLAS: the threaded OpenBLAS, which is safe for the
+  # concurrent calls a worker's handlers make; the serial one that
+  # libtorch-dev brings gives wrong results then (core/internal/blas_check.h).
+  # Installed, it becomes the system's libblas.so.3 (Debian's alternatives).
+  libopenblas0-pthread
   libabsl-dev
   libprotobuf-dev
   protobuf-compiler
