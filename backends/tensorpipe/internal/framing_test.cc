@@ -196,8 +196,9 @@ TEST(Framing, MidSizeRequestTravelsAsPipePayloads) {
   Message bare;
   bare.type = MessageType::kCallRet;
   bare.storages = {storage_of(kPayloadLimit, 7)};
-  ::tensorpipe::Message answer =
-      make_response_frame(3, absl::StatusOr<Message>(bare))->to_tensorpipe();
+  std::shared_ptr<OutgoingFrame> answer_frame =
+      make_response_frame(3, absl::StatusOr<Message>(bare));
+  ::tensorpipe::Message answer = answer_frame->to_tensorpipe();
   ASSERT_EQ(answer.payloads.size(), 1u);
   EXPECT_EQ(answer.payloads[0].length, kPayloadLimit);
   EXPECT_TRUE(answer.tensors.empty());
@@ -456,7 +457,9 @@ TEST(Framing, PayloadFramesOverTheLimitsAreDiscarded) {
   request.type = MessageType::kPing;
   request.payload = std::string(100, 'p');
   request.storages = {storage_of(kInlineLimit + 10, 1), storage_of(50, 2)};
-  ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
+  // The message points into the frame: kept alive while it is delivered.
+  std::shared_ptr<OutgoingFrame> out = make_request_frame(request);
+  ::tensorpipe::Message message = out->to_tensorpipe();
   ASSERT_EQ(message.payloads.size(), 3u);
   MessageLimits limits;
   limits.max_storage_bytes = kInlineLimit;
