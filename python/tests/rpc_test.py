@@ -405,8 +405,17 @@ def test_rpc_async_values_come_back_as_rpc_sync_gives_them(callee):
         synced = rpc.rpc_sync(callee, rpc_functions.echo, args=(value,))
         fut = rpc.rpc_async(callee, rpc_functions.echo, args=(value,))
         seen = []
-        fut.add_done_callback(lambda f: seen.append(f.value()))
+        called = threading.Event()
+
+        def callback(f, seen=seen, called=called):
+            seen.append(f.value())
+            called.set()
+
+        fut.add_done_callback(callback)
         waited = fut.wait()
+        # The callback runs on the thread that completed the future, which
+        # may be after wait() returned (as with torch's futures).
+        assert called.wait(30), value
         for got in (waited, fut.value(), seen[0]):
             assert type(got) is type(synced), (value, got)
             assert repr(got) == repr(synced), (value, got)
