@@ -10,7 +10,9 @@
 // rpc_sync to rank 1, for each variant in turn: TensorPipe over tether's
 // guarded tcp transport (the default), over uv (TCP) only, over shm only,
 // and with TensorPipe's own negotiation (all transports and channels); gRPC;
-// libfabric over tcp;ofi_rxm and over shm. With
+// libfabric over tcp;ofi_rxm and over shm; TensorPipe's pipe alone, over
+// tether's tcp transport and over uv, with no tether agent, codec or
+// operator (tools/internal/tp_pipe.h: the tensorpipe backend's floor). With
 // --no_tensors the call is a TorchScript `inc(int) -> int` instead (no
 // storage travels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY)
 // between the same two processes. Prints a table and one JSON line.
@@ -42,6 +44,7 @@
 #include "tools/internal/launcher_env.h"
 #include "tools/internal/raw_baselines.h"
 #include "tools/internal/samples.h"
+#include "tools/internal/tp_pipe.h"
 
 namespace {
 
@@ -212,6 +215,20 @@ int main(int argc, char** argv) {
         absl::Microseconds(busy_poll_us), registry);
     if (!r.ok()) die(variants[v].label, r.status());
     results.push_back(*r);
+  }
+  // TensorPipe's pipe alone, carrying 128 bytes of metadata each way (about
+  // what tether's inline frame of this call is).
+  for (const std::string transport : {"tcp", "uv"}) {
+    const std::string label =
+        absl::StrCat("tensorpipe pipe alone (", transport, ")");
+    if (!wanted(label)) continue;
+    std::unique_ptr<c10d::TCPStore> store =
+        tether::bench::launcher_store("rpc_latency", rank);
+    absl::StatusOr<std::vector<double>> samples =
+        tether::bench::tensorpipe_pipe_ping_pong(transport, rank, *store,
+                                                 calls, 128);
+    if (!samples.ok()) die(label, samples.status());
+    if (rank == 0) results.push_back(summarize(label, std::move(*samples)));
   }
   // The raw baseline unless --variants leaves it out (e.g. --variants=raw
   // runs it alone).
