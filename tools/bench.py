@@ -23,7 +23,8 @@ not register, or that is not viable here, is shown as "n/a" with the reason
 register_builtin_backends), so new backends appear once registered.
 
 Raw baselines: bench_worker --raw (TCP ping-pong and stream between two
-processes, memcpy), plus the tools in EXTERNAL_BASELINES when their binaries
+processes, memcpy, and TensorPipe's pipe alone: the tensorpipe backend's
+floor for a small call), plus the tools in EXTERNAL_BASELINES when their binaries
 are built (bare gRPC: //tools:grpc_pingpong, a data dependency of
 //tools:bench; raw libfabric: //tools:fabric_pingpong), otherwise "n/a".
 Each variant is compared with its own limit (BASELINE_OF). An external
@@ -365,6 +366,13 @@ def run_baselines(args, log):
             note="one way, 1 MiB writes")
         baselines["memcpy"] = raw_record("memcpy", bw_GBps=raw["memcpy_GBps"],
                                          bw_bytes=BIG, note="one thread")
+        if raw.get("tp_pipe_alone_p50_us") is not None:
+            baselines["TensorPipe pipe alone"] = raw_record(
+                "TensorPipe pipe alone",
+                small_p50_us=raw["tp_pipe_alone_p50_us"],
+                note="TensorPipe's pipe over tether's tcp transport, 128 B "
+                "each way, no tether RPC code: the tensorpipe backend's "
+                "floor")
         baselines["memcpy, fresh buffer"] = raw_record(
             "memcpy, fresh buffer", bw_GBps=raw["memcpy_fresh_GBps"],
             bw_bytes=BIG, note="into a buffer allocated per copy: the page "

@@ -234,6 +234,9 @@ class SmokeTest(unittest.TestCase):
         # Not registered in this build, or registered: either way reported.
         self.assertIn("status", results["variants"]["libfabric shm"])
         self.assertEqual(results["baselines"]["raw TCP"]["status"], "ok")
+        pipe = results["baselines"]["TensorPipe pipe alone"]
+        self.assertEqual(pipe["status"], "ok")
+        self.assertGreater(pipe["small_p50_us"], 0)
         self.assertIn("## Workloads", run.stdout)
 
 

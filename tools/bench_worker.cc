@@ -30,7 +30,9 @@
 //   sweep                           the echo per payload size, 8 B to 64 MiB
 // With --raw: a TCP ping-pong per size (tcp_pingpong_p50_us at 8 B, the
 // sweep), a one-way TCP stream (tcp_stream_GBps), memcpy into a reused and
-// into a fresh buffer (memcpy_GBps, memcpy_fresh_GBps).
+// into a fresh buffer (memcpy_GBps, memcpy_fresh_GBps), and TensorPipe's
+// pipe alone over tether's tcp transport, 128 bytes each way and no tether
+// RPC code (tp_pipe_alone_p50_us; tools/internal/tp_pipe.h).
 //
 // A backend that is not registered or not viable here (or a setting it
 // refuses as not available) is not an error: both ranks print
@@ -57,6 +59,7 @@
 #include "tools/internal/json.h"
 #include "tools/internal/launcher_env.h"
 #include "tools/internal/raw_baselines.h"
+#include "tools/internal/tp_pipe.h"
 #include "tools/internal/samples.h"
 #include "tools/internal/workloads.h"
 
@@ -317,6 +320,9 @@ int run_variant(const Flags& flags, int rank) {
 
 // ---- raw baselines ----
 
+// About what tether's inline frame of a small rpc_sync is.
+constexpr size_t kPipeAloneBytes = 128;
+
 absl::Status run_raw(const Flags& flags, int rank, JsonObject& out) {
   std::unique_ptr<c10d::TCPStore> store = launcher_store("bench_worker", rank);
   absl::StatusOr<TcpPair> pair = TcpPair::connect(rank, *store, absl::Seconds(30));
@@ -341,7 +347,16 @@ absl::Status run_raw(const Flags& flags, int rank, JsonObject& out) {
   absl::StatusOr<double> stream = tcp_stream(
       *pair, static_cast<size_t>(flags.count("stream_bytes")), size_t{1} << 20);
   if (!stream.ok()) return stream.status();
+  // TensorPipe's pipe alone over tether's tcp transport, as many round trips
+  // as rpc_sync gets calls: the tensorpipe backend's floor.
+  absl::StatusOr<std::vector<double>> pipe = tensorpipe_pipe_ping_pong(
+      "tcp", rank, *store, static_cast<int>(flags.count("sync_calls")),
+      kPipeAloneBytes);
+  if (!pipe.ok()) return pipe.status();
   if (rank != 0) return absl::OkStatus();
+  const Summary pipe_alone = summarize(std::move(*pipe));
+  out.number("tp_pipe_alone_p50_us", pipe_alone.p50_us);
+  out.number("tp_pipe_alone_p99_us", pipe_alone.p99_us);
   if (!rows.empty()) {
     out.number("tcp_pingpong_p50_us", rows.front().summary.p50_us);
     out.number("tcp_pingpong_p99_us", rows.front().summary.p99_us);
