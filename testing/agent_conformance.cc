@@ -69,7 +69,10 @@ TEST_P(AgentConformance, StoragesAcrossEverySizeClassRoundTrip) {
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
   const std::vector<std::vector<size_t>> messages = {
-      {1, (64 << 10) - 1},
+      {1, (32 << 10) - 1},
+      {32 << 10},
+      {(32 << 10) + 1},
+      {(64 << 10) - 1},
       {64 << 10},
       {(64 << 10) + 1},
       {100 << 10, 0, 100 << 10, 50 << 10},

@@ -174,8 +174,8 @@ namespace {
 
 // The payload (the codec's envelope, some hundred bytes beside a tensor)
 // and the storages are bounded apart, as decode_header() bounds them: a
-// 64 KiB tensor travels inline with its envelope instead of taking the
-// channel's path (a second frame and the channel's own round of writes).
+// 32 KiB tensor travels inline with its envelope instead of taking the
+// payloads' path (a second read of the pipe on each side).
 bool fits_inline(const OutgoingFrame& frame) {
   uint64_t bytes = 0;
   for (const c10::Storage& storage : frame.storages) bytes += storage.nbytes();

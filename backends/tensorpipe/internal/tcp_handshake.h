@@ -37,7 +37,9 @@ namespace tether::backends::internal {
 // 2: frames inline up to 64 KiB (framing.h; 16 KiB in version 1, whose
 // peers would refuse the larger ones as malformed). 3: mid-size storages as
 // the pipe's payloads (framing.h, flag kPayloads, which version 2 refuses).
-inline constexpr uint8_t kHandshakeVersion = 3;
+// 4: frames inline only up to 32 KiB (version 3 sends larger ones, which
+// version 4 refuses as malformed).
+inline constexpr uint8_t kHandshakeVersion = 4;
 inline constexpr size_t kMaxHandshakeFrameBytes = 4096;
 
 enum class HandshakeKind : uint8_t { kHello = 1, kProof = 2, kVerdict = 3 };
