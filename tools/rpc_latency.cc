@@ -14,7 +14,8 @@
 // tether's tcp transport and over uv, with no tether agent, codec or
 // operator (tools/internal/tp_pipe.h: the tensorpipe backend's floor). With
 // --no_tensors the call is a TorchScript `inc(int) -> int` instead (no
-// storage travels). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY)
+// storage travels); with --floats=N the tensor has N floats (a mid-size
+// call: N*4 bytes each way). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY)
 // between the same two processes. Prints a table and one JSON line.
 // --variants keeps the variants whose labels contain one of its words
 // and the raw ping-pong if one names it: --variants=tcp runs the default
@@ -76,6 +77,7 @@ void die(const std::string& what, const absl::Status& status) {
 // One variant: both ranks make a group on its own store port; rank 0 times.
 absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
                                    int store_port, int calls, bool tensors,
+                                   int floats,
                                    absl::Duration busy_poll,
                                    const tether::BackendRegistry& registry) {
   tether::RpcOptions options;
@@ -90,7 +92,7 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
   if (!worker.ok()) return worker.status();
   Result result;
   if (rank == 0) {
-    at::Tensor x = at::ones({2});
+    at::Tensor x = at::ones({floats});
     std::vector<double> samples;
     samples.reserve(calls);
     const int warmup = std::max(100, calls / 10);
@@ -131,6 +133,7 @@ int main(int argc, char** argv) {
   int calls = 5000;
   bool tensors = true;
   int busy_poll_us = 0;
+  int floats = 2;
   std::vector<std::string> only;
   std::vector<std::pair<std::string, std::string>> extra;
   for (int i = 1; i < argc; ++i) {
@@ -141,6 +144,10 @@ int main(int argc, char** argv) {
     }
     if (arg.rfind("--busy_poll_us=", 0) == 0 &&
         absl::SimpleAtoi(arg.substr(15), &busy_poll_us) && busy_poll_us >= 0) {
+      continue;
+    }
+    if (arg.rfind("--floats=", 0) == 0 && absl::SimpleAtoi(arg.substr(9), &floats) &&
+        floats > 0) {
       continue;
     }
     if (arg == "--no_tensors") {
@@ -157,7 +164,7 @@ int main(int argc, char** argv) {
       continue;
     }
     std::fprintf(stderr,
-                 "usage: rpc_latency [--calls=N] [--no_tensors] "
+                 "usage: rpc_latency [--calls=N] [--no_tensors] [--floats=N] "
                  "[--variants=WORD,...] [--set=KEY=VALUE ...] "
                  "[--busy_poll_us=N]\n");
     return 2;
@@ -212,6 +219,7 @@ int main(int argc, char** argv) {
     if (!wanted(variants[v].label)) continue;
     absl::StatusOr<Result> r = run_variant(
         variants[v], rank, base_port + 1 + static_cast<int>(v), calls, tensors,
+        floats,
         absl::Microseconds(busy_poll_us), registry);
     if (!r.ok()) die(variants[v].label, r.status());
     results.push_back(*r);
@@ -238,7 +246,8 @@ int main(int argc, char** argv) {
   if (rank != 0) return 0;
   if (tcp) results.push_back(*tcp);
   std::printf("rpc_sync(%s) round trip, %d calls each\n",
-              tensors ? "aten::add.Scalar, 2 floats" : "TorchScript inc(int)",
+              tensors ? absl::StrCat("aten::add.Scalar, ", floats, " floats").c_str()
+                      : "TorchScript inc(int)",
               calls);
   std::printf("%-28s %10s %10s %14s\n", "variant", "p50 us", "p99 us",
               "p50 / raw TCP");

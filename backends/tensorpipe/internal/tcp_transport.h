@@ -116,7 +116,11 @@ class ConnectionImpl;
 // descriptor, then each payload) leaves in one segment instead of one
 // each, and the peer is woken once for it, not once per write. Writes the
 // loop runs on another thread (one that was in it already) go out as
-// usual. Not nested: an inner one does nothing.
+// usual. If it ends having gathered nothing, the pipe has queued the
+// writes in the loop this thread is running (a handler that answers from
+// the loop): the next write this thread makes is then sent, with the
+// writes queued behind it, once the loop's queue has run. Not nested: an
+// inner one does nothing.
 class GatheredWrites {
  public:
   GatheredWrites();

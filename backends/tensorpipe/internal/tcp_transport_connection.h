@@ -82,8 +82,9 @@ class ConnectionImpl final
   // readable (or hung up): reads and handles what came; false once the
   // connection cannot be assisted any longer. end_assist(): the poller
   // reads it again.
-  // Sends what writes queued while a GatheredWrites was gathering them
-  // (tcp_transport.h); any thread.
+  // Sends the queued writes in the loop, after what the loop has queued
+  // already: what a GatheredWrites gathered (tcp_transport.h), or the
+  // writes made in one turn of the loop (writeImplFromLoop); any thread.
   void flush_gathered();
 
   int begin_assist() override;
@@ -200,6 +201,8 @@ class ConnectionImpl final
   // sockets are level-triggered): saves a recv() that would only say
   // EAGAIN after every message.
   bool drained_ = false;
+  // A flush of the queued writes is queued in the loop (writeImplFromLoop).
+  bool flush_queued_ = false;
 
   std::vector<char> in_;
   size_t in_begin_ = 0;
