@@ -72,6 +72,8 @@ TEST_P(AgentConformance, StoragesAcrossEverySizeClassRoundTrip) {
       {1, (32 << 10) - 1},
       {32 << 10},
       {(32 << 10) + 1},
+      {(48 << 10) - 1, 1},
+      {(48 << 10) + 1},
       {(64 << 10) - 1},
       {64 << 10},
       {(64 << 10) + 1},

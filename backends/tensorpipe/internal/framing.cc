@@ -174,7 +174,7 @@ namespace {
 
 // The payload (the codec's envelope, some hundred bytes beside a tensor)
 // and the storages are bounded apart, as decode_header() bounds them: a
-// 32 KiB tensor travels inline with its envelope instead of taking the
+// 48 KiB tensor travels inline with its envelope instead of taking the
 // payloads' path (a second read of the pipe on each side).
 bool fits_inline(const OutgoingFrame& frame) {
   uint64_t bytes = 0;

@@ -79,13 +79,13 @@ struct AuthFrame {
 };
 
 // A payload up to this many bytes, with storages together up to as many,
-// travels inline. 32 KiB: an inline frame's bytes are copied seven times a
-// side (into the metadata, three times inside TensorPipe's pipe, twice on
-// receipt), which costs more than the payloads' second read from about 45
-// KiB: a 64 KiB echo as payloads took 8 to 15 % less than inline, a 16 KiB
-// one 20 % more (docs/benchmarks.md, "Mid-size messages: the inline limit
-// at 32 KiB").
-constexpr uint64_t kInlineLimit = 32 << 10;
+// travels inline. 48 KiB: an inline frame's bytes are copied seven times a
+// side (into the metadata, four times inside TensorPipe's pipe, twice on
+// receipt), which costs more than the payloads' second read from about 48
+// KiB: a 64 KiB echo as payloads took 8 to 15 % less than inline, a 36 KB
+// call 15 % more, a 48 KB one the same (docs/benchmarks.md, "Mid-size
+// messages: the inline limit at 48 KiB").
+constexpr uint64_t kInlineLimit = 48 << 10;
 
 // Storages together up to this many bytes, over the inline limit, travel as
 // the pipe's payloads; larger ones through a channel, whose single copy
