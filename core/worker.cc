@@ -14,6 +14,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/huge_pages.h"
 #include "core/internal/blas_check.h"
 #include "core/ivalue_future.h"
 #include "core/join/membership.h"
@@ -108,6 +109,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     const std::vector<ExtensionFactory>& extensions) {
   ignore_sigpipe();
   internal::warn_if_blas_unsafe();
+  // THP_MEM_ALLOC_ENABLE=1 (as PyTorch 2.1 and later read it): large
+  // tensors on huge pages. A value that is not an integer is an error; an
+  // allocator the user installed above tether's is kept, with a warning.
+  if (absl::Status huge = use_huge_pages_if_asked(); !huge.ok()) {
+    if (huge.code() == absl::StatusCode::kInvalidArgument) return huge;
+    LOG(WARNING) << huge.message();
+  }
 #ifdef TETHER_NO_MUTEX_DEADLOCK_DETECTION
   // Debian's Abseil checks every lock for deadlock cycles (it is built
   // without NDEBUG): a graph update per acquisition on every hot path.

@@ -97,6 +97,11 @@ VARIANTS = [
       "busy_poll_us": "100"}, {}),
     ("tensorpipe negotiated, busy poll", "tensorpipe",
      {"busy_poll_us": "100"}, {}),
+    # Tensors of 2 MiB and more on transparent huge pages, as PyTorch 2.1
+    # and later do when asked (core/huge_pages.h): the cma channel then
+    # pins the sender's pages 2 MiB at a time.
+    ("tensorpipe negotiated, huge pages", "tensorpipe", {},
+     {"THP_MEM_ALLOC_ENABLE": "1"}),
     # The default before issue #16 (TensorPipe's own transports, which a
     # stranger's bytes can crash): for comparison.
     ("tensorpipe uv,shm", "tensorpipe", {"tensorpipe.transports": "uv,shm"},
@@ -129,6 +134,7 @@ BASELINE_OF = {
     "tensorpipe negotiated": ("raw TCP", "memcpy"),
     "tensorpipe tcp, busy poll": ("raw TCP", "raw TCP"),
     "tensorpipe negotiated, busy poll": ("raw TCP", "memcpy"),
+    "tensorpipe negotiated, huge pages": ("raw TCP", "memcpy, huge pages"),
     "tensorpipe uv,shm": ("raw TCP", "memcpy"),
     "grpc": ("bare gRPC", "bare gRPC"),
     "libfabric tcp;ofi_rxm": ("raw libfabric tcp;ofi_rxm",
@@ -377,9 +383,13 @@ def run_baselines(args, log):
             "memcpy, fresh buffer", bw_GBps=raw["memcpy_fresh_GBps"],
             bw_bytes=BIG, note="into a buffer allocated per copy: the page "
             "faults a receiver pays per new tensor")
+        baselines["memcpy, huge pages"] = raw_record(
+            "memcpy, huge pages", bw_GBps=raw["memcpy_huge_pages_GBps"],
+            bw_bytes=BIG, note="one thread, between buffers on transparent "
+            "huge pages (as tensors are with THP_MEM_ALLOC_ENABLE=1)")
     else:
         for label in ("raw TCP", "raw TCP stream", "memcpy",
-                      "memcpy, fresh buffer"):
+                      "memcpy, fresh buffer", "memcpy, huge pages"):
             baselines[label] = raw_record(label, raw.get("status", "failed"))
     log("%-24s %-10s %5.1f s" % ("raw TCP, memcpy", short(raw["status"]),
                                  time.time() - start))
@@ -718,7 +728,8 @@ def plot_sweeps(results, out_dir):
         for label, sweep, style in series:
             ax.plot([r["bytes"] for r in sweep], [r[key] for r in sweep],
                     style, marker="o", markersize=3, label=label)
-        for label, style in (("memcpy", ":"), ("memcpy, fresh buffer", "-.")):
+        for label, style in (("memcpy", ":"), ("memcpy, fresh buffer", "-."),
+                             ("memcpy, huge pages", "--")):
             copy = results["baselines"].get(label, {})
             if key == "GBps" and copy.get("status") == "ok":
                 ax.axhline(copy["bw_GBps"], color="grey", linestyle=style,

@@ -30,7 +30,8 @@
 //   sweep                           the echo per payload size, 8 B to 64 MiB
 // With --raw: a TCP ping-pong per size (tcp_pingpong_p50_us at 8 B, the
 // sweep), a one-way TCP stream (tcp_stream_GBps), memcpy into a reused and
-// into a fresh buffer (memcpy_GBps, memcpy_fresh_GBps), and TensorPipe's
+// into a fresh buffer (memcpy_GBps, memcpy_fresh_GBps) and between buffers
+// on transparent huge pages (memcpy_huge_pages_GBps), and TensorPipe's
 // pipe alone over tether's tcp transport, 128 bytes each way and no tether
 // RPC code (tp_pipe_alone_p50_us; tools/internal/tp_pipe.h).
 //
@@ -369,6 +370,8 @@ absl::Status run_raw(const Flags& flags, int rank, JsonObject& out) {
   const int copies = static_cast<int>(flags.count("memcpy_iters"));
   out.number("memcpy_GBps", memcpy_gbps(copy_bytes, copies));
   out.number("memcpy_fresh_GBps", memcpy_gbps(copy_bytes, copies, /*fresh=*/true));
+  out.number("memcpy_huge_pages_GBps",
+             memcpy_gbps(copy_bytes, copies, /*fresh=*/false, /*huge_pages=*/true));
   out.raw("sweep", sweep_json(rows));
   return absl::OkStatus();
 }

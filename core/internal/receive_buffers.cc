@@ -4,18 +4,16 @@
 #include <absl/synchronization/mutex.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
-#include <sys/mman.h>
 
 #include <cstdlib>
 #include <map>
 #include <utility>
 #include <vector>
 
+#include "core/internal/huge_page_memory.h"
+
 namespace tether::internal {
 namespace {
-
-// Transparent huge pages are 2 MiB on x86-64 and arm64 with 4 KiB pages.
-constexpr size_t kHugePage = size_t{2} << 20;
 
 struct Buffer {
   void* data;
@@ -38,13 +36,11 @@ class Cache {
       }
       ++allocated_;
     }
-    void* data = nullptr;
-    if (posix_memalign(&data, kHugePage, nbytes) != 0) {
+    void* data = allocate_on_huge_pages(nbytes);
+    if (data == nullptr) {
       TORCH_CHECK(false, "cannot allocate a receive buffer of ", nbytes,
                   " bytes");
     }
-    // Advice only: where huge pages are off or unavailable it does nothing.
-    (void)madvise(data, nbytes, MADV_HUGEPAGE);
     return Buffer{data, nbytes};
   }
 

@@ -36,6 +36,7 @@
 #include "autograd/autograd.h"
 #include "autograd/rref_backward.h"
 #include "backends/builtin.h"
+#include "core/huge_pages.h"
 #include "core/profiling.h"
 #include "core/rpc.h"
 #include "core/wire/codec.h"
@@ -569,6 +570,10 @@ PYBIND11_MODULE(_C, m) {
   using namespace tether::python;  // NOLINT
   m.doc() = "tether's C++ core, for tether.rpc (internal)";
   py::module_::import("torch");
+  // THP_MEM_ALLOC_ENABLE=1: tensors made from here on, before init_rpc too,
+  // go on huge pages when large. An error shows at init_rpc, which asks
+  // again (Worker::create).
+  (void)use_huge_pages_if_asked();
 
   namespace py = pybind11;
   py::register_exception_translator([](std::exception_ptr p) {

@@ -11,12 +11,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/internal/huge_page_memory.h"
 #include "tools/internal/samples.h"
 
 namespace tether::bench {
@@ -153,20 +156,29 @@ absl::StatusOr<double> tcp_stream(TcpPair& pair, size_t total, size_t chunk) {
   return gbps(static_cast<double>(total), micros_since(start));
 }
 
-double memcpy_gbps(size_t bytes, int iterations, bool fresh) {
-  std::vector<char> from(bytes, 1);
-  std::vector<char> to(bytes, 0);
-  std::memcpy(to.data(), from.data(), bytes);  // fault the pages in
+double memcpy_gbps(size_t bytes, int iterations, bool fresh, bool huge_pages) {
+  struct Free {
+    void operator()(char* data) const { std::free(data); }
+  };
+  auto buffer_of = [&](int fill) {
+    void* data = huge_pages ? internal::allocate_on_huge_pages(bytes)
+                            : std::malloc(bytes);
+    if (data == nullptr) throw std::bad_alloc();
+    std::memset(data, fill, bytes);  // the pages are in before the copies
+    return std::unique_ptr<char[], Free>(static_cast<char*>(data));
+  };
+  std::unique_ptr<char[], Free> from = buffer_of(1);
+  std::unique_ptr<char[], Free> to = buffer_of(0);
   std::vector<double> rates;
   for (int i = 0; i < iterations; ++i) {
     const Clock::time_point start = Clock::now();
     if (fresh) {
       // What a receiver does per message: allocate, fill, (later) free.
       std::unique_ptr<char[]> buffer(new char[bytes]);
-      std::memcpy(buffer.get(), from.data(), bytes);
+      std::memcpy(buffer.get(), from.get(), bytes);
       to[0] = buffer[bytes - 1];  // the copy is used: not optimised away
     } else {
-      std::memcpy(to.data(), from.data(), bytes);
+      std::memcpy(to.get(), from.get(), bytes);
     }
     rates.push_back(gbps(static_cast<double>(bytes), micros_since(start)));
     from[static_cast<size_t>(i) % bytes] = static_cast<char>(to[0] + 1);

@@ -65,8 +65,11 @@ class TcpPair {
                                                 size_t chunk);
 
 // The median GB/s of `iterations` single-thread copies of `bytes`, into one
-// reused buffer or (`fresh`) into a buffer allocated for each copy.
-double memcpy_gbps(size_t bytes, int iterations, bool fresh = false);
+// reused buffer or (`fresh`) into a buffer allocated for each copy; from
+// (and into the reused) memory on 4 KiB pages, or on transparent huge pages
+// (`huge_pages`), as tensors are with THP_MEM_ALLOC_ENABLE=1.
+double memcpy_gbps(size_t bytes, int iterations, bool fresh = false,
+                   bool huge_pages = false);
 
 }  // namespace tether::bench
 
