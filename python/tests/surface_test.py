@@ -307,3 +307,44 @@ def test_wait_all_waits_for_the_futures_of_its_block(callee):
         with rpc._wait_all():
             rpc.rpc_async(callee, rpc_functions.fail, args=("boom",))
     assert not hasattr(rpc._thread_local_var, "future_list")
+
+
+def _large_tensor_offset(thp_value):
+    """In a fresh interpreter with THP_MEM_ALLOC_ENABLE=`thp_value` (None:
+    unset): a 4 MiB tensor's offset from a 2 MiB boundary, and what
+    init_rpc raised (or 'ok')."""
+    program = (
+        "import torch, tether.rpc as rpc\n"
+        "t = torch.ones(4 << 20, dtype=torch.uint8)\n"
+        "print('offset', t.data_ptr() % (2 << 20), int(t.sum()))\n"
+        "try:\n"
+        "    rpc.init_rpc('w', rank=0, world_size=1)\n"
+        "    rpc.shutdown()\n"
+        "    print('init ok')\n"
+        "except Exception as e:\n"
+        "    print('init raised', type(e).__name__, e)\n")
+    env = workers.group_env(0, 1, workers.free_port(), "tensorpipe")
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    if thp_value is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = thp_value
+    proc = workers.spawn(["-c", program], env)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_thp_mem_alloc_enable_puts_large_tensors_on_huge_pages():
+    # As PyTorch 2.1 and later read it (core/huge_pages.h): from import
+    # tether on, tensors of 2 MiB and more are aligned to a huge page.
+    out = _large_tensor_offset("1")
+    assert "offset 0 4194304" in out, out
+    assert "init ok" in out, out
+    # Off by default, and with 0: LibTorch's own allocation.
+    for value in (None, "0"):
+        out = _large_tensor_offset(value)
+        assert re.search(r"offset [1-9]\d* 4194304", out), out
+        assert "init ok" in out, out
+    # A value that is not an integer: init_rpc says what was wrong.
+    out = _large_tensor_offset("yes")
+    assert "init raised" in out and "THP_MEM_ALLOC_ENABLE must be an " \
+        "integer" in out and "'yes'" in out, out
