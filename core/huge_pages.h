@@ -18,9 +18,12 @@
 // page is backed whole (an allocation of 2 MiB and one byte may take 4 MiB
 // of memory).
 //
-// Thread safety: both functions may be called from any thread. Process-wide:
-// it changes the allocator LibTorch uses for CPU tensors from then on
-// (tensors allocated before keep their memory and are freed as before).
+// Thread safety: the functions may be called from any thread, and install
+// the allocator once. Process-wide: it changes the allocator LibTorch uses
+// for CPU tensors from then on (tensors allocated before keep their memory
+// and are freed as before). LibTorch's table of allocators is a plain
+// array: install it before other threads allocate tensors, as
+// `Worker::create` and `import tether` do early in a program.
 #ifndef TETHER_CORE_HUGE_PAGES_H_
 #define TETHER_CORE_HUGE_PAGES_H_
 

@@ -219,6 +219,7 @@ class SmokeTest(unittest.TestCase):
         run = subprocess.run(
             [sys.executable, os.path.join(os.path.dirname(__file__), "bench.py"),
              "--smoke", "--quick", "--only", "tensorpipe negotiated",
+             "--only", "tensorpipe negotiated, huge pages",
              "--only", "libfabric shm", "--no_peer", "--no_plots",
              "--max_bytes=4096", "--out", out],
             capture_output=True, text=True, timeout=240)
@@ -237,6 +238,15 @@ class SmokeTest(unittest.TestCase):
         pipe = results["baselines"]["TensorPipe pipe alone"]
         self.assertEqual(pipe["status"], "ok")
         self.assertGreater(pipe["small_p50_us"], 0)
+        # The huge-page variant's environment reaches its workers, and only
+        # theirs; its baseline is memcpy between buffers on huge pages.
+        huge = results["variants"]["tensorpipe negotiated, huge pages"]
+        self.assertEqual(huge["status"], "ok", huge)
+        self.assertIs(huge["huge_pages"], True)
+        self.assertIs(negotiated["huge_pages"], False)
+        copy = results["baselines"]["memcpy, huge pages"]
+        self.assertEqual(copy["status"], "ok")
+        self.assertGreater(copy["bw_GBps"], 0)
         self.assertIn("## Workloads", run.stdout)
 
 

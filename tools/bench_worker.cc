@@ -55,6 +55,7 @@
 
 #include "autograd/autograd.h"
 #include "backends/builtin.h"
+#include "core/huge_pages.h"
 #include "core/worker.h"
 #include "rref/rref.h"
 #include "tools/internal/json.h"
@@ -308,6 +309,8 @@ int run_variant(const Flags& flags, int rank) {
     if (rank == 0) print_json(out);
     return absent ? 0 : 1;
   }
+  // Whether THP_MEM_ALLOC_ENABLE=1 reached this worker (core/huge_pages.h).
+  out.raw("huge_pages", using_huge_pages_for_large_tensors() ? "true" : "false");
   absl::Status measured = absl::OkStatus();
   if (rank == 0) measured = run_workloads(**worker, flags, out);
   absl::Status down = (*worker)->shutdown();
