@@ -42,6 +42,12 @@ workload is a median over N calls (p99 beside it), timed in rank 0:
                      64x256 input that requires grad, dist_autograd.backward
                      of its sum, get_gradients, and the context's exit (the
                      workload of tools/peer_bench.py and the C++ bench)
+  echo 64 MiB        rpc_sync(echo, (64 MiB uint8 tensor,)), a function of
+                     the script's __main__ returning its argument; GB/s
+                     counts both ways. With THP_MEM_ALLOC_ENABLE=1 in the
+                     environment tether puts the tensor on huge pages
+                     (core/huge_pages.h); the peer's LibTorch here (1.13)
+                     does not read it.
 """
 import argparse
 import collections
@@ -57,6 +63,10 @@ rpc = None
 
 def py_add(a, b):
     return a + b
+
+
+def echo(x):
+    return x
 
 
 def make_linear():
@@ -82,7 +92,8 @@ def timed(n, call):
 
 
 WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "rpc_async + wait",
-             "remote + to_here", "dist autograd step", "rpc_async builtin"]
+             "remote + to_here", "dist autograd step", "rpc_async builtin",
+             "echo 64 MiB"]
 
 
 def run_socket(rank, n):
@@ -181,6 +192,12 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
                 pending.popleft().wait()
             result["rpc_async builtin"] = {
                 "calls_per_s": calls / (time.perf_counter() - start)}
+        if "echo 64 MiB" in workloads:
+            big = torch.ones(64 << 20, dtype=torch.uint8)
+            echoed = timed(max(10, n // 150),
+                           lambda: rpc.rpc_sync("w1", echo, args=(big,)))
+            echoed["GBps"] = 2 * big.numel() / echoed["p50_us"] / 1e3
+            result["echo 64 MiB"] = echoed
         print("JSON " + json.dumps(result), flush=True)
     rpc.shutdown()
 
@@ -213,6 +230,10 @@ def median(values):
 
 
 def row(name, tether, peer):
+    if name == "echo 64 MiB":
+        a = median([r[name]["GBps"] for r in tether])
+        b = median([r[name]["GBps"] for r in peer])
+        return "| %s, GB/s | %.2f | %.2f | %.2fx |" % (name, a, b, a / b)
     if name == "rpc_async builtin":
         a = median([r[name]["calls_per_s"] for r in tether])
         b = median([r[name]["calls_per_s"] for r in peer])
@@ -261,10 +282,12 @@ def main():
             print("round %d: %s" % (r + 1, json.dumps(
                 {"tether": tether[-1], "peer": peer[-1],
                  "socket": sockets[-1] if floor else None})), flush=True)
-    print("| workload | tether (%s%s%s) | peer (tensorpipe) | better by |"
+    huge = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")
+    print("| workload | tether (%s%s%s%s) | peer (tensorpipe) | better by |"
           % (args.backend, " " + args.transports if args.transports else "",
              ", busy poll %d us" % args.busy_poll_us
-             if args.busy_poll_us else ""))
+             if args.busy_poll_us else "",
+             ", huge pages" if huge else ""))
     print("| --- | --- | --- | --- |")
     for name in workloads:
         print(row(name, tether, peer))
