@@ -333,6 +333,7 @@ TEST(MembershipScenarios, AJoinerKilledMidJoinHoldsNobodyUp) {
           EXPECT_FALSE(is_member("w2"));
           EXPECT_TRUE(is_member("w3"));
           EXPECT_TRUE(at::equal(add_on("w3", 1), at::full({4}, 2)));
+          store.set("w0_called_w3");
           leave_last(store, 2);
           return;
         }
@@ -359,6 +360,7 @@ TEST(MembershipScenarios, AJoinerKilledMidJoinHoldsNobodyUp) {
           EXPECT_THAT(rpc_sync("w2", testing::kWhoami, {}).status(),
                       StatusIs(absl::StatusCode::kNotFound,
                                HasSubstr("unknown worker 'w2'")));
+          store.set("w1_called_w3");
         }
         if (rank == 3) {
           store.wait("w2_holds_the_token");
@@ -371,6 +373,10 @@ TEST(MembershipScenarios, AJoinerKilledMidJoinHoldsNobodyUp) {
           EXPECT_LT(took, kPeerTimeout + absl::Seconds(10));
           store.set("w3_in");
           EXPECT_TRUE(at::equal(add_on("w1", 3), at::full({4}, 4)));
+          // w3 stays a member until w0 and w1 have called it: a worker that
+          // has left is refused ("has left the group"), as it should be.
+          store.wait("w0_called_w3");
+          store.wait("w1_called_w3");
         }
         EXPECT_THAT(shutdown(), IsOk());
         store.count("left", 2);
