@@ -175,6 +175,7 @@ TEST(MembershipScenarios, JoinDuringTraffic) {
       absl::StatusOr<c10::IValue> who = rpc_sync("w2", testing::kWhoami, {});
       ASSERT_THAT(who, IsOk());
       EXPECT_EQ(who->toStringRef(), "w2");
+      store.set("w0_called_w2");
       leave_last(store, 2);
       return;
     }
@@ -208,7 +209,8 @@ TEST(MembershipScenarios, JoinDuringTraffic) {
         EXPECT_TRUE(at::equal(add_on("w1", i), at::full({4}, i + 1)));
       }
       store.set("w2_done");
-      store.wait("w1_done");  // w1's calls to w2 are over
+      store.wait("w1_done");       // w1's calls to w2 are over
+      store.wait("w0_called_w2");  // and w0's
     }
     EXPECT_THAT(shutdown(), IsOk());
     store.count("left", 2);
