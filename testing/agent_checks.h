@@ -43,6 +43,16 @@ void expect_worker_infos(const Agent& agent, int rank, int size);
 void expect_timeout_then_working(Agent& from, const WorkerInfo& to,
                                  HeldControl& held);
 
+// Peer: holds, through `held`; `from` has not sent to it yet. A request
+// whose timeout (1 us) ends before it can have left (no connection to the
+// peer exists yet) fails with DEADLINE_EXCEEDED and still reaches the
+// peer's handler: a timeout ends the caller's wait, not the delivery, as in
+// torch.distributed.rpc. Its late response is dropped; the next request
+// succeeds.
+void expect_timed_out_before_leaving_still_delivered(Agent& from,
+                                                     const WorkerInfo& to,
+                                                     HeldControl& held);
+
 // Peer: holds, through `held`. shutdown() of `from` fails its 10 pending
 // requests and every later send with CANCELLED; a second shutdown() is
 // harmless. The held requests stay held: releasing them is the caller's.

@@ -159,6 +159,15 @@ TEST_P(AgentConformance, TimeoutFailsWithDeadlineExceeded) {
   expect_timeout_then_working(group[0], group[1].self(), *held);
 }
 
+TEST_P(AgentConformance, RequestThatTimesOutBeforeItLeavesIsStillDelivered) {
+  AgentGroup group(GetParam().backend(), 2);
+  ASSERT_TRUE(group.ok());
+  auto held = std::make_shared<HeldResponses>();
+  group.start_all([held](Message request) { return held->hold(std::move(request)); });
+  expect_timed_out_before_leaving_still_delivered(group[0], group[1].self(),
+                                                  *held);
+}
+
 TEST_P(AgentConformance, RequestOverTheCalleesLimitsIsRefusedNotTheConnection) {
   AgentGroup group(GetParam().backend(), 2, {}, {},
                    {MessageLimits(), small_limits()});

@@ -207,6 +207,12 @@ TEST_P(AgentConformanceMultiprocess, TimeoutFailsWithDeadlineExceeded) {
 }
 
 TEST_P(AgentConformanceMultiprocess,
+       RequestThatTimesOutBeforeItLeavesIsStillDelivered) {
+  check_against_holder(GetParam(),
+                       expect_timed_out_before_leaving_still_delivered);
+}
+
+TEST_P(AgentConformanceMultiprocess,
        RequestOverTheCalleesLimitsIsRefusedNotTheConnection) {
   check_against_holder(GetParam(), expect_over_limits_refused, small_limits());
 }

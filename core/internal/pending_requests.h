@@ -77,7 +77,12 @@ class PendingRequests {
 
   // Records that request `id` left on `connection`. False if the request is
   // no longer pending (it timed out, failed or was cancelled meanwhile).
-  [[nodiscard]] bool set_connection(Id id, Connection connection);
+  // An agent sends a request that timed out before it left all the same: a
+  // timeout ends the caller's wait, not the delivery (as in
+  // torch.distributed.rpc), so whether a timed-out request ran never
+  // depends on how long its connection took to open. Its response, if any,
+  // is dropped (complete()).
+  bool set_connection(Id id, Connection connection);
 
   bool contains(Id id) const;
 

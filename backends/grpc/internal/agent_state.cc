@@ -257,7 +257,9 @@ std::shared_ptr<Link> AgentState::link_for(int rank, int64_t id) {
       queue = queue_of(*link);
     }
     // Under mu_: a link leaves links_ under it before its requests fail.
-    if (!pending_.set_connection(id, link->connection())) link = nullptr;
+    // Sent even if it has timed out meanwhile: a timeout ends the caller's
+    // wait, not the delivery (PendingRequests::set_connection).
+    (void)pending_.set_connection(id, link->connection());
   }
   // Opened even if the request is gone: the link is in links_ already.
   if (created != nullptr) open_stream(created, std::move(channel), queue);

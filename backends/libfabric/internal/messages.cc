@@ -33,8 +33,12 @@ void State::start_request(int rank, int64_t id, Message request) {
     pending_.complete(id, *peer.lost);
     return;
   }
-  if (!pending_.set_connection(id, connection_of(peer))) return;  // timed out
-  peer.requests.insert(id);
+  // Sent even if it has timed out meanwhile: a timeout ends the caller's
+  // wait, not the delivery (PendingRequests::set_connection). Its response
+  // is then let go unread.
+  if (pending_.set_connection(id, connection_of(peer))) {
+    peer.requests.insert(id);
+  }
   request.id = id;
   if (auth_ && peer.client_auth != Peer::ClientAuth::kReady) {
     peer.auth_waiting.emplace_back(id, std::move(request));

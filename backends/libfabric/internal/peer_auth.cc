@@ -147,10 +147,9 @@ void State::on_auth_frame(Peer& peer, absl::string_view tail) {
       std::deque<std::pair<int64_t, Message>> waiting;
       waiting.swap(peer.auth_waiting);
       for (auto& [id, request] : waiting) {
-        if (!pending_.contains(id)) {  // timed out meanwhile
-          peer.requests.erase(id);
-          continue;
-        }
+        // Sent even if it has timed out meanwhile (start_request); its
+        // response is then let go unread.
+        if (!pending_.contains(id)) peer.requests.erase(id);
         send_message(peer.rank, FrameKind::kRequest, id, 0,
                      std::move(request));
       }

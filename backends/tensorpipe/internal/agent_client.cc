@@ -66,9 +66,9 @@ bool AgentState::write_request_directly(int rank, int64_t id,
       ++queued_io_writes_;
       return false;
     }
-    if (!pending_.set_connection(id, it->second->connection)) {
-      return true;  // timed out before it left
-    }
+    // Written even if it has timed out meanwhile: a timeout ends the
+    // caller's wait, not the delivery (PendingRequests::set_connection).
+    (void)pending_.set_connection(id, it->second->connection);
     client = it->second;
     ++client->outstanding;
   }
@@ -96,9 +96,7 @@ void AgentState::write_request(int rank, int64_t id,
       }
     }
     if (it != client_pipes_.end()) {
-      if (!pending_.set_connection(id, it->second->connection)) {
-        return;  // timed out before it left
-      }
+      (void)pending_.set_connection(id, it->second->connection);
       client = it->second;
       ++client->outstanding;
       if (!client->ready) {
@@ -106,7 +104,6 @@ void AgentState::write_request(int rank, int64_t id,
         return;
       }
     } else {
-      if (!pending_.contains(id)) return;  // timed out before it left
       context = context_;
     }
   }
@@ -142,7 +139,6 @@ void AgentState::write_request(int rank, int64_t id,
       return;
     }
     bool inserted = false;
-    bool still_pending = false;
     {
       absl::MutexLock lock(&mu_);
       if (!closed_) {
@@ -158,8 +154,8 @@ void AgentState::write_request(int rank, int64_t id,
         }
         inserted = added;
         client = it->second;
-        still_pending = pending_.set_connection(id, client->connection);
-        if (still_pending) ++client->outstanding;
+        (void)pending_.set_connection(id, client->connection);
+        ++client->outstanding;
         // The peer's pipe may have been accepted while this one connected:
         // then it takes over, and this one goes once answered.
         (void)retire_for_accepted_locked(rank);
@@ -181,7 +177,6 @@ void AgentState::write_request(int rank, int64_t id,
         }
       }
     }
-    if (!still_pending) return;
     {
       absl::MutexLock lock(&mu_);
       if (!client->ready) {
