@@ -84,6 +84,26 @@ class RRefFaults : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // remote() on bob whose creation times out after `timeout` (its call lost
+  // or late): the user learns it, and to_here() says the creation failed.
+  RRef remote_that_times_out(absl::Duration timeout) {
+    absl::StatusOr<RRef> r =
+        remote(alice(), "bob", "aten::add.Tensor",
+               {at::ones({2}), at::ones({2})}, {}, timeout);
+    EXPECT_THAT(r, IsOk());
+    if (!r.ok()) return RRef();
+    // Wait for the timeout to reach the user.
+    auto* user = dynamic_cast<rref::UserRRef*>(r->impl());
+    EXPECT_NE(user, nullptr);
+    if (user == nullptr) return RRef();
+    EXPECT_THAT(user->confirmation().wait(absl::Now() + kBound), IsOk());
+    EXPECT_FALSE(r->confirmed_by_owner());
+    EXPECT_THAT(r->to_here(kBound),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("RRef creation failed")));
+    return *std::move(r);
+  }
+
   absl::StatusOr<c10::IValue> call(const To& to, absl::string_view fn,
                                    std::vector<c10::IValue> args) {
     return alice().rpc_sync(to, fn, std::move(args), {}, kBound);
@@ -224,17 +244,8 @@ TEST_P(RRefFaults, DelayedDeletesAndAcceptsStillReleaseEverything) {
 
 TEST_P(RRefFaults, DroppedRemoteCallReportsCreationFailureOnToHere) {
   ASSERT_NO_FATAL_FAILURE(start({{"faulty.drop", "REMOTE_CALL:1"}}));
-  absl::StatusOr<RRef> r =
-      remote(alice(), "bob", "aten::add.Tensor", {at::ones({2}), at::ones({2})},
-             {}, absl::Milliseconds(200));
-  ASSERT_THAT(r, IsOk());
-  // Wait for the lost call's timeout to reach the user.
-  auto* user = dynamic_cast<rref::UserRRef*>(r->impl());
-  ASSERT_NE(user, nullptr);
-  ASSERT_THAT(user->confirmation().wait(absl::Now() + kBound), IsOk());
-  EXPECT_FALSE(r->confirmed_by_owner());
-  EXPECT_THAT(r->to_here(kBound), StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                           HasSubstr("RRef creation failed")));
+  RRef r;
+  ASSERT_NO_FATAL_FAILURE(r = remote_that_times_out(absl::Milliseconds(200)));
   // The next one is not dropped.
   absl::StatusOr<RRef> next =
       remote(alice(), "bob", "aten::add.Tensor", {at::ones({2}), at::ones({2})},
@@ -243,8 +254,30 @@ TEST_P(RRefFaults, DroppedRemoteCallReportsCreationFailureOnToHere) {
   absl::StatusOr<c10::IValue> v = next->to_here(kBound);
   ASSERT_THAT(v, IsOk());
   EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
-  *r = RRef();
+  r = RRef();
   *next = RRef();
+  expect_all_released();
+}
+
+TEST_P(RRefFaults, RemoteCallArrivingAfterItsTimeoutIsStillReleased) {
+  // A timeout ends the caller's wait, not the delivery: the REMOTE_CALL
+  // leaves 400 ms late, after its 100 ms timeout, and its owner is made
+  // then. Dropping the user must still release it.
+  ASSERT_NO_FATAL_FAILURE(start({{"faulty.delay", "REMOTE_CALL:400"}}));
+  RRef r;
+  ASSERT_NO_FATAL_FAILURE(r = remote_that_times_out(absl::Milliseconds(100)));
+  // The owner appears on bob once the call arrives.
+  Worker& bob = *workers_[1];
+  auto owners_on_bob = [&bob]() -> int64_t {
+    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(bob);
+    return info.ok() ? info->owners : -1;
+  };
+  const absl::Time deadline = absl::Now() + kBound;
+  while (owners_on_bob() != 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(owners_on_bob(), 1);
+  r = RRef();
   expect_all_released();
 }
 

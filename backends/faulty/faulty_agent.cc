@@ -365,18 +365,25 @@ class FaultyAgent final : public Agent {
     Held entry;
     entry.to = to;
     entry.type = request.type;
-    if (timeout != absl::InfiniteDuration() && delay >= timeout) {
-      // The sender gives up before the message would leave.
-      entry.timeout = timeout;
-      entry.why = absl::StrCat("delayed by the faulty agent by ",
-                               absl::FormatDuration(delay));
-      return hold(std::move(entry), absl::Now() + timeout,
-                  &FaultyAgent::expire);
-    }
     entry.timeout = timeout;
     entry.deadline = absl::Now() + timeout;
     entry.message = std::move(request);
-    return hold(std::move(entry), absl::Now() + delay, &FaultyAgent::send_late);
+    const bool outlasts = timeout != absl::InfiniteDuration() && delay >= timeout;
+    Promise<Message> promise = entry.promise;
+    Future<Message> future =
+        hold(std::move(entry), absl::Now() + delay, &FaultyAgent::send_late);
+    if (outlasts) {
+      // The sender gives up before the message leaves; it leaves all the
+      // same (a timeout ends the caller's wait, not the delivery: core's
+      // PendingRequests::set_connection), and its answer is dropped.
+      timers_.schedule(absl::Now() + timeout, [promise, to, timeout, delay] {
+        promise.set(absl::DeadlineExceededError(absl::StrCat(
+            "request to '", to.name, "' timed out after ",
+            absl::FormatDuration(timeout), " (delayed by the faulty agent by ",
+            absl::FormatDuration(delay), ")")));
+      });
+    }
+    return future;
   }
 
   // A delayed send's timer. It stays held until the inner agent has it, so
@@ -395,11 +402,13 @@ class FaultyAgent final : public Agent {
       deadline = it->second.deadline;
       promise = it->second.promise;
     }
-    // What is left of the sender's timeout (the timer may have run late).
+    // What is left of the sender's timeout (the timer may have run late). A
+    // send whose sender gave up already still goes (its answer is dropped),
+    // bounded by the drop bound so that nothing waits forever.
     const absl::Duration left =
-        deadline == absl::InfiniteFuture()
-            ? absl::InfiniteDuration()
-            : std::max(deadline - absl::Now(), absl::Nanoseconds(1));
+        deadline == absl::InfiniteFuture() ? absl::InfiniteDuration()
+        : deadline > absl::Now()           ? deadline - absl::Now()
+                                           : drop_bound_;
     inner_->send(to, std::move(message), left)
         .on_complete([promise](const absl::StatusOr<Message>& response) {
           promise.set(response);

@@ -26,7 +26,10 @@
 //                        that is sent waits MILLIS first. The sender's
 //                        timeout counts from send(): a delay that outlasts it
 //                        fails the send with DEADLINE_EXCEEDED at the
-//                        timeout, without sending it.
+//                        timeout, and the message still leaves after MILLIS
+//                        (a timeout ends the sender's wait, not the
+//                        delivery, as on every agent); its answer is
+//                        dropped.
 // Each agent counts its own sends: with faulty.fail=PING:1, the first PING
 // of every worker fails. A send uses up a fail first, then a drop; only a
 // send that is neither failed nor dropped is delayed. Responses are never
