@@ -273,6 +273,7 @@ absl::Status Worker::register_handler(MessageType type,
   }
   if (traits.counts_as_call) counted_as_calls_.insert(type);
   if (traits.profiled) profiled_types_.insert(type);
+  if (traits.serve_on_arrival) served_on_arrival_.insert(type);
   return absl::OkStatus();
 }
 
@@ -691,14 +692,6 @@ namespace {
 // thread), most of a small call's round trip.
 constexpr int64_t kInlineCallBytes = 64 * 1024;
 
-bool small_call(const Message& request) {
-  if (request.type != MessageType::kCall) return false;
-  int64_t bytes = static_cast<int64_t>(request.payload.size());
-  for (const c10::Storage& storage : request.storages) {
-    bytes += static_cast<int64_t>(storage.nbytes());
-  }
-  return bytes <= kInlineCallBytes;
-}
 
 bool contains_rref(const c10::IValue& v) {
   if (v.isRRef()) return true;
@@ -721,6 +714,32 @@ bool contains_rref(const c10::IValue& v) {
 }
 
 }  // namespace
+
+bool Worker::decodes_on_arrival(const Message& request) {
+  int64_t bytes = static_cast<int64_t>(request.payload.size());
+  for (const c10::Storage& storage : request.storages) {
+    bytes += static_cast<int64_t>(storage.nbytes());
+  }
+  return bytes <= kInlineCallBytes;
+}
+
+bool Worker::runs_on_arrival(absl::string_view fn, const c10::IValue& call,
+                             const wire::AutogradMeta& autograd) {
+  return !autograd.in_context() && absl::StartsWith(fn, "aten::") &&
+         !contains_rref(call);
+}
+
+Future<Message> Worker::serve_on_pool(std::function<Future<Message>()> serve) {
+  Promise<Message> promise;
+  run_on_pool([this, promise, serve = std::move(serve)] {
+    ServingScope scope(this);
+    serve().on_complete([promise](const absl::StatusOr<Message>& response) {
+      promise.set(response.ok() ? *response
+                                : exception_message(response.status()));
+    });
+  }, nullptr);
+  return promise.future();
+}
 
 Future<Message> Worker::handle_request(Message request) {
   // On a user's thread that waits for its own answer: served as on a
@@ -844,8 +863,17 @@ Future<Message> Worker::serve_request(Message request,
   Promise<Message> promise;
   auto handler = handlers_.find(request.type);
   if (handler != handlers_.end()) {
-    auto shared = std::make_shared<Message>(std::move(request));
     const RequestHandler* serve = &handler->second;
+    if (tls == nullptr && served_on_arrival_.contains(request.type)) {
+      ServingScope scope(this);
+      return (*serve)(std::move(request))
+          .then([](const absl::StatusOr<Message>& response)
+                    -> absl::StatusOr<Message> {
+            return response.ok() ? *response
+                                 : exception_message(response.status());
+          });
+    }
+    auto shared = std::make_shared<Message>(std::move(request));
     run_on_pool([this, promise, shared, serve] {
       ServingScope scope(this);
       (*serve)(std::move(*shared))
@@ -856,18 +884,15 @@ Future<Message> Worker::serve_request(Message request,
     }, tls);
     return promise.future();
   }
-  if (small_call(request)) {
+  if (request.type == MessageType::kCall && decodes_on_arrival(request)) {
     ServingScope scope(this);
     auto call = std::make_shared<DecodedCall>();
     if (std::optional<Message> malformed = decode_call(request, *call)) {
       return Future<Message>::ready(*std::move(malformed));
     }
-    // A builtin operator on small tensors is cheap and never blocks: it runs
-    // here, on the agent's thread. Anything else may (a user function, a
-    // TorchScript function, a call that waits for its RRef arguments'
-    // confirmation, a step of distributed autograd): the pool runs it.
-    if (!call->autograd.in_context() &&
-        absl::StartsWith(call->fn, "aten::") && !contains_rref(call->value)) {
+    // A builtin operator on small tensors runs here, on the agent's thread;
+    // anything else on the pool (runs_on_arrival()).
+    if (runs_on_arrival(call->fn, call->value, call->autograd)) {
       return run_call(*call);
     }
     run_on_pool([this, promise, call] {

@@ -201,6 +201,11 @@ struct HandlerTraits {
   // Sent from a thread that runs LibTorch's legacy profiler, it is profiled
   // on its callee, as a CALL is (core/profiling.h): it runs user code there.
   bool profiled = false;
+  // The handler is called on the agent's thread the request arrived on, not
+  // on the pool: it must not block, and hands what may block or take long
+  // to Worker::serve_on_pool() itself (a pool hop is a thread wake-up each
+  // way). Profiled requests still go to the pool.
+  bool serve_on_arrival = false;
 };
 
 // A RequestHandler that calls `method` on the layer object `weak` points to,
@@ -441,6 +446,22 @@ class Worker {
     int64_t previous_ = -1;
   };
 
+  // Whether `request` may be decoded on the agent's thread it arrived on:
+  // at most 64 KiB of payload and storages.
+  static bool decodes_on_arrival(const Message& request);
+  // Whether a call of `fn`, decoded on arrival as `call` (searched for
+  // RRefs) with `autograd`, may run there too: a builtin operator (aten::)
+  // outside an autograd context and without RRef arguments, which is cheap
+  // and never blocks. Anything else (a user function, TorchScript, a call
+  // that waits for its RRef arguments' confirmation, a step of distributed
+  // autograd) runs on the pool.
+  static bool runs_on_arrival(absl::string_view fn, const c10::IValue& call,
+                              const wire::AutogradMeta& autograd);
+  // For a handler registered with HandlerTraits::serve_on_arrival: runs
+  // `serve` on the pool, as a request's handler (an error becomes an
+  // EXCEPTION answer there too), and gives its answer.
+  Future<Message> serve_on_pool(std::function<Future<Message>()> serve);
+
   // An EXCEPTION message carrying `status`.
   static Message exception_message(const absl::Status& status);
   // The Status an EXCEPTION message carries.
@@ -553,6 +574,8 @@ class Worker {
   // Set while extensions are made; read-only once the worker serves.
   std::vector<std::unique_ptr<WorkerExtension>> extensions_;
   absl::flat_hash_map<MessageType, RequestHandler> handlers_;
+  // The types of handlers_ registered with HandlerTraits::serve_on_arrival.
+  absl::flat_hash_set<MessageType> served_on_arrival_;
   // The types of handlers_ registered with HandlerTraits::counts_as_call,
   // and with HandlerTraits::profiled.
   absl::flat_hash_set<MessageType> counted_as_calls_;

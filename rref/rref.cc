@@ -361,28 +361,34 @@ ExtensionFactory rref_extension(RRefOptions options) {
     // value, count against max_calls_in_flight as calls; the control
     // messages do not. Those that run one are profiled on the owner when
     // sent under LibTorch's legacy profiler (core/profiling.h).
+    // A remote() of a builtin operator and a fetch are served on the
+    // agent's thread they arrive on (each handler hands what may block to
+    // the pool), as a CALL is.
     struct Handler {
       MessageType type;
       Future<Message> (ContextState::*method)(Message);
       bool counts_as_call;
       bool profiled;
+      bool serve_on_arrival;
     };
     const Handler handlers[] = {
-        {MessageType::kRemoteCall, &ContextState::on_remote_call, true, true},
-        {MessageType::kRRefFetch, &ContextState::on_fetch, true, false},
-        {MessageType::kRRefUserDelete, &ContextState::on_user_delete, false,
-         false},
-        {MessageType::kRRefForkRequest, &ContextState::on_fork_request, false,
-         false},
-        {MessageType::kRRefChildAccept, &ContextState::on_child_accept, false,
-         false},
-        {MessageType::kRRefMethodCall, &ContextState::on_method_call, true,
+        {MessageType::kRemoteCall, &ContextState::on_remote_call, true, true,
          true},
+        {MessageType::kRRefFetch, &ContextState::on_fetch, true, false, true},
+        {MessageType::kRRefUserDelete, &ContextState::on_user_delete, false,
+         false, false},
+        {MessageType::kRRefForkRequest, &ContextState::on_fork_request, false,
+         false, false},
+        {MessageType::kRRefChildAccept, &ContextState::on_child_accept, false,
+         false, false},
+        {MessageType::kRRefMethodCall, &ContextState::on_method_call, true,
+         true, false},
     };
     for (const Handler& handler : handlers) {
       HandlerTraits traits;
       traits.counts_as_call = handler.counts_as_call;
       traits.profiled = handler.profiled;
+      traits.serve_on_arrival = handler.serve_on_arrival;
       absl::Status added = worker.register_handler(
           handler.type, route_to(weak, handler.method), traits);
       if (!added.ok()) return added;

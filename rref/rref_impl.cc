@@ -472,14 +472,56 @@ absl::Status ContextState::check_call(const c10::IValue& call, size_t size,
   return check_target(parts[0]);
 }
 
+Future<Message> ContextState::on_pool(
+    std::function<Future<Message>(ContextState&)> serve) {
+  Future<Message> out =
+      Future<Message>::ready(absl::CancelledError("the worker is shut down"));
+  std::weak_ptr<ContextState> weak = weak_from_this();
+  with_worker([&](Worker& worker) {
+    out = worker.serve_on_pool([weak, serve = std::move(serve)] {
+      auto self = weak.lock();
+      if (self == nullptr) {
+        return Future<Message>::ready(
+            absl::CancelledError("the worker is shut down"));
+      }
+      return serve(*self);
+    });
+  });
+  return out;
+}
+
 Future<Message> ContextState::on_remote_call(Message request) {
+  if (!Worker::decodes_on_arrival(request)) {
+    return on_pool([request = std::move(request)](ContextState& self) {
+      return self.remote_call(request, /*on_pool=*/true);
+    });
+  }
+  return remote_call(request, /*on_pool=*/false);
+}
+
+Future<Message> ContextState::remote_call(const Message& request,
+                                          bool on_pool) {
   wire::AutogradMeta autograd;
   absl::StatusOr<c10::IValue> call = decode_with_hook(request, &autograd);
   if (!call.ok()) return Future<Message>::ready(call.status());
   if (absl::Status ok = check_call(*call, 7, "REMOTE_CALL"); !ok.ok()) {
     return Future<Message>::ready(ok);
   }
-  const auto& parts = call->toTupleRef().elements();
+  const c10::IValue& target = call->toTupleRef().elements()[0];
+  if (!on_pool &&
+      !Worker::runs_on_arrival(target.isString() ? target.toStringRef() : "",
+                               *call, autograd)) {
+    return this->on_pool(
+        [call = *std::move(call), autograd](ContextState& self) {
+          return self.run_remote_call(call, autograd);
+        });
+  }
+  return run_remote_call(*call, autograd);
+}
+
+Future<Message> ContextState::run_remote_call(
+    const c10::IValue& call, const wire::AutogradMeta& autograd) {
+  const auto& parts = call.toTupleRef().elements();
   const RRefId id{static_cast<int32_t>(parts[3].toInt()), parts[4].toInt()};
   const ForkId fork{static_cast<int32_t>(parts[5].toInt()), parts[6].toInt()};
   c10::intrusive_ptr<OwnerRRef> owner =
@@ -488,7 +530,7 @@ Future<Message> ContextState::on_remote_call(Message request) {
   // A function that answers later (core/ivalue_future.h) gives the RRef
   // its value when it does; no pool thread waits meanwhile.
   std::weak_ptr<ContextState> weak = weak_from_this();
-  return settle_call(*call, run_call_serving(*call, autograd))
+  return settle_call(call, run_call_serving(call, autograd))
       .then([weak, owner, id, fork](const absl::StatusOr<c10::IValue>& value)
                 -> absl::StatusOr<Message> {
         // Every later use of the RRef (fetch, method call) reports a
@@ -549,6 +591,15 @@ Future<Message> ContextState::on_method_call(Message request) {
 }
 
 Future<Message> ContextState::on_fetch(Message request) {
+  if (!Worker::decodes_on_arrival(request)) {
+    return on_pool([request = std::move(request)](ContextState& self) {
+      return self.fetch(request);
+    });
+  }
+  return fetch(request);
+}
+
+Future<Message> ContextState::fetch(const Message& request) {
   wire::AutogradMeta autograd;
   absl::StatusOr<c10::IValue> payload = decode_with_hook(request, &autograd);
   if (!payload.ok()) return Future<Message>::ready(payload.status());

@@ -249,7 +249,20 @@ class ContextState : public wire::RRefHook,
   static absl::Status check_call(const c10::IValue& call, size_t size,
                                  absl::string_view what);
 
+  // Served on arrival (HandlerTraits::serve_on_arrival), as a CALL is: a
+  // builtin operator on small tensors runs on the agent's thread, anything
+  // else on the pool (Worker::runs_on_arrival).
   Future<Message> on_remote_call(Message request);
+  // Decodes and checks a REMOTE_CALL; runs it here, or on the pool unless
+  // `on_pool` already.
+  Future<Message> remote_call(const Message& request, bool on_pool);
+  // Makes (or finds) the owner of a checked REMOTE_CALL, runs it and gives
+  // the owner its value.
+  Future<Message> run_remote_call(const c10::IValue& call,
+                                  const wire::AutogradMeta& autograd);
+  // Serves `serve` on the worker's pool (Worker::serve_on_pool); CANCELLED
+  // once the worker or this state is gone.
+  Future<Message> on_pool(std::function<Future<Message>(ContextState&)> serve);
 
   // A call's result as a Future (a function that answers later completes
   // it then); a later error names this worker and the target as
@@ -262,8 +275,10 @@ class ContextState : public wire::RRefHook,
   // (rref_worker, rref_local, wait_ms): the value, once there. The owner
   // waits at most wait_ms (the fetcher's own timeout) for a value that is
   // not there yet; if its REMOTE_CALL never arrived by then, the RRef is
-  // failed and let go, so nothing waits or leaks forever.
+  // failed and let go, so nothing waits or leaks forever. Served on
+  // arrival: it never blocks (an oversized request goes to the pool).
   Future<Message> on_fetch(Message request);
+  Future<Message> fetch(const Message& request);
 
   // A fetch waited `wait` for RRef `id`'s value: if its REMOTE_CALL never
   // came, the RRef fails and, without users, is let go.
