@@ -168,6 +168,43 @@ TEST_F(RRefs, RemoteThenToHere) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bob")));
 }
 
+// A remote() of a builtin operator and its fetch are served on the thread
+// they arrive on, as a small CALL is: they are answered while every pool
+// thread of the owner is busy with a user function.
+TEST_F(RRefs, BuiltinRemoteAndFetchNeedNoPoolThread) {
+  constexpr int kPoolThreads = 8;  // testing::group_options
+  auto release = std::make_shared<absl::Notification>();
+  auto holding = std::make_shared<std::atomic<int>>(0);
+  ASSERT_THAT(workers_[1]->register_function("hold",
+                                             [release, holding]() {
+                                               ++*holding;
+                                               release->WaitForNotification();
+                                               return int64_t{1};
+                                             }),
+              IsOk());
+  std::vector<Future<c10::IValue>> held;
+  for (int i = 0; i < kPoolThreads; ++i) {
+    held.push_back(workers_[0]->rpc_async("bob", "hold", {}));
+  }
+  const absl::Time deadline = absl::Now() + kBound;
+  while (holding->load() < kPoolThreads && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(holding->load(), kPoolThreads);
+  absl::StatusOr<RRef> r = remote(*workers_[0], "bob", "aten::add.Tensor",
+                                  {at::ones({2}), at::ones({2})});
+  ASSERT_THAT(r, IsOk());
+  absl::StatusOr<c10::IValue> v = r->to_here(absl::Seconds(5));
+  release->Notify();
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
+  for (const Future<c10::IValue>& call : held) {
+    EXPECT_THAT(call.get(absl::Now() + kBound), IsOk());
+  }
+  *r = RRef();
+  expect_all_released();
+}
+
 TEST_F(RRefs, RemoteToSelfIsAnOwner) {
   absl::StatusOr<RRef> r = remote(*workers_[0], "alice", "aten::mul.Tensor",
                                   {at::full({2}, 3.0), at::full({2}, 2.0)});
