@@ -27,6 +27,10 @@ namespace {
 
 thread_local Worker* serving_worker = nullptr;
 
+// Whether this thread is in a handler the Worker called on arrival
+// (HandlerTraits::serve_on_arrival), not on the pool.
+thread_local bool serving_on_arrival = false;
+
 // Marks the current thread as serving `worker` for its scope.
 class ServingScope {
  public:
@@ -730,6 +734,13 @@ bool Worker::runs_on_arrival(absl::string_view fn, const c10::IValue& call,
 }
 
 Future<Message> Worker::serve_on_pool(std::function<Future<Message>()> serve) {
+  auto answer = [](const absl::StatusOr<Message>& response)
+      -> absl::StatusOr<Message> {
+    return response.ok() ? *response : exception_message(response.status());
+  };
+  // Called on the pool already (a profiled request is served there, under
+  // its profiler's thread state, which must stay): served here.
+  if (!serving_on_arrival) return serve().then(answer);
   Promise<Message> promise;
   run_on_pool([this, promise, serve = std::move(serve)] {
     ServingScope scope(this);
@@ -866,12 +877,14 @@ Future<Message> Worker::serve_request(Message request,
     const RequestHandler* serve = &handler->second;
     if (tls == nullptr && served_on_arrival_.contains(request.type)) {
       ServingScope scope(this);
-      return (*serve)(std::move(request))
-          .then([](const absl::StatusOr<Message>& response)
-                    -> absl::StatusOr<Message> {
-            return response.ok() ? *response
-                                 : exception_message(response.status());
-          });
+      const bool previous = serving_on_arrival;
+      serving_on_arrival = true;
+      Future<Message> response = (*serve)(std::move(request));
+      serving_on_arrival = previous;
+      return response.then([](const absl::StatusOr<Message>& response)
+                               -> absl::StatusOr<Message> {
+        return response.ok() ? *response : exception_message(response.status());
+      });
     }
     auto shared = std::make_shared<Message>(std::move(request));
     run_on_pool([this, promise, shared, serve] {

@@ -459,7 +459,9 @@ class Worker {
                               const wire::AutogradMeta& autograd);
   // For a handler registered with HandlerTraits::serve_on_arrival: runs
   // `serve` on the pool, as a request's handler (an error becomes an
-  // EXCEPTION answer there too), and gives its answer.
+  // EXCEPTION answer there too), and gives its answer. Called from a
+  // handler the Worker called on the pool (a profiled request), it serves
+  // right there.
   Future<Message> serve_on_pool(std::function<Future<Message>()> serve);
 
   // An EXCEPTION message carrying `status`.

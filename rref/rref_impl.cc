@@ -493,14 +493,13 @@ Future<Message> ContextState::on_pool(
 Future<Message> ContextState::on_remote_call(Message request) {
   if (!Worker::decodes_on_arrival(request)) {
     return on_pool([request = std::move(request)](ContextState& self) {
-      return self.remote_call(request, /*on_pool=*/true);
+      return self.remote_call(request);
     });
   }
-  return remote_call(request, /*on_pool=*/false);
+  return remote_call(request);
 }
 
-Future<Message> ContextState::remote_call(const Message& request,
-                                          bool on_pool) {
+Future<Message> ContextState::remote_call(const Message& request) {
   wire::AutogradMeta autograd;
   absl::StatusOr<c10::IValue> call = decode_with_hook(request, &autograd);
   if (!call.ok()) return Future<Message>::ready(call.status());
@@ -508,10 +507,9 @@ Future<Message> ContextState::remote_call(const Message& request,
     return Future<Message>::ready(ok);
   }
   const c10::IValue& target = call->toTupleRef().elements()[0];
-  if (!on_pool &&
-      !Worker::runs_on_arrival(target.isString() ? target.toStringRef() : "",
+  if (!Worker::runs_on_arrival(target.isString() ? target.toStringRef() : "",
                                *call, autograd)) {
-    return this->on_pool(
+    return on_pool(
         [call = *std::move(call), autograd](ContextState& self) {
           return self.run_remote_call(call, autograd);
         });

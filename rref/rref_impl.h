@@ -253,9 +253,8 @@ class ContextState : public wire::RRefHook,
   // builtin operator on small tensors runs on the agent's thread, anything
   // else on the pool (Worker::runs_on_arrival).
   Future<Message> on_remote_call(Message request);
-  // Decodes and checks a REMOTE_CALL; runs it here, or on the pool unless
-  // `on_pool` already.
-  Future<Message> remote_call(const Message& request, bool on_pool);
+  // Decodes and checks a REMOTE_CALL; runs it here, or on the pool.
+  Future<Message> remote_call(const Message& request);
   // Makes (or finds) the owner of a checked REMOTE_CALL, runs it and gives
   // the owner its value.
   Future<Message> run_remote_call(const c10::IValue& call,

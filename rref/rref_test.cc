@@ -532,6 +532,15 @@ TEST_F(RRefs, RemoteAndProxyCallsUnderTheProfilerBringBackTheOwnersEvents) {
       profiling::CallKey key("method");
       ASSERT_THAT(counter->rpc_sync().call("scale", {at::ones({3})}), IsOk());
     }
+    {
+      // Not a builtin: the owner runs it on its pool, under the profiler.
+      profiling::CallKey key("user");
+      absl::StatusOr<RRef> ones = remote(*workers_[0], "bob",
+                                         "tether_rref_test::slow_ones",
+                                         {int64_t{1}});
+      ASSERT_THAT(ones, IsOk());
+      ASSERT_THAT(ones->get_future().get(), IsOk());
+    }
   });
   const auto names = ::testing::PrintToString(testing::event_names(events));
   testing::LegacyEvents add =
@@ -544,6 +553,10 @@ TEST_F(RRefs, RemoteAndProxyCallsUnderTheProfilerBringBackTheOwnersEvents) {
       testing::pushes_named(events, "method#remote_op: aten::mul");
   ASSERT_FALSE(mul.empty()) << names;
   for (const auto& e : mul) EXPECT_EQ(e.nodeId(), 1);
+  testing::LegacyEvents user =
+      testing::pushes_named(events, "user#remote_op: tether_rref_test::slow_ones");
+  ASSERT_EQ(user.size(), 1u) << names;
+  EXPECT_EQ(user[0].nodeId(), 1);
 }
 
 TEST_F(RRefs, MissingMethodIsNotFoundNamingIt) {
