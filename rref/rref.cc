@@ -361,9 +361,9 @@ ExtensionFactory rref_extension(RRefOptions options) {
     // value, count against max_calls_in_flight as calls; the control
     // messages do not. Those that run one are profiled on the owner when
     // sent under LibTorch's legacy profiler (core/profiling.h).
-    // A remote() of a builtin operator and a fetch are served on the
-    // agent's thread they arrive on (each handler hands what may block to
-    // the pool), as a CALL is.
+    // A remote() of a builtin operator, a fetch and a user's delete are
+    // served on the agent's thread they arrive on (each handler hands what
+    // may block, or run Python, to the pool), as a CALL is.
     struct Handler {
       MessageType type;
       Future<Message> (ContextState::*method)(Message);
@@ -376,7 +376,7 @@ ExtensionFactory rref_extension(RRefOptions options) {
          true},
         {MessageType::kRRefFetch, &ContextState::on_fetch, true, false, true},
         {MessageType::kRRefUserDelete, &ContextState::on_user_delete, false,
-         false, false},
+         false, true},
         {MessageType::kRRefForkRequest, &ContextState::on_fork_request, false,
          false, false},
         {MessageType::kRRefChildAccept, &ContextState::on_child_accept, false,

@@ -41,6 +41,38 @@ c10::IValue ids(std::initializer_list<int64_t> values) {
   return c10::ivalue::Tuple::create(std::move(elems));
 }
 
+// Whether letting go of `v` runs no Python: tensors, scalars, strings and
+// containers of them. Anything else (a Python object, whose destruction
+// takes the GIL; a custom or script object; an RRef) may.
+bool plain_value(const c10::IValue& v) {
+  if (v.isTensor() || v.isNone() || v.isInt() || v.isDouble() || v.isBool() ||
+      v.isString() || v.isTensorList() || v.isIntList() || v.isDoubleList() ||
+      v.isBoolList()) {
+    return true;
+  }
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (!plain_value(e)) return false;
+    }
+    return true;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (!plain_value(e)) return false;
+    }
+    return true;
+  }
+  if (v.isGenericDict()) {
+    for (const auto& entry : v.toGenericDict()) {
+      if (!plain_value(entry.key()) || !plain_value(entry.value())) {
+        return false;
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
 // The ints of a control message's tuple payload.
 absl::StatusOr<std::vector<int64_t>> ints_of(const c10::IValue& v, size_t n,
                                              absl::string_view what) {
@@ -124,11 +156,12 @@ void ContextState::add_fork(const RRefId& id, const ForkId& fork) {
   forks_[id].insert(fork);
 }
 
-void ContextState::delete_fork(const RRefId& id, const ForkId& fork) {
+c10::intrusive_ptr<OwnerRRef> ContextState::delete_fork(const RRefId& id,
+                                                       const ForkId& fork) {
   c10::intrusive_ptr<OwnerRRef> released;
   absl::MutexLock lock(&mu_);
   auto it = forks_.find(id);
-  if (it == forks_.end()) return;
+  if (it == forks_.end()) return released;
   it->second.erase(fork);
   if (it->second.empty()) {
     forks_.erase(it);
@@ -140,6 +173,7 @@ void ContextState::delete_fork(const RRefId& id, const ForkId& fork) {
       owners_.erase(owner);
     }
   }
+  return released;
 }
 
 void ContextState::release_if_unforked(const RRefId& id) {
@@ -242,7 +276,7 @@ absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> ContextState::adopt(
     c10::intrusive_ptr<OwnerRRef> local = get_or_create_owner(id, data.type);
     if (data.parent == self_.id) {
       // Sent to ourselves: the fork our fork() registered is not a user.
-      delete_fork(id, fork);
+      (void)delete_fork(id, fork);
     } else {
       // Back from a user: that user may let go of its child.
       send_control(*parent, MessageType::kRRefChildAccept,
@@ -662,10 +696,29 @@ void ContextState::fail_valueless(const RRefId& id, absl::Duration wait) {
 }
 
 Future<Message> ContextState::on_user_delete(Message request) {
+  if (!Worker::decodes_on_arrival(request)) {
+    return on_pool([request = std::move(request)](ContextState& self) {
+      return self.user_delete(request);
+    });
+  }
+  return user_delete(request);
+}
+
+Future<Message> ContextState::user_delete(const Message& request) {
   absl::StatusOr<std::vector<int64_t>> v = control_ints(request, 4);
   if (!v.ok()) return Future<Message>::ready(v.status());
-  delete_fork({static_cast<int32_t>((*v)[0]), (*v)[1]},
-              {static_cast<int32_t>((*v)[2]), (*v)[3]});
+  // Served on arrival: a value whose destruction may run Python (and take
+  // the GIL) is let go on the pool instead.
+  c10::intrusive_ptr<OwnerRRef> released =
+      delete_fork({static_cast<int32_t>((*v)[0]), (*v)[1]},
+                  {static_cast<int32_t>((*v)[2]), (*v)[3]});
+  if (released != nullptr && released->value().result().ok() &&
+      !plain_value(*released->value().result())) {
+    return on_pool([released](ContextState&) mutable {
+      released.reset();
+      return Future<Message>::ready(ack());
+    });
+  }
   return Future<Message>::ready(ack());
 }
 

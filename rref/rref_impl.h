@@ -182,8 +182,10 @@ class ContextState : public wire::RRefHook,
 
   void add_fork(const RRefId& id, const ForkId& fork);
 
-  // Drops a fork; the owner lets go of the value with the last one.
-  void delete_fork(const RRefId& id, const ForkId& fork);
+  // Drops a fork; the owner lets go of the value with the last one: the
+  // owner is returned then (its caller drops it, outside the lock).
+  [[nodiscard]] c10::intrusive_ptr<OwnerRRef> delete_fork(const RRefId& id,
+                                                          const ForkId& fork);
 
   void release_if_unforked(const RRefId& id);
 
@@ -283,7 +285,10 @@ class ContextState : public wire::RRefHook,
   // came, the RRef fails and, without users, is let go.
   void fail_valueless(const RRefId& id, absl::Duration wait);
 
+  // Served on arrival (HandlerTraits::serve_on_arrival); an oversized
+  // request, and a value whose destruction may run Python, go to the pool.
   Future<Message> on_user_delete(Message request);
+  Future<Message> user_delete(const Message& request);
 
   Future<Message> on_fork_request(Message request);
 

@@ -168,10 +168,11 @@ TEST_F(RRefs, RemoteThenToHere) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bob")));
 }
 
-// A remote() of a builtin operator and its fetch are served on the thread
-// they arrive on, as a small CALL is: they are answered while every pool
-// thread of the owner is busy with a user function.
-TEST_F(RRefs, BuiltinRemoteAndFetchNeedNoPoolThread) {
+// A remote() of a builtin operator, its fetch and its user's delete are
+// served on the thread they arrive on, as a small CALL is: they are
+// answered, and the owner let go, while every pool thread of the owner is
+// busy with a user function.
+TEST_F(RRefs, BuiltinRemoteFetchAndDeleteNeedNoPoolThread) {
   constexpr int kPoolThreads = 8;  // testing::group_options
   auto release = std::make_shared<absl::Notification>();
   auto holding = std::make_shared<std::atomic<int>>(0);
@@ -195,13 +196,22 @@ TEST_F(RRefs, BuiltinRemoteAndFetchNeedNoPoolThread) {
                                   {at::ones({2}), at::ones({2})});
   ASSERT_THAT(r, IsOk());
   absl::StatusOr<c10::IValue> v = r->to_here(absl::Seconds(5));
+  EXPECT_THAT(v, IsOk());
+  if (v.ok()) EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
+  *r = RRef();
+  auto owners_on_bob = [this]() -> int64_t {
+    absl::StatusOr<RRefDebugInfo> info = rref_debug_info(*workers_[1]);
+    return info.ok() ? info->owners : -1;
+  };
+  const absl::Time released_by = absl::Now() + absl::Seconds(5);
+  while (owners_on_bob() != 0 && absl::Now() < released_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(owners_on_bob(), 0);
   release->Notify();
-  ASSERT_THAT(v, IsOk());
-  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
   for (const Future<c10::IValue>& call : held) {
     EXPECT_THAT(call.get(absl::Now() + kBound), IsOk());
   }
-  *r = RRef();
   expect_all_released();
 }
 
