@@ -187,6 +187,14 @@ TEST_F(RRefs, BuiltinRemoteFetchAndDeleteNeedNoPoolThread) {
   for (int i = 0; i < kPoolThreads; ++i) {
     held.push_back(workers_[0]->rpc_async("bob", "hold", {}));
   }
+  // A failed ASSERT below must still let the pool threads go, or the
+  // workers' shutdown would wait for them.
+  struct LetGo {
+    std::shared_ptr<absl::Notification> release;
+    ~LetGo() {
+      if (!release->HasBeenNotified()) release->Notify();
+    }
+  } let_go{release};
   const absl::Time deadline = absl::Now() + kBound;
   while (holding->load() < kPoolThreads && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
@@ -196,8 +204,8 @@ TEST_F(RRefs, BuiltinRemoteFetchAndDeleteNeedNoPoolThread) {
                                   {at::ones({2}), at::ones({2})});
   ASSERT_THAT(r, IsOk());
   absl::StatusOr<c10::IValue> v = r->to_here(absl::Seconds(5));
-  EXPECT_THAT(v, IsOk());
-  if (v.ok()) EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
+  ASSERT_THAT(v, IsOk());
+  EXPECT_TRUE(at::equal(v->toTensor(), at::full({2}, 2.0)));
   *r = RRef();
   auto owners_on_bob = [this]() -> int64_t {
     absl::StatusOr<RRefDebugInfo> info = rref_debug_info(*workers_[1]);

@@ -155,6 +155,7 @@ void ConnectionImpl::on_events(uint32_t events) {
 }
 
 ConnectionImpl::Fill ConnectionImpl::fill(size_t most) {
+  if (drained_) return Fill::kAgain;
   if (in_.size() - in_end_ < most) {
     if (in_begin_ > 0) {
       std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
@@ -163,7 +164,6 @@ ConnectionImpl::Fill ConnectionImpl::fill(size_t most) {
     }
     if (in_.size() - in_end_ < most) in_.resize(in_end_ + most);
   }
-  if (drained_) return Fill::kAgain;
   for (;;) {
     const ssize_t n = ::recv(fd_, in_.data() + in_end_, most, MSG_DONTWAIT);
     if (n > 0) {
@@ -297,16 +297,29 @@ void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
 
 void ConnectionImpl::process_reads() {
   const size_t limit = context_->options().max_unsized_read_bytes;
+  // Whether this call read from the socket. With no read pending it reads
+  // ahead only if it has not: what the chunk that completed a descriptor
+  // brought of the payload after it is copied out of the buffer, and the
+  // rest stays in the socket until TensorPipe asks for it (in this turn of
+  // the loop) and is read straight into its destination. Reading on to
+  // kReadAhead copied it out of the buffer too, and moved it within the
+  // buffer when the buffer was compacted. A poller's wake-up with nothing
+  // pending still reads (the socket is level-triggered: it must not spin).
+  bool read = false;
+  auto fill_once = [&](size_t most) {
+    read = true;
+    return fill_or_fail(most);
+  };
   while (!error_ && state_ == State::kEstablished) {
     if (reads_.empty()) {
-      if (buffered().size() >= kReadAhead) break;
-      if (!fill_or_fail(kChunk)) break;
+      if (read || buffered().size() >= kReadAhead) break;
+      if (!fill_once(kChunk)) break;
       continue;
     }
     ReadOp& op = reads_.front();
     if (!op.have_length) {
       if (buffered().size() < sizeof(uint64_t)) {
-        if (!fill_or_fail(kChunk)) break;
+        if (!fill_once(kChunk)) break;
         continue;
       }
       uint64_t length = 0;
@@ -341,8 +354,9 @@ void ConnectionImpl::process_reads() {
     }
     if (op.done < op.length) {
       const size_t remaining = op.length - op.done;
-      if (remaining >= kChunk) {
+      if (remaining >= kDirect) {
         if (drained_) break;
+        read = true;
         const ssize_t n =
             ::recv(fd_, op.ptr + op.done, remaining, MSG_DONTWAIT);
         if (n > 0) {
@@ -359,7 +373,7 @@ void ConnectionImpl::process_reads() {
         setError(TCP_TRANSPORT_ERROR(tp::SystemError, "recv", errno));
         return;
       }
-      if (!fill_or_fail(kChunk)) break;
+      if (!fill_once(kChunk)) break;
       continue;
     }
     ReadOp done = std::move(reads_.front());

@@ -38,9 +38,12 @@
 
 namespace tether::backends::internal::tcp {
 
-// Reads go through a buffer in chunks of this size; a payload's remainder at
-// least this large is read straight into its destination.
+// Reads go through a buffer in chunks of this size (one recv() takes a
+// whole inline message, up to 48 KiB of storages).
 inline constexpr size_t kChunk = 64 << 10;
+// A payload's remainder at least this large is read straight into its
+// destination: a recv() more costs less than copying it out of the buffer.
+inline constexpr size_t kDirect = 16 << 10;
 // Bytes read ahead while TensorPipe has no read pending.
 inline constexpr size_t kReadAhead = 256 << 10;
 // Frames of one write call gathered into one sendmsg().
