@@ -340,6 +340,19 @@ void ConnectionImpl::process_reads() {
           fail(tcp_error(why), why, /*log=*/true);
           return;
         }
+        // The whole frame is buffered: handed over from the buffer, without
+        // a copy. TensorPipe parses it inside the callback, and nothing
+        // fills the buffer until the callback returns: this runs in the
+        // loop, and whatever the callback asks of the connection is
+        // deferred to it.
+        if (buffered().size() >= length) {
+          ReadOp done = std::move(reads_.front());
+          reads_.pop_front();
+          const char* frame = buffered().data();
+          consume(length);
+          done.fn(tp::Error::kSuccess, frame, length);
+          continue;
+        }
         op.owned.reset(new char[std::max<uint64_t>(length, 1)]);
         op.ptr = op.owned.get();
         op.length = length;
