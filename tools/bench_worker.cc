@@ -324,9 +324,6 @@ int run_variant(const Flags& flags, int rank) {
 
 // ---- raw baselines ----
 
-// About what tether's inline frame of a small rpc_sync is.
-constexpr size_t kPipeAloneBytes = 128;
-
 absl::Status run_raw(const Flags& flags, int rank, JsonObject& out) {
   std::unique_ptr<c10d::TCPStore> store = launcher_store("bench_worker", rank);
   absl::StatusOr<TcpPair> pair = TcpPair::connect(rank, *store, absl::Seconds(30));
@@ -354,8 +351,7 @@ absl::Status run_raw(const Flags& flags, int rank, JsonObject& out) {
   // TensorPipe's pipe alone over tether's tcp transport, as many round trips
   // as rpc_sync gets calls: the tensorpipe backend's floor.
   absl::StatusOr<std::vector<double>> pipe = tensorpipe_pipe_ping_pong(
-      "tcp", rank, *store, static_cast<int>(flags.count("sync_calls")),
-      kPipeAloneBytes);
+      "tcp", rank, *store, static_cast<int>(flags.count("sync_calls")));
   if (!pipe.ok()) return pipe.status();
   if (rank != 0) return absl::OkStatus();
   const Summary pipe_alone = summarize(std::move(*pipe));

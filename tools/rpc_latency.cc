@@ -15,8 +15,11 @@
 // operator (tools/internal/tp_pipe.h: the tensorpipe backend's floor). With
 // --no_tensors the call is a TorchScript `inc(int) -> int` instead (no
 // storage travels); with --floats=N the tensor has N floats (a mid-size
-// call: N*4 bytes each way). Then a raw TCP ping-pong (16-byte messages, TCP_NODELAY)
-// between the same two processes. Prints a table and one JSON line.
+// call: N*4 bytes each way); with --echo=BYTES every variant echoes a uint8
+// tensor of BYTES through the bench's identity operator instead (the
+// bench's echo sweep), the pipe alone carries BYTES of data laid out as the
+// backend lays out that call, and the raw ping-pong BYTES. Then a raw TCP
+// ping-pong (16-byte messages, TCP_NODELAY) between the same two processes. Prints a table and one JSON line.
 // --variants keeps the variants whose labels contain one of its words
 // and the raw ping-pong if one names it: --variants=tcp runs the default
 // transport alone (under strace -c or perf stat the counts are then that
@@ -46,6 +49,7 @@
 #include "tools/internal/raw_baselines.h"
 #include "tools/internal/samples.h"
 #include "tools/internal/tp_pipe.h"
+#include "tools/internal/workloads.h"
 
 namespace {
 
@@ -77,7 +81,7 @@ void die(const std::string& what, const absl::Status& status) {
 // One variant: both ranks make a group on its own store port; rank 0 times.
 absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
                                    int store_port, int calls, bool tensors,
-                                   int floats,
+                                   int floats, int64_t echo_bytes,
                                    absl::Duration busy_poll,
                                    const tether::BackendRegistry& registry) {
   tether::RpcOptions options;
@@ -93,16 +97,21 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
   Result result;
   if (rank == 0) {
     at::Tensor x = at::ones({floats});
+    const at::Tensor payload =
+        tether::bench::payload_of(echo_bytes > 0 ? echo_bytes : 1);
     std::vector<double> samples;
     samples.reserve(calls);
     const int warmup = std::max(100, calls / 10);
     for (int i = 0; i < warmup + calls; ++i) {
       Clock::time_point start = Clock::now();
-      absl::StatusOr<c10::IValue> y =
-          tensors ? (*worker)->rpc_sync(1, "aten::add.Scalar", {x, 1.0})
-                  : (*worker)->rpc_sync(1, "inc", {int64_t{i}});
+      absl::Status y =
+          echo_bytes > 0
+              ? tether::bench::echo(**worker, tether::To(1), payload)
+          : tensors
+              ? (*worker)->rpc_sync(1, "aten::add.Scalar", {x, 1.0}).status()
+              : (*worker)->rpc_sync(1, "inc", {int64_t{i}}).status();
       double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-      if (!y.ok()) return y.status();
+      if (!y.ok()) return y;
       if (i >= warmup) samples.push_back(us);
     }
     result = summarize(variant.label, std::move(samples));
@@ -112,9 +121,10 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
   return result;
 }
 
-// A plain TCP ping-pong (tools/internal/raw_baselines.h): rank 1 echoes,
-// rank 0 times each round trip.
-Result tcp_ping_pong(int rank, int calls) {
+// A plain TCP ping-pong of `bytes` (tools/internal/raw_baselines.h): rank 1
+// echoes, rank 0 times each round trip.
+Result tcp_ping_pong(int rank, int calls, size_t bytes,
+                     const std::string& label) {
   std::unique_ptr<c10d::TCPStore> store =
       tether::bench::launcher_store("rpc_latency", rank);
   absl::StatusOr<tether::bench::TcpPair> pair =
@@ -122,9 +132,9 @@ Result tcp_ping_pong(int rank, int calls) {
   if (!pair.ok()) die("TCP baseline", pair.status());
   std::vector<double> samples;
   absl::Status s = tether::bench::tcp_ping_pong(
-      *pair, 16, std::max(100, calls / 10), calls, samples);
+      *pair, bytes, std::max(100, calls / 10), calls, samples);
   if (!s.ok()) die("TCP baseline", s);
-  return summarize("raw TCP ping-pong (16 B)", std::move(samples));
+  return summarize(label, std::move(samples));
 }
 
 }  // namespace
@@ -134,6 +144,7 @@ int main(int argc, char** argv) {
   bool tensors = true;
   int busy_poll_us = 0;
   int floats = 2;
+  int64_t echo_bytes = 0;
   std::vector<std::string> only;
   std::vector<std::pair<std::string, std::string>> extra;
   for (int i = 1; i < argc; ++i) {
@@ -148,6 +159,10 @@ int main(int argc, char** argv) {
     }
     if (arg.rfind("--floats=", 0) == 0 && absl::SimpleAtoi(arg.substr(9), &floats) &&
         floats > 0) {
+      continue;
+    }
+    if (arg.rfind("--echo=", 0) == 0 &&
+        absl::SimpleAtoi(arg.substr(7), &echo_bytes) && echo_bytes > 0) {
       continue;
     }
     if (arg == "--no_tensors") {
@@ -165,6 +180,7 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr,
                  "usage: rpc_latency [--calls=N] [--no_tensors] [--floats=N] "
+                 "[--echo=BYTES] "
                  "[--variants=WORD,...] [--set=KEY=VALUE ...] "
                  "[--busy_poll_us=N]\n");
     return 2;
@@ -219,13 +235,12 @@ int main(int argc, char** argv) {
     if (!wanted(variants[v].label)) continue;
     absl::StatusOr<Result> r = run_variant(
         variants[v], rank, base_port + 1 + static_cast<int>(v), calls, tensors,
-        floats,
-        absl::Microseconds(busy_poll_us), registry);
+        floats, echo_bytes, absl::Microseconds(busy_poll_us), registry);
     if (!r.ok()) die(variants[v].label, r.status());
     results.push_back(*r);
   }
-  // TensorPipe's pipe alone, carrying 128 bytes of metadata each way (about
-  // what tether's inline frame of this call is).
+  // TensorPipe's pipe alone, carrying what tether's frame of this call
+  // carries (tools/internal/tp_pipe.h).
   for (const std::string transport : {"tcp", "uv"}) {
     const std::string label =
         absl::StrCat("tensorpipe pipe alone (", transport, ")");
@@ -233,21 +248,26 @@ int main(int argc, char** argv) {
     std::unique_ptr<c10d::TCPStore> store =
         tether::bench::launcher_store("rpc_latency", rank);
     absl::StatusOr<std::vector<double>> samples =
-        tether::bench::tensorpipe_pipe_ping_pong(transport, rank, *store,
-                                                 calls, 128);
+        tether::bench::tensorpipe_pipe_ping_pong(
+            transport, rank, *store, calls, static_cast<size_t>(echo_bytes));
     if (!samples.ok()) die(label, samples.status());
     if (rank == 0) results.push_back(summarize(label, std::move(*samples)));
   }
   // The raw baseline unless --variants leaves it out (e.g. --variants=raw
   // runs it alone).
-  const std::string raw_label = "raw TCP ping-pong (16 B)";
+  const size_t raw_bytes = echo_bytes > 0 ? static_cast<size_t>(echo_bytes) : 16;
+  const std::string raw_label =
+      absl::StrCat("raw TCP ping-pong (", raw_bytes, " B)");
   std::optional<Result> tcp;
-  if (wanted(raw_label)) tcp = tcp_ping_pong(rank, calls);
+  if (wanted(raw_label)) tcp = tcp_ping_pong(rank, calls, raw_bytes, raw_label);
   if (rank != 0) return 0;
   if (tcp) results.push_back(*tcp);
   std::printf("rpc_sync(%s) round trip, %d calls each\n",
-              tensors ? absl::StrCat("aten::add.Scalar, ", floats, " floats").c_str()
-                      : "TorchScript inc(int)",
+              echo_bytes > 0
+                  ? absl::StrCat("identity, ", echo_bytes, " B").c_str()
+              : tensors
+                  ? absl::StrCat("aten::add.Scalar, ", floats, " floats").c_str()
+                  : "TorchScript inc(int)",
               calls);
   std::printf("%-28s %10s %10s %14s\n", "variant", "p50 us", "p99 us",
               "p50 / raw TCP");

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/tcp_transport.h"
 #include "tools/internal/samples.h"
 
@@ -29,12 +30,15 @@ namespace tp = ::tensorpipe;
 class Side : public std::enable_shared_from_this<Side> {
  public:
   Side(std::shared_ptr<tp::Pipe> pipe, bool timing, int rounds, int warmup,
-       size_t bytes)
+       size_t data_bytes)
       : pipe_(std::move(pipe)),
         timing_(timing),
         rounds_(rounds),
         warmup_(warmup),
-        out_(bytes, 'x') {
+        inline_(data_bytes <= backends::internal::kInlineLimit),
+        out_(kFrameBytes + (inline_ ? data_bytes : 0), 'x'),
+        out_payload_(inline_ ? 0 : data_bytes, 'y'),
+        in_payload_(out_payload_.size()) {
     samples_.reserve(static_cast<size_t>(rounds));
   }
 
@@ -57,6 +61,12 @@ class Side : public std::enable_shared_from_this<Side> {
   void write() {
     tp::Message message;
     message.metadata = out_;
+    if (!inline_) {
+      // As the backend sends a storage: pointing at it, no copy.
+      message.payloads.push_back(tp::Message::Payload{
+          .data = const_cast<char*>(out_payload_.data()),
+          .length = out_payload_.size()});
+    }
     if (timing_) start_ = Clock::now();
     pipe_->write(std::move(message),
                  [self = shared_from_this()](const tp::Error& error) {
@@ -68,11 +78,20 @@ class Side : public std::enable_shared_from_this<Side> {
     pipe_->readDescriptor([self = shared_from_this()](
                               const tp::Error& error, tp::Descriptor descriptor) {
       if (error) return self->fail(error.what());
+      const size_t payloads = self->inline_ ? 0 : 1;
       if (descriptor.metadata.size() != self->out_.size() ||
-          !descriptor.payloads.empty() || !descriptor.tensors.empty()) {
+          descriptor.payloads.size() != payloads ||
+          (payloads == 1 &&
+           descriptor.payloads[0].length != self->in_payload_.size()) ||
+          !descriptor.tensors.empty()) {
         return self->fail("unexpected message");
       }
-      self->pipe_->read(tp::Allocation{}, [self](const tp::Error& error) {
+      tp::Allocation allocation;
+      if (payloads == 1) {
+        allocation.payloads.push_back(
+            tp::Allocation::Payload{.data = self->in_payload_.data()});
+      }
+      self->pipe_->read(std::move(allocation), [self](const tp::Error& error) {
         if (error) return self->fail(error.what());
         self->on_message();
       });
@@ -106,7 +125,11 @@ class Side : public std::enable_shared_from_this<Side> {
   const bool timing_;
   const int rounds_;
   const int warmup_;
+  // The message's layout: all in the metadata, or the data as a payload.
+  const bool inline_;
   const std::string out_;
+  const std::string out_payload_;
+  std::vector<char> in_payload_;
   int seen_ = 0;
   Clock::time_point start_;
   std::vector<double> samples_;
@@ -129,7 +152,7 @@ std::shared_ptr<tp::transport::Context> make_transport(const std::string& name,
 
 absl::StatusOr<std::vector<double>> tensorpipe_pipe_ping_pong(
     const std::string& name, int rank, c10d::Store& store, int calls,
-    size_t bytes) {
+    size_t data_bytes) {
   auto context = std::make_shared<tp::Context>();
   context->registerTransport(0, name, make_transport(name, rank));
   context->registerChannel(0, "basic", tp::channel::basic::create());
@@ -152,13 +175,13 @@ absl::StatusOr<std::vector<double>> tensorpipe_pipe_ping_pong(
       return absl::UnavailableError("the listener accepted no pipe");
     }
     side = std::make_shared<Side>(std::move(answerer), false, calls, warmup,
-                                  bytes);
+                                  data_bytes);
   } else {
     const std::vector<uint8_t> raw = store.get(key);
     const std::string url(raw.begin(), raw.end());
     side = std::make_shared<Side>(
         context->connect(url, tp::PipeOptions().remoteName("w1")), true, calls,
-        warmup, bytes);
+        warmup, data_bytes);
   }
   side->start();
   std::vector<double> samples;
