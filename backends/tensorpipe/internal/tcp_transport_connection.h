@@ -153,8 +153,11 @@ class ConnectionImpl final
   }
   void notify_listener(bool ok);
 
-  // Data.
-  void process_reads();
+  // Data. `readable`: the socket was reported readable (the poller's
+  // wake-up, the assist's poll), so the call reads ahead even with no read
+  // pending (the socket is level-triggered: it must not spin). A call
+  // because TensorPipe posted a read reads only for pending reads.
+  void process_reads(bool readable);
   void process_writes();
   // Reads at most `most` bytes into the buffer. kClosed: the peer closed
   // or the socket failed; why is in fill_error_ (not yet set on the

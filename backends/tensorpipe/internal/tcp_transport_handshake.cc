@@ -89,7 +89,7 @@ void ConnectionImpl::on_handshake_input() {
   }
   if (!error_ && state_ == State::kEstablished) {
     process_writes();
-    process_reads();
+    process_reads(/*readable=*/true);
   }
 }
 
