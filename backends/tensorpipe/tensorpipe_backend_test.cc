@@ -91,6 +91,20 @@ TEST(TensorPipeBackend, ShmAndCmaOnlyRoundTrip) {
       4 << 20);
 }
 
+// The sender writes into the receiver's buffer: sizes from just over the
+// payload limit (LibTorch's allocator would have served it) to 8 MiB.
+TEST(TensorPipeBackend, CmaWriteChannelRoundTrips) {
+  AgentGroup group(tensorpipe_backend(), 2,
+                   {{"tensorpipe.transports", "tcp"},
+                    {"tensorpipe.channels", "cma_write"}});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  for (size_t big : {size_t{(256 << 10) + 1}, size_t{3} << 20, size_t{8} << 20}) {
+    SCOPED_TRACE(big);
+    expect_round_trip(group, big);
+  }
+}
+
 TEST(TensorPipeBackend, XthChannelRoundTripsWithinOneProcess) {
   expect_round_trip_with({{"tensorpipe.channels", "xth, basic"}}, 1 << 20);
 }

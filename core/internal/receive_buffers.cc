@@ -5,6 +5,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <utility>
@@ -19,6 +23,12 @@ struct Buffer {
   void* data;
   size_t nbytes;
 };
+
+// Whole pages: a writable buffer's quarantine remaps them all.
+size_t whole_pages(size_t nbytes) {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return (nbytes + page - 1) / page * page;
+}
 
 class Cache {
  public:
@@ -36,7 +46,9 @@ class Cache {
       }
       ++allocated_;
     }
-    void* data = allocate_on_huge_pages(nbytes);
+    // Whole pages (it starts at a huge page's boundary): nothing of the
+    // allocator's own shares a page with it.
+    void* data = allocate_on_huge_pages(whole_pages(nbytes));
     if (data == nullptr) {
       TORCH_CHECK(false, "cannot allocate a receive buffer of ", nbytes,
                   " bytes");
@@ -66,9 +78,22 @@ class Cache {
     for (void* data : freed) std::free(data);
   }
 
+  // Never reused or freed: its pages become an inaccessible reservation.
+  void quarantine(Buffer buffer) ABSL_LOCKS_EXCLUDED(mu_) {
+    void* reserved = ::mmap(buffer.data, whole_pages(buffer.nbytes), PROT_NONE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+                                MAP_NORESERVE,
+                            -1, 0);
+    // Should the kernel refuse, the buffer is kept as it is (leaked, never
+    // reused): a late write lands in memory nothing else uses.
+    (void)reserved;
+    absl::MutexLock lock(&mu_);
+    ++quarantined_;
+  }
+
   ReceiveBufferStats stats() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    return ReceiveBufferStats{reused_, allocated_, idle_bytes_};
+    return ReceiveBufferStats{reused_, allocated_, idle_bytes_, quarantined_};
   }
 
   void drop_idle() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -87,6 +112,7 @@ class Cache {
   size_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reused_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Never destroyed: storages may be released during static destruction.
@@ -95,11 +121,30 @@ Cache& cache() {
   return *instance;
 }
 
-// The DataPtr's deleter: the context is the heap-allocated Buffer.
+// A storage's hold on its buffer: the DataPtr's context.
+struct Held {
+  Buffer buffer;
+  std::atomic<bool> quarantined{false};
+};
+
+// The DataPtr's deleter.
 void give_back(void* context) {
-  auto* buffer = static_cast<Buffer*>(context);
-  cache().give_back(*buffer);
-  delete buffer;
+  auto* held = static_cast<Held*>(context);
+  if (held->quarantined.load(std::memory_order_acquire)) {
+    cache().quarantine(held->buffer);
+  } else {
+    cache().give_back(held->buffer);
+  }
+  delete held;
+}
+
+c10::Storage cached_storage(size_t nbytes) {
+  auto* held = new Held{cache().take(nbytes)};
+  c10::DataPtr data(held->buffer.data, held, &give_back,
+                    c10::Device(c10::DeviceType::CPU));
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      std::move(data), /*allocator=*/nullptr,
+                      /*resizable=*/false);
 }
 
 }  // namespace
@@ -109,12 +154,19 @@ c10::Storage receive_storage(size_t nbytes) {
     return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
                         c10::GetCPUAllocator(), /*resizable=*/false);
   }
-  auto* buffer = new Buffer(cache().take(nbytes));
-  c10::DataPtr data(buffer->data, buffer, &give_back,
-                    c10::Device(c10::DeviceType::CPU));
-  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                      std::move(data), /*allocator=*/nullptr,
-                      /*resizable=*/false);
+  return cached_storage(nbytes);
+}
+
+c10::Storage writable_receive_storage(size_t nbytes) {
+  if (nbytes == 0) return receive_storage(0);
+  return cached_storage(nbytes);
+}
+
+void quarantine_receive_storage(const c10::Storage& storage) {
+  const c10::DataPtr& data = storage.data_ptr();
+  if (data.get_deleter() != &give_back) return;
+  static_cast<Held*>(data.get_context())
+      ->quarantined.store(true, std::memory_order_release);
 }
 
 ReceiveBufferStats receive_buffer_stats() { return cache().stats(); }

@@ -39,10 +39,26 @@ constexpr size_t kReceiveCacheBytes = size_t{256} << 20;
 // Throws c10::Error (as LibTorch's allocator does) when memory runs out.
 c10::Storage receive_storage(size_t nbytes);
 
+// The same from the cache whatever its size: a storage another process may
+// write into (the tensorpipe backend's `cma_write` channel grants its
+// address to the sender). Its buffer spans whole pages of its own, so that
+// it can be quarantined.
+c10::Storage writable_receive_storage(size_t nbytes);
+
+// For a storage of writable_receive_storage() whose receive failed after
+// its address may have been granted: a late write may still come. When the
+// storage is released, its buffer is not reused or freed: its pages are
+// replaced by an inaccessible reservation, so their memory goes back to
+// the kernel, the addresses are never handed out again, and a late write
+// fails (EFAULT in the writer) instead of landing in another tensor.
+// Nothing for any other storage.
+void quarantine_receive_storage(const c10::Storage& storage);
+
 struct ReceiveBufferStats {
   int64_t reused = 0;     // storages served from the cache
-  int64_t allocated = 0;  // new buffers (of at least kReusedBufferBytes)
+  int64_t allocated = 0;  // new buffers (large or writable ones)
   size_t idle_bytes = 0;  // bytes the cache holds now
+  int64_t quarantined = 0;  // buffers released into quarantine
 };
 ReceiveBufferStats receive_buffer_stats();
 

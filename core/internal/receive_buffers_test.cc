@@ -1,7 +1,10 @@
 #include "core/internal/receive_buffers.h"
 
 #include <gtest/gtest.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -17,6 +20,55 @@ TEST(ReceiveBuffers, SmallStoragesAreOrdinary) {
   const ReceiveBufferStats after = receive_buffer_stats();
   EXPECT_EQ(after.allocated, before.allocated);
   EXPECT_EQ(after.reused, before.reused);
+}
+
+TEST(ReceiveBuffers, WritableStoragesOfAnySizeComeFromTheCache) {
+  const ReceiveBufferStats start = receive_buffer_stats();
+  void* data = nullptr;
+  {
+    c10::Storage storage = writable_receive_storage(300 << 10);
+    ASSERT_EQ(storage.nbytes(), size_t{300} << 10);
+    data = storage.data();
+    std::memset(data, 3, storage.nbytes());
+  }
+  c10::Storage again = writable_receive_storage(300 << 10);
+  EXPECT_EQ(again.data(), data);
+  EXPECT_EQ(receive_buffer_stats().reused, start.reused + 1);
+}
+
+// What a writer granted the buffer of a receive that then failed would do:
+// its late write fails instead of landing in memory in use.
+TEST(ReceiveBuffers, AQuarantinedBufferIsNeverWrittenOrReusedAgain) {
+  const ReceiveBufferStats start = receive_buffer_stats();
+  const size_t size = (300 << 10) + 5;
+  void* data = nullptr;
+  {
+    c10::Storage storage = writable_receive_storage(size);
+    data = storage.data();
+    std::memset(data, 1, size);
+    quarantine_receive_storage(storage);
+  }
+  EXPECT_EQ(receive_buffer_stats().quarantined, start.quarantined + 1);
+  char bytes[64] = {};
+  for (size_t offset : {size_t{0}, size - sizeof bytes}) {
+    iovec local{bytes, sizeof bytes};
+    iovec remote{static_cast<char*>(data) + offset, sizeof bytes};
+    errno = 0;
+    EXPECT_EQ(::process_vm_writev(::getpid(), &local, 1, &remote, 1, 0), -1)
+        << "offset " << offset;
+    EXPECT_EQ(errno, EFAULT);
+  }
+  c10::Storage next = writable_receive_storage(size);
+  EXPECT_NE(next.data(), data);
+}
+
+TEST(ReceiveBuffers, QuarantineLeavesOtherStoragesAlone) {
+  const ReceiveBufferStats start = receive_buffer_stats();
+  {
+    c10::Storage small = receive_storage(1024);
+    quarantine_receive_storage(small);
+  }
+  EXPECT_EQ(receive_buffer_stats().quarantined, start.quarantined);
 }
 
 TEST(ReceiveBuffers, ALargeBufferComesBackOnceDropped) {

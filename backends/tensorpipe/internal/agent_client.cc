@@ -291,6 +291,7 @@ void AgentState::on_response_descriptor(
   client->pipe->read(
       frame->allocation, [weak = weak_from_this(), client,
                           frame](const ::tensorpipe::Error& error) {
+        if (error) frame->quarantine();
         on_callback(weak, [client, frame, error](AgentState& state) {
           state.on_response(client, frame, error);
         });

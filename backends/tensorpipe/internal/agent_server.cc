@@ -217,6 +217,7 @@ void AgentState::on_request_descriptor(
   std::shared_ptr<IncomingFrame> frame = *std::move(allocated);
   pipe->read(frame->allocation, [weak = weak_from_this(), pipe,
                                  frame](const ::tensorpipe::Error& error) {
+    if (error) frame->quarantine();
     on_callback(weak, [pipe, frame, error](AgentState& state) {
       if (error) {
         state.drop_server_pipe(pipe, error.what());

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <exception>
 
+#include "backends/tensorpipe/internal/cma_write_channel.h"
 #include "backends/tensorpipe/internal/tcp_transport.h"
 
 namespace tether::backends::internal {
@@ -35,6 +36,7 @@ constexpr int64_t kTcpPriority = 150;
 constexpr int64_t kUvPriority = 100;
 constexpr int64_t kXthPriority = 1300;
 constexpr int64_t kCmaPriority = 1200;
+constexpr int64_t kCmaWritePriority = 1250;
 constexpr int64_t kMptPriority = 800;
 constexpr int64_t kBasicPriority = 0;
 
@@ -165,6 +167,9 @@ absl::Status AgentState::register_transports_and_channels(
     } else if (name == "cma") {
       channel = ::tensorpipe::channel::cma::create();
       priority = kCmaPriority;
+    } else if (name == "cma_write") {
+      channel = internal::create_cma_write_channel();
+      priority = kCmaWritePriority;
     } else if (name == "xth") {
       channel = ::tensorpipe::channel::xth::create();
       priority = kXthPriority;

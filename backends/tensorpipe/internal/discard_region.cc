@@ -66,6 +66,17 @@ absl::StatusOr<std::unique_ptr<DiscardRegion>> DiscardRegion::create(
       new DiscardRegion(start, reserved, length, buffer));
 }
 
-DiscardRegion::~DiscardRegion() { ::munmap(base_, reserved_); }
+DiscardRegion::~DiscardRegion() {
+  if (!quarantined_) ::munmap(base_, reserved_);
+}
+
+void DiscardRegion::quarantine() {
+  if (quarantined_) return;
+  // Should the kernel refuse, the mappings are kept as they are (never
+  // unmapped): a late write lands in bytes nobody reads.
+  (void)::mmap(base_, reserved_, PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  quarantined_ = true;
+}
 
 }  // namespace tether::backends::internal

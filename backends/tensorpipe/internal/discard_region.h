@@ -54,6 +54,13 @@ class DiscardRegion {
   // The physical memory behind the region, in bytes.
   uint64_t buffer_bytes() const { return buffer_; }
 
+  // After a read into the region failed while another process may still
+  // write into it (the cma_write channel): its pages become an
+  // inaccessible reservation, which the destructor keeps, so that the
+  // addresses are never mapped again and a late write fails instead of
+  // landing. The memory goes back to the kernel.
+  void quarantine();
+
  private:
   DiscardRegion(char* base, uint64_t reserved, uint64_t length,
                 uint64_t buffer)
@@ -63,6 +70,7 @@ class DiscardRegion {
   const uint64_t reserved_;
   const uint64_t length_;
   const uint64_t buffer_;
+  bool quarantined_ = false;
 };
 
 }  // namespace tether::backends::internal

@@ -1,7 +1,10 @@
 #include "backends/tensorpipe/internal/discard_region.h"
 
 #include <gtest/gtest.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "testing/status_matchers.h"
@@ -29,6 +32,24 @@ TEST(DiscardRegion, TakesWritesOverItsWholeLengthInABoundedBuffer) {
     ASSERT_EQ(data[at], 'a') << "at " << at;
   }
   std::memset(data + kLength - 1000, 'y', 1000);
+}
+
+// A write that comes after the read failed (another process granted the
+// region) fails instead of landing, and the addresses stay reserved.
+TEST(DiscardRegion, AQuarantinedRegionTakesNoMoreWrites) {
+  absl::StatusOr<std::unique_ptr<DiscardRegion>> region =
+      DiscardRegion::create(3 << 20);
+  ASSERT_THAT(region, IsOk());
+  char* data = (*region)->data();
+  data[0] = 'x';
+  (*region)->quarantine();
+  region->reset();
+  char bytes[16] = {};
+  iovec local{bytes, sizeof bytes};
+  iovec remote{data + (1 << 20), sizeof bytes};
+  errno = 0;
+  EXPECT_EQ(::process_vm_writev(::getpid(), &local, 1, &remote, 1, 0), -1);
+  EXPECT_EQ(errno, EFAULT);
 }
 
 TEST(DiscardRegion, BufferGrowsToKeepTheMappingsBounded) {

@@ -262,6 +262,14 @@ absl::StatusOr<AuthFrame> IncomingFrame::take_auth() const {
   return auth;
 }
 
+void IncomingFrame::quarantine() {
+  if (header.inline_data || header.storages_as_payloads) return;
+  if (discard != nullptr) discard->quarantine();
+  for (const c10::Storage& storage : storages) {
+    tether::internal::quarantine_receive_storage(storage);
+  }
+}
+
 absl::StatusOr<Message> IncomingFrame::take_result() {
   if (!refused.ok()) return refused;
   if (header.kind == FrameKind::kError) {
@@ -414,9 +422,14 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
     frame->payload.resize(header->payload_size);
     frame->storages.reserve(header->storage_sizes.size());
     for (uint64_t size : header->storage_sizes) {
-      // Large ones reuse buffers that received earlier tensors.
+      // Large ones reuse buffers that received earlier tensors. Those a
+      // channel receives may be written by the peer's process (the
+      // cma_write channel), and are quarantined if the read fails.
       frame->storages.push_back(
-          tether::internal::receive_storage(static_cast<size_t>(size)));
+          header->storages_as_payloads
+              ? tether::internal::receive_storage(static_cast<size_t>(size))
+              : tether::internal::writable_receive_storage(
+                    static_cast<size_t>(size)));
     }
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(

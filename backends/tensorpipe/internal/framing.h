@@ -157,6 +157,10 @@ struct IncomingFrame {
   // After the read, for a kAuth frame: its contents (INVALID_ARGUMENT if
   // malformed).
   absl::StatusOr<AuthFrame> take_auth() const;
+  // After a failed read: the storages a channel was receiving are never
+  // reused (core/internal/receive_buffers.h, quarantine_receive_storage):
+  // the peer's process may still write into them (cma_write_channel.h).
+  void quarantine();
 };
 
 // Checks `descriptor` against its header (counts, sizes, CPU only) and

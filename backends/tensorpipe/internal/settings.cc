@@ -13,7 +13,7 @@ absl::StatusOr<Settings> parse_settings(
            common::list_into(&Settings::transports, {"tcp", "uv", "shm"})},
           {"tensorpipe.channels",
            common::list_into(&Settings::channels,
-                             {"basic", "cma", "mpt", "xth"})},
+                             {"basic", "cma", "cma_write", "mpt", "xth"})},
           {"tensorpipe.mpt_lanes",
            common::int_into(&Settings::mpt_lanes, 1, kMaxMptLanes)},
           {"tensorpipe.address", common::host_into(&Settings::address)},
