@@ -14,7 +14,7 @@ or, with the binaries built (this script builds nothing):
     tools/bench.py [--quick] [--out DIR]
 
 Variants (VARIANTS below): tensorpipe uv, shm, tcp (tether's guarded
-transport), negotiated (the default: tcp + cma), tcp and negotiated with
+transport), negotiated (the default: tcp + cma_write), tcp and negotiated with
 RpcOptions::busy_poll at 100 us, and uv,shm (the default before issue
 #16); grpc;
 libfabric with provider tcp;ofi_rxm and shm. A backend that this build does
@@ -98,8 +98,9 @@ VARIANTS = [
     ("tensorpipe negotiated, busy poll", "tensorpipe",
      {"busy_poll_us": "100"}, {}),
     # Tensors of 2 MiB and more on transparent huge pages, as PyTorch 2.1
-    # and later do when asked (core/huge_pages.h): the cma channel then
-    # pins the sender's pages 2 MiB at a time.
+    # and later do when asked (core/huge_pages.h): fewer pages for every
+    # copy of them (the cma_write channel pins the receiver's, on huge
+    # pages either way).
     ("tensorpipe negotiated, huge pages", "tensorpipe", {},
      {"THP_MEM_ALLOC_ENABLE": "1"}),
     # The default before issue #16 (TensorPipe's own transports, which a

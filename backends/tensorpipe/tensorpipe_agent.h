@@ -46,8 +46,12 @@
 //   tensorpipe.transports     comma list of "tcp", "uv", "shm" (default
 //                             "tcp"; "uv" and "shm" are TensorPipe's own,
 //                             unguarded: docs/security.md)
-//   tensorpipe.channels       comma list of "basic", "cma", "mpt", "xth"
-//                             (default "basic,cma"; xth only helps
+//   tensorpipe.channels       comma list of "basic", "cma", "cma_write",
+//                             "mpt", "xth" (default "basic,cma_write":
+//                             within a host the sender writes into the
+//                             receiver's buffer, internal/cma_write_channel.h;
+//                             "cma" is TensorPipe's, the receiver reading;
+//                             xth only helps
 //                             agents of one process, and is for tests:
 //                             TensorPipe's xth copies on the receiving
 //                             agent's thread straight from the sender's

@@ -370,7 +370,7 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         // TensorPipe's own transports fall over (docs/security.md), run
         // with TETHER_STRANGER_TRANSPORTS=uv or =shm.
         ::tether::testing::AgentSettings settings;
-        settings["tensorpipe.channels"] = "basic,cma,mpt";
+        settings["tensorpipe.channels"] = "basic,cma_write,mpt";
         if (const char* transports =
                 std::getenv("TETHER_STRANGER_TRANSPORTS")) {
           settings["tensorpipe.transports"] = transports;

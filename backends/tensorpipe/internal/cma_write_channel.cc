@@ -327,15 +327,12 @@ class ChannelImpl final
       if (writing_ == 0) context_->unenroll(*this);
       return;
     }
+    // The receiver learns either way; a failed send fails the sender's
+    // pipe (TensorPipe's), after the note is on its way.
     write_note(Note{NoteKind::kDone, error, sequence, 0, 0});
-    if (error != 0) {
-      const tp::Error failed =
-          CMA_WRITE_ERROR(tp::SystemError, "process_vm_writev", error);
-      send.callback(failed);
-      setError(failed);
-      return;
-    }
-    send.callback(tp::Error::kSuccess);
+    send.callback(error == 0 ? tp::Error::kSuccess
+                             : CMA_WRITE_ERROR(tp::SystemError,
+                                               "process_vm_writev", error));
   }
 
   void on_done(const Note& done) {

@@ -21,10 +21,13 @@ struct Settings {
   // and "shm" are TensorPipe's own, which a stranger's bytes can crash
   // (docs/security.md), so only on request.
   std::vector<std::string> transports = {"tcp"};
-  // One CPU channel wins per pipe (cma within a host, basic across hosts);
-  // mpt is opt-in: its lanes listen and run a loop each in every worker,
-  // used or not (docs/benchmarks.md, "Scale").
-  std::vector<std::string> channels = {"basic", "cma"};
+  // One CPU channel wins per pipe (cma_write within a host, basic across
+  // hosts). cma_write is tether's (internal/cma_write_channel.h): the
+  // sender writes, where TensorPipe's cma has the receiver read and pin
+  // the sender's pages (docs/benchmarks.md, "64 MiB: who copies"); cma
+  // stays on request. mpt is opt-in: its lanes listen and run a loop each
+  // in every worker, used or not (docs/benchmarks.md, "Scale").
+  std::vector<std::string> channels = {"basic", "cma_write"};
   int mpt_lanes = 2;
   // What the uv transport listens on: "ip" or "ip:port", IPv6 in brackets.
   std::string address = "127.0.0.1";
