@@ -7,7 +7,8 @@
 // checked; at the end each worker must have seen zero errors, and its private
 // memory (RssAnon) and thread count must be flat after the warm-up.
 // TETHER_SOAK_OPS (e.g. "03") limits the mix to some operations: 0 rpc_sync,
-// 1 async fan-out, 2 RRefs, 3 autograd chain, 4 remote module.
+// 1 async fan-out, 2 RRefs, 3 autograd chain, 4 remote module, 5 a large
+// tensor each way (384 KiB to 3 MiB).
 //
 //   bazel test //testing/soak:soak_test --test_output=streamed
 //   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_SECONDS=120
@@ -83,6 +84,21 @@ struct Soak {
     if (!r.ok()) return error("rpc_sync", r.status());
     if (!at::equal(r->toTensor(), at::full({4}, 2.0))) {
       error("rpc_sync", absl::InternalError("wrong sum"));
+    }
+  }
+
+  // A large tensor each way (over the inline and payload limits: on
+  // TensorPipe within a host, through the cma_write channel), of one of a
+  // few sizes, as a model's repeated shapes are.
+  void large() {
+    static constexpr int64_t kFloats[] = {96 << 10, 256 << 10, 768 << 10};
+    const int64_t floats = kFloats[absl::Uniform<size_t>(random, 0, 3)];
+    const double base = absl::Uniform<int>(random, 0, 100);
+    absl::StatusOr<c10::IValue> r = rpc_sync(
+        peer(), "aten::add.Scalar", {at::full({floats}, base), 1.0});
+    if (!r.ok()) return error("large", r.status());
+    if (!at::equal(r->toTensor(), at::full({floats}, base + 1))) {
+      error("large", absl::InternalError("wrong sum"));
     }
   }
 
@@ -206,8 +222,8 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
       std::vector<int> kinds;
       for (char c : std::string(std::getenv("TETHER_SOAK_OPS") != nullptr
                                     ? std::getenv("TETHER_SOAK_OPS")
-                                    : "01234")) {
-        if (c >= '0' && c <= '4') kinds.push_back(c - '0');
+                                    : "012345")) {
+        if (c >= '0' && c <= '5') kinds.push_back(c - '0');
       }
       while (absl::Now() < end) {
         switch (kinds[absl::Uniform<size_t>(soak.random, 0, kinds.size())]) {
@@ -216,6 +232,7 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
           case 2: soak.rrefs(); break;
           case 3: soak.autograd(); break;
           case 4: soak.module(*linear); break;
+          case 5: soak.large(); break;
         }
         ++soak.ops;
         if (absl::Now() >= next_sample) {
