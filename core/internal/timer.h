@@ -6,7 +6,9 @@
 // inline in schedule(); they must not block.
 //
 // Thread safety: all methods may be called from any thread. The destructor
-// drops the callbacks that have not run and joins the thread.
+// drops the callbacks that have not run and joins the thread; called from
+// one of the queue's own callbacks (its owner went there), it lets the
+// thread end by itself once that callback returns.
 #ifndef TETHER_CORE_INTERNAL_TIMER_H_
 #define TETHER_CORE_INTERNAL_TIMER_H_
 
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -47,20 +50,25 @@ class TimerQueue {
   static const void* running_owner();
 
  private:
-  void run();
+  // What the thread shares with the queue: it outlives a queue destroyed
+  // on its own thread.
+  struct State {
+    absl::Mutex mu;
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    Id next_id ABSL_GUARDED_BY(mu) = 1;
+    uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+    // When the thread wakes next by itself (it waits with this deadline).
+    absl::Time sleeping_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    // Keyed by (deadline, id) so equal deadlines keep their order.
+    std::map<std::pair<absl::Time, Id>, std::function<void()>> timers
+        ABSL_GUARDED_BY(mu);
+    std::map<Id, absl::Time> deadlines ABSL_GUARDED_BY(mu);
+  };
+
+  static void run(const std::shared_ptr<State>& state, const void* owner);
 
   const void* const owner_;
-
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  // When the thread wakes next by itself (it waits with this deadline).
-  absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // Keyed by (deadline, id) so equal deadlines keep their order.
-  std::map<std::pair<absl::Time, Id>, std::function<void()>> timers_
-      ABSL_GUARDED_BY(mu_);
-  std::map<Id, absl::Time> deadlines_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

@@ -96,5 +96,26 @@ TEST(TimerQueue, RunningOwnerIsTheOwnerOnTheTimerThreadOnly) {
   EXPECT_EQ(TimerQueue::running_owner(), nullptr);
 }
 
+// The owner of a queue may go in one of the queue's callbacks (the last
+// reference to it dropped there, as an RRef context's timeout can while its
+// worker shuts down): the queue is then destroyed on its own thread, which
+// must not join itself (std::system_error, EDEADLK, ended the process).
+TEST(TimerQueue, MayBeDestroyedByItsOwnCallback) {
+  auto timers = std::make_shared<std::unique_ptr<TimerQueue>>(
+      std::make_unique<TimerQueue>());
+  Promise<bool> destroyed;
+  bool ran_later = false;
+  // Dropped with the queue, never run. (Scheduled first: the queue may be
+  // gone as soon as the other one is.)
+  (*timers)->schedule(absl::Now() + absl::Hours(1),
+                      [&ran_later] { ran_later = true; });
+  (*timers)->schedule(absl::Now(), [timers, destroyed] {
+    timers->reset();
+    destroyed.set(true);
+  });
+  EXPECT_TRUE(destroyed.future().get(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_FALSE(ran_later);
+}
+
 }  // namespace
 }  // namespace tether::internal
