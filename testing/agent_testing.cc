@@ -162,7 +162,8 @@ absl::StatusOr<RendezvousResult> meet_as_agent(const std::string& init_method,
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(
     const Backend& backend, const RendezvousResult& member,
-    const AgentSettings& settings, const MessageLimits& limits) {
+    const AgentSettings& settings, const MessageLimits& limits,
+    absl::Duration busy_poll) {
   AgentSetup setup;
   setup.self = member.self;
   setup.workers = member.workers;
@@ -170,6 +171,7 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(
   setup.group_key = member.group_key;
   setup.settings = settings;
   setup.limits = limits;
+  setup.busy_poll = busy_poll;
   return backend.create(std::move(setup));
 }
 

@@ -165,11 +165,13 @@ absl::StatusOr<RendezvousResult> meet_as_agent(const std::string& init_method,
                                                int rank, int size);
 
 // Builds the agent of a worker that met its group as `member`, with
-// `settings` (AgentSetup::settings) and `limits` (AgentSetup::limits).
+// `settings` (AgentSetup::settings), `limits` (AgentSetup::limits) and
+// `busy_poll` (AgentSetup::busy_poll).
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(
     const Backend& backend, const RendezvousResult& member,
     const AgentSettings& settings = {},
-    const MessageLimits& limits = MessageLimits());
+    const MessageLimits& limits = MessageLimits(),
+    absl::Duration busy_poll = absl::ZeroDuration());
 
 // Why one agent of `backend` with `settings`, alone in a group of one in this
 // process, could not be created (OK if it was).

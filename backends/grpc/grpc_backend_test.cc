@@ -13,6 +13,7 @@
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 #include "backends/grpc/grpc_testing.h"
 #include "core/agent.h"
 #include "core/auth/auth.h"
+#include "core/future.h"
 #include "core/rendezvous.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
@@ -132,18 +134,33 @@ TEST(GrpcBackend, MessagesOverTheLimitAreResourceExhausted) {
   EXPECT_THAT(call(group[0], group[1], ping("fine")), IsOk());
 }
 
+// Agents 0 and 1 of a group of two in this process, both started with
+// `echo`, rank r with `settings[r]` and both with `busy_poll`.
+struct EchoPair {
+  std::vector<RendezvousResult> members;
+  std::vector<absl::StatusOr<std::unique_ptr<Agent>>> agents;
+  Agent& a() { return **agents[0]; }
+  Agent& b() { return **agents[1]; }
+};
+
+void make_echo_pair(EchoPair& out, const std::vector<AgentSettings>& settings,
+                    absl::Duration busy_poll = absl::ZeroDuration()) {
+  out.members = meet_group(2);
+  ASSERT_EQ(out.members.size(), 2u);
+  out.agents = create_agents(out.members, settings, busy_poll);
+  ASSERT_THAT(out.agents[0], IsOk());
+  ASSERT_THAT(out.agents[1], IsOk());
+  ASSERT_THAT(out.a().start(echo), IsOk());
+  ASSERT_THAT(out.b().start(echo), IsOk());
+}
+
 TEST(GrpcBackend, ReceiverRefusesMessagesOverItsOwnLimit) {
-  std::vector<RendezvousResult> members = meet_group(2);
-  ASSERT_EQ(members.size(), 2u);
-  auto agents =
-      create_agents(members, {{{"grpc.max_message_bytes", "67108864"}},
-                              {{"grpc.max_message_bytes", "1048576"}}});
-  ASSERT_THAT(agents[0], IsOk());
-  ASSERT_THAT(agents[1], IsOk());
-  Agent& a = **agents[0];
-  Agent& b = **agents[1];
-  ASSERT_THAT(a.start(echo), IsOk());
-  ASSERT_THAT(b.start(echo), IsOk());
+  EchoPair pair;
+  ASSERT_NO_FATAL_FAILURE(
+      make_echo_pair(pair, {{{"grpc.max_message_bytes", "67108864"}},
+                            {{"grpc.max_message_bytes", "1048576"}}}));
+  Agent& a = pair.a();
+  Agent& b = pair.b();
   Message large = ping("large");
   large.storages.push_back(make_storage(2 << 20, 1));
   EXPECT_THAT(call(a, b, std::move(large)),
@@ -232,6 +249,57 @@ TEST(GrpcBackend, PeersShareOneStreamBothWays) {
   EXPECT_THAT(back.get(absl::Now() + kBound),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent0")));
   held->release_all();
+}
+
+// The voluntary context switches of every thread of this process so far:
+// each is a sleep.
+int64_t sleeps_of_this_process() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_nvcsw;
+}
+
+// Sleeps of this process (both agents, their queue threads, the caller) for
+// `calls` round trips from agent 0 to agent 1 on an open stream: the fewest
+// of three rounds, so that only a load lasting all three counts.
+int64_t sleeps_for_calls(Agent& from, const Agent& to, int calls) {
+  int64_t fewest = -1;
+  for (int round = 0; round < 3; ++round) {
+    const int64_t before = sleeps_of_this_process();
+    for (int i = 0; i < calls; ++i) {
+      EXPECT_THAT(call(from, to, ping("spin")), IsOk());
+    }
+    const int64_t sleeps = sleeps_of_this_process() - before;
+    if (fewest < 0 || sleeps < fewest) fewest = sleeps;
+  }
+  return fewest;
+}
+
+// With AgentSetup::busy_poll (RpcOptions::busy_poll) each agent's queue
+// thread polls its completion queue before it sleeps, and the caller polls
+// its future: a round trip whose answer comes within the poll puts no thread
+// to sleep. With only the caller polling, the queue threads sleep for every
+// request, answer and write (about three sleeps a call). The count is the
+// kernel's, not a clock: a loaded machine preempts threads (involuntary),
+// it does not make them sleep.
+TEST(GrpcBackend, BusyPollingQueueThreadsDoNotSleepBetweenCalls) {
+  constexpr int kCalls = 50;
+  struct Restore {
+    ~Restore() { ::tether::internal::wait_spin_ns.store(0); }
+  } restore;  // process-wide: the next tests sleep
+  ::tether::internal::spin_waits_for(absl::Seconds(1));
+  int64_t sleeps[2] = {0, 0};
+  const absl::Duration busy_poll[2] = {absl::ZeroDuration(),
+                                       absl::Milliseconds(200)};
+  for (int polling = 0; polling < 2; ++polling) {
+    EchoPair pair;
+    ASSERT_NO_FATAL_FAILURE(make_echo_pair(pair, {{}, {}}, busy_poll[polling]));
+    ASSERT_THAT(call(pair.a(), pair.b(), ping("open")), IsOk());
+    sleeps[polling] = sleeps_for_calls(pair.a(), pair.b(), kCalls);
+  }
+  EXPECT_GE(sleeps[0], kCalls) << "without the queues polling";
+  EXPECT_LT(sleeps[1], kCalls / 5)
+      << "slept " << sleeps[1] << " times polling, " << sleeps[0] << " without";
 }
 
 TEST(GrpcBackend, SilentPeerIsLostWhenKeepaliveFails) {

@@ -62,7 +62,7 @@ std::vector<RendezvousResult> meet_group(int size) {
 
 std::vector<absl::StatusOr<std::unique_ptr<Agent>>> create_agents(
     const std::vector<RendezvousResult>& members,
-    const std::vector<AgentSettings>& settings) {
+    const std::vector<AgentSettings>& settings, absl::Duration busy_poll) {
   std::vector<absl::StatusOr<std::unique_ptr<Agent>>> agents;
   for (size_t i = 0; i < members.size(); ++i) {
     agents.emplace_back(absl::UnknownError("not created"));
@@ -71,8 +71,8 @@ std::vector<absl::StatusOr<std::unique_ptr<Agent>>> create_agents(
   const Backend backend = grpc_backend();
   for (size_t rank = 0; rank < members.size(); ++rank) {
     threads.emplace_back([&, rank] {
-      agents[rank] = ::tether::testing::create_agent(backend, members[rank],
-                                                     settings[rank]);
+      agents[rank] = ::tether::testing::create_agent(
+          backend, members[rank], settings[rank], MessageLimits(), busy_poll);
     });
   }
   for (std::thread& thread : threads) thread.join();

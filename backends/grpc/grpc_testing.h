@@ -11,6 +11,7 @@
 #include <absl/status/statusor.h>
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/status.h>
 
@@ -32,10 +33,12 @@ namespace tether::backends::grpc_testing {
 std::vector<RendezvousResult> meet_group(int size);
 
 // Creates the agents of `members` concurrently (creation waits for every
-// rank), rank r with `settings[r]`.
+// rank), rank r with `settings[r]`, each with `busy_poll`
+// (AgentSetup::busy_poll).
 std::vector<absl::StatusOr<std::unique_ptr<Agent>>> create_agents(
     const std::vector<RendezvousResult>& members,
-    const std::vector<::tether::testing::AgentSettings>& settings);
+    const std::vector<::tether::testing::AgentSettings>& settings,
+    absl::Duration busy_poll = absl::ZeroDuration());
 
 // The "host:port" an agent of `member`'s group published for `rank`.
 std::string published_address(const RendezvousResult& member, int rank);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace tether::backends::grpc_internal {
@@ -31,6 +32,37 @@ constexpr absl::Duration kServerShutdownGrace = absl::Seconds(1);
 // time a connection attempt may take (20 s), which a loaded machine needs.
 constexpr int kReconnectBackoffMs = 100;
 constexpr int kMaxReconnectBackoffMs = 1000;
+
+// A queue's thread: handles each completion of `queue` until it is shut
+// down and drained. With a `spin` (RpcOptions::busy_poll) it polls the
+// queue for that long after each completion before it sleeps in Next(),
+// yielding the core between looks, so that an answer arriving soon after
+// is taken without a wake-up (the waiting caller's future polls too:
+// core/future.h). A poll with a deadline already past still reads the
+// sockets when no other thread of the process is in gRPC's poller.
+void drive_queue(::grpc::ServerCompletionQueue& queue, absl::Duration spin) {
+  void* tag = nullptr;
+  bool ok = false;
+  const auto spin_for = absl::ToChronoNanoseconds(spin);
+  const auto past = std::chrono::system_clock::time_point();
+  while (queue.Next(&tag, &ok)) {
+    QueueStream::complete(tag, ok);
+    if (spin_for.count() <= 0) continue;
+    auto until = std::chrono::steady_clock::now() + spin_for;
+    for (;;) {
+      const auto status = queue.AsyncNext(&tag, &ok, past);
+      if (status == ::grpc::CompletionQueue::SHUTDOWN) return;
+      if (status == ::grpc::CompletionQueue::GOT_EVENT) {
+        QueueStream::complete(tag, ok);
+        until = std::chrono::steady_clock::now() + spin_for;
+      } else if (std::chrono::steady_clock::now() < until) {
+        std::this_thread::yield();
+      } else {
+        break;
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -101,11 +133,10 @@ absl::Status AgentState::start_server() {
         " (setting grpc.address)"));
   }
   for (const std::unique_ptr<Queue>& queue : queues) {
-    queue->thread = std::thread([queue = queue->queue.get(), owner = this] {
+    queue->thread = std::thread([queue = queue->queue.get(), owner = this,
+                                 spin = busy_poll_] {
       ScopedMark mark(t_completion_of, owner);
-      void* tag = nullptr;
-      bool ok = false;
-      while (queue->Next(&tag, &ok)) QueueStream::complete(tag, ok);
+      drive_queue(*queue, spin);
     });
     // Waits for a peer's first stream; each arrival asks for the next.
     new ServerStream(weak_from_this(), service.get(), queue->queue.get());
