@@ -16,8 +16,8 @@ or, with the binaries built (this script builds nothing):
 Variants (VARIANTS below): tensorpipe uv, shm, tcp (tether's guarded
 transport), negotiated (the default: tcp + cma_write), tcp and negotiated with
 RpcOptions::busy_poll at 100 us, and uv,shm (the default before issue
-#16); grpc;
-libfabric with provider tcp;ofi_rxm and shm. A backend that this build does
+#16); grpc, and grpc with busy_poll; libfabric with provider tcp;ofi_rxm
+(also with busy_poll) and shm. A backend that this build does
 not register, or that is not viable here, is shown as "n/a" with the reason
 (bench_worker decides, from the same registry users get from
 register_builtin_backends), so new backends appear once registered.
@@ -108,9 +108,14 @@ VARIANTS = [
     ("tensorpipe uv,shm", "tensorpipe", {"tensorpipe.transports": "uv,shm"},
      {}),
     ("grpc", "grpc", {}, {}),
+    # The queue threads and the waiting caller poll (backends/grpc).
+    ("grpc, busy poll", "grpc", {"busy_poll_us": "100"}, {}),
     # Pinned to loopback (see the shared PLATFORM.md).
     ("libfabric tcp;ofi_rxm", "libfabric",
      {"libfabric.provider": "tcp;ofi_rxm"}, {"FI_TCP_IFACE": "lo"}),
+    ("libfabric tcp;ofi_rxm, busy poll", "libfabric",
+     {"libfabric.provider": "tcp;ofi_rxm", "busy_poll_us": "100"},
+     {"FI_TCP_IFACE": "lo"}),
     ("libfabric shm", "libfabric", {"libfabric.provider": "shm"}, {}),
 ]
 
@@ -138,8 +143,11 @@ BASELINE_OF = {
     "tensorpipe negotiated, huge pages": ("raw TCP", "memcpy, huge pages"),
     "tensorpipe uv,shm": ("raw TCP", "memcpy"),
     "grpc": ("bare gRPC", "bare gRPC"),
+    "grpc, busy poll": ("bare gRPC", "bare gRPC"),
     "libfabric tcp;ofi_rxm": ("raw libfabric tcp;ofi_rxm",
                               "raw libfabric tcp;ofi_rxm"),
+    "libfabric tcp;ofi_rxm, busy poll": ("raw libfabric tcp;ofi_rxm",
+                                         "raw libfabric tcp;ofi_rxm"),
     "libfabric shm": ("raw libfabric shm", "raw libfabric shm"),
 }
 
