@@ -8,13 +8,16 @@
 // memory (RssAnon) and thread count must be flat after the warm-up.
 // TETHER_SOAK_OPS (e.g. "03") limits the mix to some operations: 0 rpc_sync,
 // 1 async fan-out, 2 RRefs, 3 autograd chain, 4 remote module, 5 a large
-// tensor each way (384 KiB to 3 MiB).
+// tensor each way (384 KiB to 3 MiB). TETHER_SOAK_BUSY_POLL_US sets
+// RpcOptions::busy_poll (default 0).
 //
 //   bazel test //testing/soak:soak_test --test_output=streamed
 //   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_SECONDS=120
 //   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_BACKEND=grpc
 //   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_BACKEND=libfabric
 //       --test_env=TETHER_SOAK_SETTINGS=libfabric.provider=shm
+//   bazel test //testing/soak:soak_test --test_env=TETHER_SOAK_BACKEND=grpc
+//       --test_env=TETHER_SOAK_BUSY_POLL_US=100
 #include <ATen/ATen.h>
 #include <absl/random/random.h>
 #include <absl/strings/str_cat.h>
@@ -202,6 +205,8 @@ TEST(Soak, MixedTrafficUnderRandomDelays) {
     }
     options.default_timeout = absl::Seconds(60);
     options.shutdown_timeout = absl::Seconds(120);
+    options.busy_poll =
+        absl::Microseconds(env_int("TETHER_SOAK_BUSY_POLL_US", 0));
     ASSERT_THAT(init_rpc(name_of(rank), rank, world, options, *registry,
                          {rref_extension(), autograd::autograd_extension()}),
                 IsOk());
