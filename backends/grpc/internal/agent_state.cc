@@ -38,8 +38,9 @@ constexpr int kMaxReconnectBackoffMs = 1000;
 // queue for that long after each completion before it sleeps in Next(),
 // yielding the core between looks, so that an answer arriving soon after
 // is taken without a wake-up (the waiting caller's future polls too:
-// core/future.h). A poll with a deadline already past still reads the
-// sockets when no other thread of the process is in gRPC's poller.
+// core/future.h). A look with a deadline already past still polls gRPC's
+// sockets: with it, no thread of a back-to-back call sleeps
+// (grpc_backend_test, BusyPollingQueueThreadsDoNotSleepBetweenCalls).
 void drive_queue(::grpc::ServerCompletionQueue& queue, absl::Duration spin) {
   void* tag = nullptr;
   bool ok = false;
