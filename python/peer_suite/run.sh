@@ -11,4 +11,6 @@ cd "$here"
 if [[ -n "${TEST_UNDECLARED_OUTPUTS_DIR:-}" ]]; then
   set -- --log "$TEST_UNDECLARED_OUTPUTS_DIR/workers.log" "$@"
 fi
+# Under --config=asan: the ASan runtime first (testing/with_asan_runtime.sh).
+[[ -z "${TETHER_ASAN_RUNTIME:-}" ]] || export LD_PRELOAD="$TETHER_ASAN_RUNTIME"
 exec /usr/bin/python3 -m peer_suite.run "$@"

@@ -3,6 +3,8 @@
 # built, as two workers under tether_run and checks what each says:
 #   run_hello.sh TETHER_RUN HELLO
 set -euo pipefail
+# Under --config=asan: the ASan runtime first (testing/with_asan_runtime.sh).
+[[ -z "${TETHER_ASAN_RUNTIME:-}" ]] || export LD_PRELOAD="$TETHER_ASAN_RUNTIME"
 out="$(timeout 120 "$1" --nproc 2 -- "$2" 2>&1)" || {
   echo "$out"
   echo "FAIL: $2 failed" >&2
