@@ -69,6 +69,10 @@ void collect_grad_tensors(const c10::IValue& value,
       collect_grad_tensors(entry.key(), out);
       collect_grad_tensors(entry.value(), out);
     }
+  } else if (const wire::Pickled* pickled = wire::Pickled::of(value)) {
+    for (const c10::IValue& object : pickled->objects) {
+      collect_grad_tensors(object, out);
+    }
   }
 }
 

@@ -713,6 +713,10 @@ bool contains_rref(const c10::IValue& v) {
         return true;
       }
     }
+  } else if (const wire::Pickled* pickled = wire::Pickled::of(v)) {
+    for (const c10::IValue& e : pickled->objects) {
+      if (contains_rref(e)) return true;
+    }
   }
   return false;
 }

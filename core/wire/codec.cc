@@ -15,6 +15,7 @@
 #include <google/protobuf/unknown_field_set.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <exception>
@@ -41,6 +42,8 @@ namespace pb = ::tether::wire;
 
 // Bumped when an older decoder would misread what a newer encoder writes.
 constexpr uint32_t kWireVersion = 1;
+
+std::atomic<ObjectEncoder> object_encoder{nullptr};
 
 // Where a value sits in the tree, for error messages: a chain of stack
 // frames, formatted only when something goes wrong.
@@ -478,6 +481,11 @@ class Encoder {
 
   ABSL_ATTRIBUTE_NOINLINE absl::Status rref(const c10::IValue& v,
                                             pb::RRef* out, const Path& path);
+  // `depth`: containers enclosing the pickled object, whose lifted objects
+  // sit one deeper.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status pickled(const Pickled& p,
+                                               pb::PickledObject* out,
+                                               const Path& path, int depth);
 
   RRefHook* const rrefs_;
   const int max_depth_;
@@ -553,16 +561,40 @@ absl::Status Encoder::value(const c10::IValue& v, pb::Value* out,
       return invalid("function reference", path, "empty name");
     }
     out->mutable_function_ref()->set_name(ref->name);
+  } else if (const Pickled* pickled = Pickled::of(v)) {
+    return this->pickled(*pickled, out->mutable_pickled(), path, depth);
   } else if (v.isPyObject()) {
-    // A Python object (the Python front end keeps such results on their
-    // owner): it never travels.
-    return invalid("value", path,
-                   "a Python object is not a wire value: it stays on its "
-                   "owner (use remote() and call it there); only tensors, "
-                   "numbers, strings, None, lists, tuples, dicts and RRefs "
-                   "travel");
+    // A front end's object, which travels as that front end pickles it.
+    ObjectEncoder encoder = object_encoder.load(std::memory_order_acquire);
+    if (encoder == nullptr) {
+      return invalid("value", path,
+                     "a Python object, and no front end in this process "
+                     "encodes Python objects");
+    }
+    absl::StatusOr<c10::IValue> encoded = encoder(v);
+    if (!encoded.ok()) {
+      return invalid("value", path, encoded.status().message());
+    }
+    const Pickled* as_pickled = Pickled::of(*encoded);
+    if (as_pickled == nullptr) {
+      return absl::InternalError(
+          "the front end's object encoder returned no pickled value");
+    }
+    return this->pickled(*as_pickled, out->mutable_pickled(), path, depth);
   } else {
     return invalid("value", path, "unsupported IValue kind ", KindOf{v});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Encoder::pickled(const Pickled& p, pb::PickledObject* out,
+                              const Path& path, int depth) {
+  if (depth + 1 > max_depth_) return too_deep("pickled", path, max_depth_);
+  out->set_data(p.data);
+  for (size_t i = 0; i < p.objects.size(); ++i) {
+    absl::Status s =
+        value(p.objects[i], out->add_objects(), path.index(i), depth + 1);
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -884,6 +916,8 @@ class Decoder {
                                                            int depth);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::IValue> rref(const pb::RRef& r,
                                                            const Path& path);
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<c10::IValue> pickled(
+      const pb::PickledObject& p, const Path& path, int depth);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> tensor(const pb::Tensor& t,
                                                             const Path& path);
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<at::Tensor> sparse_coo(
@@ -967,6 +1001,9 @@ absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
       }
       return out;
     }
+    case pb::Value::kPickled:
+      if (depth + 1 > max_depth_) return too_deep("pickled", path, max_depth_);
+      return pickled(v.pickled(), path, depth + 1);
     case pb::Value::kList:
     case pb::Value::kTuple:
     case pb::Value::kDict:
@@ -982,6 +1019,22 @@ absl::StatusOr<c10::IValue> Decoder::value(const pb::Value& v, const Path& path,
       break;
   }
   return invalid("value", path, "no kind set");
+}
+
+absl::StatusOr<c10::IValue> Decoder::pickled(const pb::PickledObject& p,
+                                             const Path& path, int depth) {
+  if (has_unknown_fields(p)) return invalid("pickled", path, "unknown fields");
+  absl::Status s = count(path, p.objects_size());
+  if (!s.ok()) return s;
+  std::vector<c10::IValue> objects;
+  objects.reserve(p.objects_size());
+  for (int i = 0; i < p.objects_size(); ++i) {
+    absl::StatusOr<c10::IValue> object =
+        value(p.objects(i), path.index(i), depth);
+    if (!object.ok()) return object.status();
+    objects.push_back(*std::move(object));
+  }
+  return Pickled::make(p.data(), std::move(objects));
 }
 
 absl::StatusOr<c10::TypePtr> Decoder::type(const pb::TypeDesc& t,
@@ -1448,6 +1501,10 @@ google::protobuf::ArenaOptions arena_on(char* block) {
 }
 
 }  // namespace
+
+void set_object_encoder(ObjectEncoder encoder) {
+  object_encoder.store(encoder, std::memory_order_release);
+}
 
 absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs,
                     const AutogradMeta* autograd, const Limits& limits) {

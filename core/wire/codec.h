@@ -15,7 +15,8 @@
 // every index against the size and a coalesced claim against the order),
 // List (the element type survives), Tuple, Dict (key and value types and
 // insertion order survive), RRefs (through RRefHook), function references
-// (FunctionRef) and dtypes, layouts and memory formats (TorchEnum).
+// (FunctionRef), dtypes, layouts and memory formats (TorchEnum) and pickled
+// objects (Pickled, or a front end's object through its ObjectEncoder).
 // Anything else is refused by encode.
 //
 // Views: a tensor travels as its storage whole with its sizes, strides and
@@ -116,6 +117,38 @@ struct TorchEnum : torch::CustomClassHolder {
     return dynamic_cast<const TorchEnum*>(v.toCapsule().get());
   }
 };
+
+// An object that is not a wire value, pickled by a front end (Python:
+// python/tether/rpc/_pickle.py): in an IValue, a capsule holding a Pickled.
+// `data` is the pickle; `objects` are the values it refers to by index
+// (persistent ids) instead of holding them: tensors, which travel out of
+// band, and RRefs, which fork as any RRef does. The codec moves both and
+// never looks inside `data`; the receiver unpickles it under its own policy
+// (docs/security.md).
+struct Pickled : torch::CustomClassHolder {
+  Pickled(std::string data, std::vector<c10::IValue> objects)
+      : data(std::move(data)), objects(std::move(objects)) {}
+  const std::string data;
+  const std::vector<c10::IValue> objects;
+
+  static c10::IValue make(std::string data, std::vector<c10::IValue> objects) {
+    return c10::IValue::make_capsule(
+        c10::make_intrusive<Pickled>(std::move(data), std::move(objects)));
+  }
+  // The Pickled `v` holds, or nullptr.
+  static const Pickled* of(const c10::IValue& v) {
+    if (!v.isCapsule()) return nullptr;
+    return dynamic_cast<const Pickled*>(v.toCapsule().get());
+  }
+};
+
+// Turns a front end's object (IValue::isPyObject: the Python front end keeps
+// a function's result so until it travels) into a Pickled value when encode
+// meets one. Registered once by the front end (tether._C); without one, or
+// when it fails, encode refuses the object with its Status. Called on the
+// encoding thread; it must take whatever lock its language needs (the GIL).
+using ObjectEncoder = absl::StatusOr<c10::IValue> (*)(const c10::IValue& object);
+void set_object_encoder(ObjectEncoder encoder);
 
 // An RRef's wire form. The codec moves it; the RRef layer gives it meaning.
 struct RRefForkData {

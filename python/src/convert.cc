@@ -28,11 +28,50 @@ std::string describe_type(py::handle obj) {
   return module == "builtins" ? name : module + "." + name;
 }
 
-[[noreturn]] void refuse(py::handle obj, const std::string& where) {
-  throw py::type_error(
-      where + " is a " + describe_type(obj) +
-      ": tether sends only tensors, numbers, strings, None, lists, tuples, "
-      "dicts and RRefs, never pickled objects (docs/security.md)");
+// tether.rpc._pickle, imported once (under the GIL; leaked: the module
+// lives as long as the interpreter).
+py::handle pickle_module() {
+  static PyObject* module = nullptr;
+  if (module == nullptr) {
+    py::object imported = py::module_::import("tether.rpc._pickle");
+    if (module == nullptr) module = imported.release().ptr();
+  }
+  return module;
+}
+
+// `obj` pickled (tether.rpc._pickle.dumps), its tensors and RRefs lifted
+// out as wire values. Throws py::type_error naming `where` if it cannot be.
+c10::IValue pickled(py::handle obj, const std::string& where) {
+  py::tuple dumped;
+  try {
+    dumped = pickle_module().attr("dumps")(obj);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    throw py::type_error(where + " is a " + describe_type(obj) + " and " +
+                         std::string(py::str(e.value())) +
+                         " (docs/python.md, what travels by value)");
+  }
+  py::list lifted = dumped[1];
+  std::vector<c10::IValue> objects;
+  objects.reserve(lifted.size());
+  for (size_t i = 0; i < lifted.size(); ++i) {
+    objects.push_back(to_ivalue(lifted[i], Objects::kRefuse, where));
+  }
+  return wire::Pickled::make(dumped[0].cast<std::string>(),
+                             std::move(objects));
+}
+
+// The codec's ObjectEncoder: a kept Python object (a function's result)
+// leaving in a message.
+absl::StatusOr<c10::IValue> encode_object(const c10::IValue& object) {
+  py::gil_scoped_acquire gil;
+  try {
+    return pickled(object.toPyObject(), "a Python object");
+  } catch (py::error_already_set& e) {
+    return absl::InvalidArgumentError(e.what());
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
 }
 
 // The element type a homogeneous list of these kinds keeps on the wire.
@@ -43,7 +82,7 @@ Kind kind_of(py::handle obj) {
   if (THPVariable_Check(p)) return Kind::kTensor;
   if (PyBool_Check(p)) return Kind::kBool;
   if (PyLong_Check(p)) return Kind::kInt;
-  if (PyFloat_Check(p)) return Kind::kFloat;
+  if (PyFloat_CheckExact(p)) return Kind::kFloat;
   if (PyUnicode_Check(p)) return Kind::kStr;
   return Kind::kOther;
 }
@@ -94,6 +133,22 @@ c10::IValue function_reference(py::handle obj, const std::string& where) {
   return wire::FunctionRef::make(name.cast<std::string>());
 }
 
+// Containers being converted on this thread: a value nested deeper than
+// any the wire carries (a cyclic list, a deep tuple a peer pickled) is
+// refused before it can overflow the stack.
+thread_local int nesting = 0;
+
+struct Nested {
+  explicit Nested(const std::string& where) {
+    if (++nesting > wire::kMaxSupportedDepth) {
+      --nesting;
+      throw py::value_error(where + " nests containers deeper than " +
+                            std::to_string(wire::kMaxSupportedDepth));
+    }
+  }
+  ~Nested() { --nesting; }
+};
+
 }  // namespace
 
 c10::IValue to_ivalue(py::handle obj, Objects objects,
@@ -110,7 +165,9 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
     }
     return c10::IValue(static_cast<int64_t>(v));
   }
-  if (PyFloat_Check(p)) return c10::IValue(PyFloat_AS_DOUBLE(p));
+  // Exactly a float: numpy.float64 (a float subclass) is pickled, so that
+  // it arrives as itself.
+  if (PyFloat_CheckExact(p)) return c10::IValue(PyFloat_AS_DOUBLE(p));
   if (PyUnicode_Check(p)) return c10::IValue(obj.cast<std::string>());
   if (PyComplex_Check(p)) {
     return c10::IValue(c10::complex<double>(PyComplex_RealAsDouble(p),
@@ -140,6 +197,7 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
   // A tuple subclass (a namedtuple) would arrive as a plain tuple: its
   // class cannot travel. torch.Size is the one that may, as a tuple.
   if (PyTuple_CheckExact(p) || THPSize_Check(p)) {
+    Nested nested(where);
     py::tuple tuple = py::reinterpret_borrow<py::tuple>(obj);
     std::vector<c10::IValue> elements;
     elements.reserve(tuple.size());
@@ -149,7 +207,10 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
     }
     return c10::ivalue::Tuple::create(std::move(elements));
   }
-  if (PyList_Check(p)) {
+  // Exactly lists and dicts: a subclass (OrderedDict, Counter) is pickled,
+  // so that it arrives as itself.
+  if (PyList_CheckExact(p)) {
+    Nested nested(where);
     py::list list = py::reinterpret_borrow<py::list>(obj);
     Kind kind = common_kind(list);
     c10::impl::GenericList out(kind == Kind::kNone ? c10::AnyType::get()
@@ -161,7 +222,8 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
     }
     return out;
   }
-  if (PyDict_Check(p)) {
+  if (PyDict_CheckExact(p)) {
+    Nested nested(where);
     py::dict dict = py::reinterpret_borrow<py::dict>(obj);
     std::vector<py::handle> keys;
     std::vector<py::handle> values;
@@ -193,11 +255,13 @@ c10::IValue to_ivalue(py::handle obj, Objects objects,
     return c10::IValue(c10::ivalue::ConcretePyObjectHolder::create(
         py::reinterpret_borrow<py::object>(obj)));
   }
-  // Functions and classes travel by reference, never pickled.
+  // Functions and classes travel by reference; any other object pickled.
   c10::IValue reference = function_reference(obj, where);
   if (!reference.isNone()) return reference;
-  refuse(obj, where);
+  return pickled(obj, where);
 }
+
+void register_object_encoder() { wire::set_object_encoder(&encode_object); }
 
 py::object to_python(const c10::IValue& value) {
   if (value.isTensor()) {
@@ -239,6 +303,18 @@ py::object to_python(const c10::IValue& value) {
   }
   if (value.isPyObject()) {
     return py::reinterpret_borrow<py::object>(value.toPyObject());
+  }
+  if (const wire::Pickled* p = wire::Pickled::of(value)) {
+    // Under this worker's policy (raises tether.rpc._callee.Failure naming
+    // what it refused).
+    py::list objects(p->objects.size());
+    for (size_t i = 0; i < p->objects.size(); ++i) {
+      objects[i] = to_python(p->objects[i]);
+    }
+    return pickle_module().attr("loads")(
+        py::memoryview::from_memory(p->data.data(),
+                                    static_cast<ssize_t>(p->data.size())),
+        objects);
   }
   if (const wire::FunctionRef* ref = wire::FunctionRef::of(value)) {
     // Under this worker's policy, as a called function (raises

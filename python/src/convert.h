@@ -9,10 +9,11 @@
 // caller's functions and classes by reference (the name tether.rpc gives
 // them as `func`; the receiver resolves it under its policy,
 // tether.rpc._callee.resolve_value). A caller's argument of any other type
-// is refused here, naming the argument and its type: nothing is pickled
+// travels pickled (wire::Pickled, by tether.rpc._pickle, its tensors and
+// RRefs lifted out), and is unpickled by the receiver under its own policy
 // (docs/security.md). A callee's result of another type (an nn.Module made
-// by remote()) is kept as an opaque Python object on its owner; the codec
-// refuses to send it.
+// by remote()) is kept as an opaque Python object on its owner, and is
+// pickled the same way (the codec's ObjectEncoder) only if it travels.
 //
 // Thread safety: every function needs the GIL.
 #ifndef TETHER_PYTHON_SRC_CONVERT_H_
@@ -40,8 +41,14 @@ enum class Objects {
 c10::IValue to_ivalue(py::handle obj, Objects objects, const std::string& where);
 
 // Tensors are the same tensors (shared storage); RRefs become tether RRef
-// objects; an opaque object is the object itself.
+// objects; an opaque object is the object itself; a pickled one is
+// unpickled under this worker's policy (raises
+// tether.rpc._callee.Failure naming what it refused).
 py::object to_python(const c10::IValue& value);
+
+// Lets the codec send kept Python objects (pickled, as above). Called once
+// when tether._C is imported.
+void register_object_encoder();
 
 }  // namespace tether::python
 

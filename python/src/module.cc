@@ -570,6 +570,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace tether::python;  // NOLINT
   m.doc() = "tether's C++ core, for tether.rpc (internal)";
   py::module_::import("torch");
+  register_object_encoder();
   // THP_MEM_ALLOC_ENABLE=1: tensors made from here on, before init_rpc too,
   // go on huge pages when large. An error shows at init_rpc, which asks
   // again (Worker::create).

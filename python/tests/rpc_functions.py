@@ -132,3 +132,32 @@ def async_not_a_future():
 def add_through_proxy(rref, x):
     """A callee's proxy call back to the RRef's owner."""
     return rref.rpc_sync().add(x)
+
+
+class Point:
+    """A user's object, sent and returned by value (pickled)."""
+
+    def __init__(self, x, y, t):
+        self.x, self.y, self.t = x, y, t
+
+    def shifted(self, dx):
+        return Point(self.x + dx, self.y, self.t * 2)
+
+
+def shift(point, dx):
+    return point.shifted(dx)
+
+
+def fetch_held(point):
+    """The value of the RRef a Point holds as its t."""
+    return point.t.to_here()
+
+
+def make_linear(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(3, 2)
+
+
+def make_counter():
+    import collections
+    return collections.Counter("aab")

@@ -135,6 +135,79 @@ def test_user_functions_and_values_round_trip(callee):
     assert rpc.rpc_sync(callee, rpc_functions.whoami) == "callee"
 
 
+def test_numpy_arrays_travel_as_numpy_arrays(callee):
+    import numpy as np
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    back = rpc.rpc_sync(callee, rpc_functions.echo, args=(a,))
+    assert isinstance(back, np.ndarray) and back.dtype == np.float32
+    assert np.array_equal(back, a)
+    doubled = rpc.rpc_sync(callee, rpc_functions.add, args=(a, a))
+    assert np.array_equal(doubled, 2 * a)
+    for value in [np.float64(1.5), np.int32(7), np.dtype("int16"),
+                  np.array([[1, 2]], dtype=np.int64).T,
+                  np.array(["a", "bc"]), np.zeros((0, 3))]:
+        back = rpc.rpc_sync(callee, rpc_functions.echo, args=(value,))
+        assert type(back) is type(value) and np.array_equal(back, value)
+
+
+def test_objects_travel_by_value_with_their_tensors_and_rrefs(callee):
+    import collections
+    t = torch.arange(4.0)
+    point = rpc.rpc_sync(callee, rpc_functions.shift,
+                         args=(rpc_functions.Point(1, "y", t), 10))
+    assert isinstance(point, rpc_functions.Point)
+    assert (point.x, point.y) == (11, "y") and torch.equal(point.t, 2 * t)
+    # An RRef inside an object is forked, as at top level: the callee
+    # fetches it from here.
+    held = rpc_functions.Point(0, 0, rpc.RRef(t + 1))
+    assert torch.equal(rpc.rpc_sync(callee, rpc_functions.fetch_held,
+                                    args=(held,)), t + 1)
+    for value in [{1, 2}, frozenset({"a"}), slice(1, 5, 2), 2 + 3j,
+                  collections.OrderedDict(b=1, a=torch.ones(1)),
+                  [rpc_functions.Point(1, 2, None)]]:
+        back = rpc.rpc_sync(callee, rpc_functions.echo, args=(value,))
+        assert type(back) is type(value)
+    # A remote() result that is a Python object, fetched by value.
+    rref = rpc.remote(callee, rpc_functions.Point, args=(1, 2, t))
+    fetched = rref.to_here()
+    assert isinstance(fetched, rpc_functions.Point)
+    assert torch.equal(fetched.t, t)
+
+
+def test_modules_are_returned_by_value(callee):
+    linear = rpc.rpc_sync(callee, rpc_functions.make_linear, args=(3,))
+    torch.manual_seed(3)
+    local = torch.nn.Linear(3, 2)
+    assert isinstance(linear, torch.nn.Linear)
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad
+               for p in linear.parameters())
+    assert torch.equal(linear.weight, local.weight)
+    x = torch.ones(1, 3)
+    assert torch.equal(linear(x), local(x))
+
+
+def test_results_are_unpickled_under_the_callers_policy(callee):
+    # The caller allows no collections.Counter: refused here, naming it.
+    with pytest.raises(RuntimeError, match=r"the global collections\.Counter "
+                       r"is not allowed on this worker"):
+        rpc.rpc_sync(callee, rpc_functions.make_counter)
+    import collections
+    rpc.add_safe_globals([collections.Counter])
+    try:
+        assert rpc.rpc_sync(callee, rpc_functions.make_counter) == \
+            collections.Counter("aab")
+    finally:
+        rpc.clear_safe_globals()
+
+
+def test_an_argument_pickle_refuses_names_it_at_the_caller(callee):
+    with pytest.raises(TypeError, match=r"argument 1 of 'py::rpc_functions:"
+                       r"echo'\[1\] is a _thread\.lock and it cannot be "
+                       r"pickled"):
+        rpc.rpc_sync(callee, rpc_functions.echo,
+                     args=((1, threading.Lock()),))
+
+
 def test_exposed_function_of_a_module_not_allowed(callee):
     import exposed_functions
     assert rpc.rpc_sync(callee, exposed_functions.exposed_double,
@@ -203,17 +276,18 @@ def test_rpc_async_error_raises_at_wait(callee):
         fut.wait()
 
 
-def test_arguments_that_are_not_wire_values_are_refused_at_the_caller(
-        callee):
-    with pytest.raises(TypeError, match=r"argument 1 of "
-                       r"'py::rpc_functions:echo' is a object"):
+def test_values_the_receiver_does_not_trust_are_refused_there(callee):
+    # Not wire values: they travel pickled, and the callee's unpickler
+    # refuses what its policy does not name.
+    with pytest.raises(RuntimeError, match=r"calling 'py::rpc_functions:"
+                       r"echo': refused to unpickle .* the global "
+                       r"builtins\.object is not allowed"):
         rpc.rpc_sync(callee, rpc_functions.echo, args=(object(),))
-    with pytest.raises(TypeError, match=r"\[1\] is a set"):
-        rpc.rpc_sync(callee, rpc_functions.echo, args=([1, {2}],))
-    with pytest.raises(TypeError, match="keyword argument 'value' .* is a "
-                                        "torch.nn.modules.linear.Linear"):
-        rpc.rpc_sync(callee, rpc_functions.echo,
-                     kwargs={"value": torch.nn.Linear(1, 1)})
+    # A set, a torch.nn module: rebuilt.
+    assert rpc.rpc_sync(callee, rpc_functions.echo, args=([1, {2}],)) == \
+        [1, {2}]
+    assert isinstance(rpc.rpc_sync(callee, rpc_functions.echo, kwargs={
+        "value": torch.nn.Linear(1, 1)}), torch.nn.Linear)
     with pytest.raises(TypeError, match="lambda"):
         rpc.rpc_sync(callee, lambda: 1)
 
@@ -297,12 +371,14 @@ def test_remote_and_rrefs(callee):
                                     args=(local,)), torch.full((3,), 2.0))
 
 
-def test_remote_python_object_stays_on_its_owner(callee):
+def test_remote_python_object_stays_on_its_owner_and_copies_by_value(
+        callee):
     rref = rpc.remote(callee, rpc_functions.Accumulator, args=(5,))
     assert rpc.rpc_sync(callee, rpc_functions.total_of, args=(rref,)) == 5
-    with pytest.raises(RuntimeError, match="a Python object is not a wire "
-                                           "value: it stays on its owner"):
-        rref.to_here()
+    copy = rref.to_here()
+    assert isinstance(copy, rpc_functions.Accumulator) and copy.total == 5
+    copy.add(1)  # a copy: the owner's object is unchanged
+    assert rpc.rpc_sync(callee, rpc_functions.total_of, args=(rref,)) == 5
 
 
 def test_nested_calls_back_to_the_waiting_caller(callee):

@@ -71,3 +71,16 @@ class SignSGD(torch.optim.Optimizer):
 class FailingStep(SignSGD):
     def step(self, closure=None):
         raise ValueError("no step today")
+
+
+def train_through(remote_module, x, lr):
+    """On a worker a RemoteModule was sent to: forward through it, backward
+    with distributed autograd and a step of its remote parameters; returns
+    its output after the step."""
+    from tether.optim import DistributedOptimizer
+    dist_opt = DistributedOptimizer(torch.optim.SGD,
+                                    remote_module.remote_parameters(), lr=lr)
+    with dist_autograd.context() as context_id:
+        dist_autograd.backward(context_id, [remote_module(x).sum()])
+        dist_opt.step(context_id)
+    return remote_module(x)

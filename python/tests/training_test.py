@@ -340,6 +340,23 @@ class Unallowed(tf.SignSGD):
     allow."""
 
 
+def test_remote_module_travels_as_a_reference(callee):
+    from tether.nn.api.remote_module import RemoteModule
+    remote = RemoteModule("%s/cpu" % callee, tf.Model, args=(3, 1))
+    x = torch.ones(2, 3)
+    local = tf.Model(3, 1)
+    # Sent to a worker (here its owner), which trains through it.
+    after = rpc.rpc_sync(callee, tf.train_through, args=(remote, x, 0.1))
+    local(x).sum().backward()
+    optim.SGD(local.parameters(), lr=0.1).step()
+    assert torch.allclose(after, local(x))
+    # And back: the same module, on the same owner.
+    back = rpc.rpc_sync(callee, rpc_functions.echo, args=(remote,))
+    assert isinstance(back, RemoteModule) and back.on == remote.on
+    assert torch.allclose(back(x), local(x))
+    assert [p.owner().name for p in back.remote_parameters()] == [callee] * 2
+
+
 def test_remote_module(callee):
     from tether.nn.api.remote_module import RemoteModule
     import tether.nn

@@ -10,9 +10,11 @@
 Functions travel by reference, never pickled: a torch builtin as its ATen
 operator name (the callee picks the overload that fits the arguments), a
 Python function or class as "module:qualname", which the callee runs only if
-its policy allows it (tether.rpc._callee, docs/security.md). Arguments and
-results are wire values: tensors, numbers, strings, None, lists, tuples,
-dicts and RRefs; anything else is refused at the caller, naming its type.
+its policy allows it (tether.rpc._callee, docs/security.md). Tensors,
+numbers, strings, None, lists, tuples, dicts and RRefs travel as wire
+values; any other argument or result travels pickled and is unpickled by
+the receiver under its own policy (tether.rpc._pickle; ``add_safe_globals``
+allows more, as torch.serialization's does for torch.load).
 """
 import atexit
 import contextlib
@@ -29,12 +31,15 @@ from torch.jit._builtins import _find_builtin
 from tether import _C
 from tether.rpc import _callee, _errors, _profiling, functions
 from tether.rpc._callee import allow_module, expose
+from tether.rpc._pickle import (add_safe_globals, clear_safe_globals,
+                                get_safe_globals)
 from tether.rpc._profiling import (RPCExecMode, _build_rpc_profiling_key,
                                    _server_process_global_profile)
 
 __all__ = [
     "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
-    "RRef", "RpcTimeoutError", "WorkerInfo", "allow_module", "expose",
+    "RRef", "RpcTimeoutError", "WorkerInfo", "add_safe_globals",
+    "allow_module", "clear_safe_globals", "expose", "get_safe_globals",
     "enable_gil_profiling", "get_all_worker_infos", "get_current_worker_info",
     "get_rpc_timeout",
     "functions", "get_worker_info", "init_rpc", "remote", "rpc_async", "rpc_sync",
@@ -122,7 +127,12 @@ class RpcBackendOptions:
     auth_secret: the secret every worker of the group shares (default: the
         TETHER_AUTH_SECRET environment variable; none: no authentication).
     allowed_modules: modules whose functions and classes peers may call
-        here, besides __main__ (docs/security.md).
+        here, besides __main__ and the program's own modules
+        (docs/security.md).
+    program_modules: whether the program's own modules (those beside its
+        main script, outside the standard library and site-packages) are
+        as trusted as its __main__ (default True; False: only __main__ and
+        allowed_modules).
     init_timeout: bound of the rendezvous, in seconds.
     busy_poll: how long, in seconds, a waiting thread polls before it
         sleeps (the backend's thread after its last message, a caller
@@ -135,7 +145,8 @@ class RpcBackendOptions:
                  rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC, init_method="env://",
                  backend_settings=None, auth_secret=None, allowed_modules=(),
                  init_timeout=60.0, device_maps=None, devices=None,
-                 _transports=None, _channels=None, busy_poll=0.0):
+                 _transports=None, _channels=None, busy_poll=0.0,
+                 program_modules=True):
         if device_maps or devices:
             raise ValueError("device_maps and devices name CUDA devices; "
                              "tether for Python moves CPU tensors only")
@@ -156,6 +167,7 @@ class RpcBackendOptions:
             self.backend_settings["tensorpipe.channels"] = ",".join(_channels)
         self.auth_secret = auth_secret
         self.allowed_modules = tuple(allowed_modules)
+        self.program_modules = bool(program_modules)
         self.init_timeout = float(init_timeout)
         busy_poll = _typed("busy_poll", busy_poll, (int, float),
                            "a number of seconds (int or float)")
@@ -265,6 +277,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
         _check_dynamic_rank(options.init_method, rank)
     for module in options.allowed_modules:
         allow_module(module)
+    _callee.trust_program_modules(getattr(options, "program_modules", True))
     _endpoints.clear()  # a new group
     _C.init_rpc(
         name, -1 if rank is None else int(rank),

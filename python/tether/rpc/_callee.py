@@ -3,7 +3,9 @@
 A peer names a Python function by reference, "py::MODULE:QUALNAME"; nothing
 arrives as code and nothing is unpickled. This worker runs it only if it is
 
-- a function or class defined in its ``__main__`` module,
+- a function or class defined in its ``__main__`` module or in one of the
+  program's own modules (those whose files lie in the main script's
+  directory tree, outside the standard library and site-packages),
 - defined in a module allowed at init (``allowed_modules``, or
   ``tether.rpc.allow_module``; a package allows its submodules),
 - registered with the ``@tether.rpc.expose`` decorator, or
@@ -30,7 +32,9 @@ tether._C calls ``serve`` on the worker pool, holding the GIL.
 """
 import builtins
 import importlib
+import importlib.util
 import inspect
+import os
 import sys
 import threading
 import traceback
@@ -112,7 +116,8 @@ def expose(fn):
 def _refuse(name, why):
     raise Failure(_errors.PERMISSION_DENIED, (
         "refused to run %s: %s. This worker runs only functions and classes "
-        "of its __main__ module, of modules allowed at init "
+        "of its __main__ module and the program's own modules (beside its "
+        "main script), of modules allowed at init "
         "(rpc_backend_options allowed_modules=[...] or "
         "tether.rpc.allow_module(name)), functions decorated with "
         "@tether.rpc.expose, torch operators and the builtins %s "
@@ -123,8 +128,90 @@ def _module_allowed(module):
     if module == "__main__":
         return True
     with _lock:
-        return any(module == m or module.startswith(m + ".")
-                   for m in _allowed_modules)
+        if any(module == m or module.startswith(m + ".")
+               for m in _allowed_modules):
+            return True
+    return _program_module(module)
+
+
+_program_modules = {}  # top-level module name -> whether it is the program's
+_trust_program = True
+
+
+def trust_program_modules(trust):
+    """Whether the program's own modules are as trusted as its __main__
+    (RpcBackendOptions program_modules)."""
+    global _trust_program
+    with _lock:
+        _trust_program = bool(trust)
+
+
+def _installed_dirs():
+    """Where installed code lives: the standard library, site-packages and
+    dist-packages, and the packages of torch and tether themselves."""
+    import site
+    import sysconfig
+    dirs = {sysconfig.get_paths().get(k) for k in
+            ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:  # a virtualenv's old site module
+        pass
+    for package in (torch, sys.modules["tether"]):
+        dirs.update(getattr(package, "__path__", ()))
+    return [os.path.realpath(d) for d in dirs if d]
+
+
+def _program_dir():
+    """The directory of the program's main script, or None (python -c, an
+    interactive interpreter)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.dirname(os.path.realpath(path)) if path else None
+
+
+def _under(path, directory):
+    return path == directory or path.startswith(directory.rstrip(os.sep)
+                                                + os.sep)
+
+
+def _program_module(module):
+    """Whether ``module`` is one of the program's own modules: a module or
+    package whose file lies in the directory tree of the main script and
+    not in the standard library, site-packages or dist-packages. Decided by
+    its top-level package, located without running any of its code."""
+    top = module.partition(".")[0]
+    with _lock:
+        if not _trust_program:
+            return False
+        known = _program_modules.get(top)
+    if known is not None:
+        return known
+    program = _program_dir()
+    origin = None
+    if program is not None:
+        loaded = sys.modules.get(top)
+        if loaded is not None:
+            origin = getattr(loaded, "__file__", None)
+        else:
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None:
+                origin = spec.origin
+                if origin is None and spec.submodule_search_locations:
+                    origin = list(spec.submodule_search_locations)[0]
+    ours = False
+    if origin and origin not in ("built-in", "frozen"):
+        origin = os.path.realpath(origin)
+        ours = (_under(origin, program) and "site-packages" not in origin
+                and "dist-packages" not in origin
+                and not any(_under(origin, d) for d in _installed_dirs()))
+    with _lock:
+        _program_modules[top] = ours
+    return ours
 
 
 def _torch_optimizer(module, qualname):

@@ -17,6 +17,7 @@ INVALID_ARGUMENT = 3
 DEADLINE_EXCEEDED = 4
 NOT_FOUND = 5
 PERMISSION_DENIED = 7
+RESOURCE_EXHAUSTED = 8
 
 # tether's call timeouts: "<call> timed out after <absl duration>".
 _CALL_TIMEOUT = re.compile(r"timed out after ((?:[0-9.]+(?:h|ms|us|ns|m|s))+)")

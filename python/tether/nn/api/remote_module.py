@@ -63,6 +63,22 @@ def _parameter_rrefs(module_rref, recurse):
     return [rpc.RRef(p) for p in module.parameters(recurse)]
 
 
+def _remote_module_from_reference(on, device, module_rref):
+    """A RemoteModule that arrived from another worker: the same module on
+    the same owner, through a fork of its module RRef."""
+    if not isinstance(module_rref, rpc.RRef):
+        raise TypeError("a RemoteModule travels with its module's RRef, got "
+                        "%r" % (type(module_rref),))
+    if not isinstance(on, (str, int)) or not isinstance(device, str):
+        raise TypeError("a RemoteModule travels with its owner and device")
+    module = RemoteModule.__new__(RemoteModule)
+    nn.Module.__init__(module)
+    module.on, module.device = on, device
+    module.is_scriptable = False
+    module.module_rref = module_rref
+    return module
+
+
 def _not_supported(name):
     def method(self, *args, **kwargs):
         raise ValueError("Method ``%s`` not supported for RemoteModule"
@@ -102,6 +118,12 @@ class RemoteModule(nn.Module):
         unless ``recurse`` is False), for the DistributedOptimizer."""
         return rpc.rpc_sync(self.on, _parameter_rrefs,
                             args=(self.module_rref, bool(recurse)))
+
+    def __reduce__(self):
+        # Sent to another worker as a reference, as the peer's: its owner,
+        # its device and a fork of its module RRef.
+        return (_remote_module_from_reference,
+                (self.on, self.device, self.module_rref))
 
     def get_module_rref(self):
         """The RRef of the remote module."""
