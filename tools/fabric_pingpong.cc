@@ -52,6 +52,7 @@ namespace {
 
 using tether::backends::libfabric::internal::Fabric;
 using tether::backends::libfabric::internal::FabricOptions;
+using tether::backends::libfabric::internal::fi_error_text;
 using tether::backends::libfabric::internal::MemoryRegion;
 using ::tether::bench::Clock;
 using ::tether::bench::Latency;
@@ -67,7 +68,7 @@ constexpr int kWindow = 16;
 
 void check(ssize_t rc, const char* call) {
   if (rc != 0) {
-    die(absl::StrCat(call, ": ", fi_strerror(static_cast<int>(-rc))));
+    die(absl::StrCat(call, ": ", fi_error_text(static_cast<int>(-rc))));
   }
 }
 
@@ -95,7 +96,7 @@ class Endpoint {
       if (n == -FI_EAVAIL) {
         fi_cq_err_entry error{};
         fi_cq_readerr(fabric_->cq(), &error, 0);
-        die(absl::StrCat("completion error: ", fi_strerror(error.err)));
+        die(absl::StrCat("completion error: ", fi_error_text(error.err)));
       }
       if (n != -FI_EAGAIN) check(n, "fi_cq_read");
       if (sleep_on_fd_) {

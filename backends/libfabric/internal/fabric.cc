@@ -17,6 +17,9 @@
 #include <random>
 #include <set>
 
+#include "backends/libfabric/internal/fabric_library.h"
+#include "backends/libfabric/internal/kept_signals.h"
+
 namespace tether::backends::libfabric::internal {
 namespace {
 
@@ -24,8 +27,9 @@ constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 
 // Frees an fi_info list when it goes out of scope.
 struct InfoDeleter {
+  const FabricLibrary* library = nullptr;
   void operator()(fi_info* info) const {
-    if (info != nullptr) fi_freeinfo(info);
+    if (info != nullptr) library->freeinfo(info);
   }
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
@@ -33,8 +37,9 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 // What tether needs of any provider: reliable datagram endpoints with tagged
 // messages; RMA reads when asked. What it copes with: the contexts and
 // memory-registration modes below.
-InfoPtr make_hints(const std::string& provider, bool rma) {
-  InfoPtr hints(fi_allocinfo());
+InfoPtr make_hints(const FabricLibrary& library, const std::string& provider,
+                   bool rma) {
+  InfoPtr hints(library.allocinfo(), InfoDeleter{&library});
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_TAGGED;
   if (rma) hints->caps |= FI_RMA | FI_READ | FI_REMOTE_READ;
@@ -53,22 +58,36 @@ bool addressed_by_ip(uint32_t format) {
          format == FI_SOCKADDR_IN6;
 }
 
-// fi_getinfo for `provider`, bound to `address` when it is not empty.
-int get_info(const std::string& provider, bool rma, const std::string& address,
-             InfoPtr* out) {
-  InfoPtr hints = make_hints(provider, rma);
+// fi_getinfo for `provider`, bound to `address` when it is not empty. The
+// first call in a process initialises libfabric's providers: callers keep
+// signal dispositions around it (KeptSignals).
+int get_info(const FabricLibrary& library, const std::string& provider,
+             bool rma, const std::string& address, InfoPtr* out) {
+  InfoPtr hints = make_hints(library, provider, rma);
   const char* node = address.empty() ? nullptr : address.c_str();
   const uint64_t flags = address.empty() ? 0 : FI_SOURCE;
   fi_info* info = nullptr;
-  const int rc = fi_getinfo(kApiVersion, node, nullptr, flags, hints.get(),
-                            &info);
-  out->reset(rc == 0 ? info : nullptr);
-  if (rc != 0 && info != nullptr) fi_freeinfo(info);
+  const int rc = library.getinfo(kApiVersion, node, nullptr, flags,
+                                 hints.get(), &info);
+  *out = InfoPtr(rc == 0 ? info : nullptr, InfoDeleter{&library});
+  if (rc != 0 && info != nullptr) library.freeinfo(info);
   return rc;
 }
 
-absl::Status not_available(const std::string& provider, int rc) {
-  const std::vector<std::string> available = rdm_providers();
+std::vector<std::string> rdm_providers(const FabricLibrary& library) {
+  InfoPtr info;
+  if (get_info(library, "", /*rma=*/false, "", &info) != 0) return {};
+  std::set<std::string> names;
+  for (const fi_info* entry = info.get(); entry != nullptr;
+       entry = entry->next) {
+    names.insert(entry->fabric_attr->prov_name);
+  }
+  return {names.begin(), names.end()};
+}
+
+absl::Status not_available(const FabricLibrary& library,
+                           const std::string& provider, int rc) {
+  const std::vector<std::string> available = rdm_providers(library);
   return absl::FailedPreconditionError(absl::StrCat(
       "libfabric provider '", provider,
       "' is not available on this machine (fi_getinfo: ", fi_error_text(-rc),
@@ -130,24 +149,28 @@ absl::Status call_failed(absl::string_view call, int rc) {
 }  // namespace
 
 std::string fi_error_text(int error) {
-  return absl::StrCat(fi_strerror(error), " (", error, ")");
+  // Errors come from calls into the library, so it is loaded; the C
+  // library's text is a fallback that never crashes.
+  const FabricLibrary* library = loaded_fabric_library();
+  return absl::StrCat(
+      library != nullptr ? library->strerror(error) : std::strerror(error),
+      " (", error, ")");
 }
 
 std::vector<std::string> rdm_providers() {
-  InfoPtr info;
-  if (get_info("", /*rma=*/false, "", &info) != 0) return {};
-  std::set<std::string> names;
-  for (const fi_info* entry = info.get(); entry != nullptr;
-       entry = entry->next) {
-    names.insert(entry->fabric_attr->prov_name);
-  }
-  return {names.begin(), names.end()};
+  absl::StatusOr<const FabricLibrary*> library = fabric_library();
+  if (!library.ok()) return {};
+  KeptSignals kept("libfabric fi_getinfo");
+  return rdm_providers(**library);
 }
 
 absl::Status probe(const std::string& provider) {
+  absl::StatusOr<const FabricLibrary*> library = fabric_library();
+  if (!library.ok()) return library.status();
+  KeptSignals kept("libfabric fi_getinfo");
   InfoPtr info;
-  const int rc = get_info(provider, /*rma=*/false, "", &info);
-  if (rc != 0) return not_available(provider, rc);
+  const int rc = get_info(**library, provider, /*rma=*/false, "", &info);
+  if (rc != 0) return not_available(**library, provider, rc);
   return absl::OkStatus();
 }
 
@@ -173,17 +196,23 @@ uint64_t MemoryRegion::remote_address(const void* p) const {
 
 absl::StatusOr<std::unique_ptr<Fabric>> Fabric::open(
     const FabricOptions& options, size_t av_count) {
+  absl::StatusOr<const FabricLibrary*> loaded = fabric_library();
+  if (!loaded.ok()) return loaded.status();
+  const FabricLibrary& library = **loaded;
+  // Providers set themselves up here (shm installs signal handlers at its
+  // first endpoint): everything they install is undone on return.
+  KeptSignals kept("opening a libfabric endpoint");
   InfoPtr info;
   bool rma = options.want_rma;
-  int rc = get_info(options.provider, rma, "", &info);
+  int rc = get_info(library, options.provider, rma, "", &info);
   if (rc == -FI_ENODATA && rma) {
     rma = false;
-    rc = get_info(options.provider, rma, "", &info);
+    rc = get_info(library, options.provider, rma, "", &info);
   }
-  if (rc != 0) return not_available(options.provider, rc);
+  if (rc != 0) return not_available(library, options.provider, rc);
   if (!options.address.empty() && addressed_by_ip(info->addr_format)) {
     InfoPtr bound;
-    rc = get_info(options.provider, rma, options.address, &bound);
+    rc = get_info(library, options.provider, rma, options.address, &bound);
     if (rc == 0) {
       info = std::move(bound);
     } else if (options.address_required) {
@@ -201,10 +230,10 @@ absl::StatusOr<std::unique_ptr<Fabric>> Fabric::open(
     name_shm_endpoint(info.get());
   }
 
-  std::unique_ptr<Fabric> fabric(new Fabric());
+  std::unique_ptr<Fabric> fabric(new Fabric(library));
   fabric->info_ = info.release();
   fi_info* chosen = fabric->info_;
-  rc = fi_fabric(chosen->fabric_attr, &fabric->fabric_, nullptr);
+  rc = library.fabric(chosen->fabric_attr, &fabric->fabric_, nullptr);
   if (rc != 0) return call_failed("fi_fabric", rc);
   rc = fi_domain(fabric->fabric_, chosen, &fabric->domain_, nullptr);
   if (rc != 0) return call_failed("fi_domain", rc);
@@ -252,7 +281,7 @@ Fabric::~Fabric() {
   if (cq_ != nullptr) fi_close(&cq_->fid);
   if (domain_ != nullptr) fi_close(&domain_->fid);
   if (fabric_ != nullptr) fi_close(&fabric_->fid);
-  if (info_ != nullptr) fi_freeinfo(info_);
+  if (info_ != nullptr) library_.freeinfo(info_);
 }
 
 void Fabric::close_endpoint() {

@@ -9,6 +9,10 @@
 // completion queue has a file descriptor to sleep on where the provider
 // offers one (FI_WAIT_FD: tcp;ofi_rxm here); elsewhere (shm) it is polled.
 //
+// libfabric itself is opened on first use (fabric_library.h): nothing here
+// needs it linked, and opening an endpoint keeps the process's signal
+// dispositions (kept_signals.h).
+//
 // Ownership: a Fabric owns its libfabric objects and closes them in order
 // (endpoint, address vector, completion queue, domain, fabric). Memory
 // regions it registers (MemoryRegion) must be destroyed before it.
@@ -32,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/libfabric/internal/fabric_library.h"
+
 namespace tether::backends::libfabric::internal {
 
 // What an agent asks of libfabric.
@@ -54,12 +60,14 @@ struct FabricOptions {
 // the number: "Connection refused (111)".
 std::string fi_error_text(int error);
 
-// The FI_EP_RDM providers libfabric offers on this machine, by name, sorted.
+// The FI_EP_RDM providers libfabric offers on this machine, by name, sorted
+// (none when libfabric cannot be loaded).
 std::vector<std::string> rdm_providers();
 
 // OK if `provider` offers FI_EP_RDM endpoints with tagged messages here;
 // otherwise FAILED_PRECONDITION naming it, libfabric's reason and the
-// providers that are available.
+// providers that are available, or naming libfabric.so.1 when it cannot be
+// loaded (fabric_library.h).
 [[nodiscard]] absl::Status probe(const std::string& provider);
 
 // A registered buffer. Destroy before the Fabric that made it.
@@ -91,8 +99,10 @@ class MemoryRegion {
 class Fabric {
  public:
   // Opens the objects for `options`, the completion queue sized for the
-  // provider's transmit and receive queues. Errors: FAILED_PRECONDITION when
-  // the provider is absent here (naming it and the available ones),
+  // provider's transmit and receive queues, with every signal disposition
+  // kept (kept_signals.h: the shm provider installs handlers at its first
+  // endpoint). Errors: FAILED_PRECONDITION when libfabric cannot be loaded
+  // or the provider is absent here (naming it and the available ones),
   // INVALID_ARGUMENT when a required address is unusable, UNAVAILABLE when
   // libfabric fails to open an object (naming the call).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Fabric>> open(
@@ -143,8 +153,9 @@ class Fabric {
       const void* p, size_t length, uint64_t access);
 
  private:
-  Fabric() = default;
+  explicit Fabric(const FabricLibrary& library) : library_(library) {}
 
+  const FabricLibrary& library_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
