@@ -433,12 +433,17 @@ int main(int argc, char** argv) {
       ::close(child.out_fd);
     }
   }
+  int exit_status = 0;
   if (first_failure >= 0) {
     const int status = children[first_failure].status;
     std::fprintf(stderr, "tether_run: failed: rank %d first, %s\n",
                  first_failure, describe_exit(status).c_str());
-    return shell_status(status);
+    exit_status = shell_status(status);
+  } else if (interrupted_by != 0) {
+    exit_status = 128 + interrupted_by;
   }
-  if (interrupted_by != 0) return 128 + interrupted_by;
-  return 0;
+  // Nothing to tear down: LibTorch's static destructors alone would keep
+  // whoever waits for the launcher 0.1 s or more after the last worker.
+  std::fflush(nullptr);
+  ::_exit(exit_status);
 }
