@@ -18,7 +18,8 @@
 //
 // Flags: --steps=N (200), --backend=NAME (tensorpipe), --world_size=N (must
 // match the launcher's), --optimizer=sgd|adam, --lr=X, --seed=N,
-// --peer_timeout_ms=N (RpcOptions::peer_timeout).
+// --peer_timeout_ms=N (RpcOptions::peer_timeout), --progress_every=N (a line
+// every N steps; default a twentieth of the steps).
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/time/clock.h>
@@ -48,6 +49,7 @@ struct Flags {
   std::string backend = "tensorpipe";
   int world_size = -1;
   int peer_timeout_ms = 0;  // 0: RpcOptions' default
+  int64_t progress_every = 0;  // 0: a twentieth of the steps
   ModelConfig model;
 };
 
@@ -65,6 +67,9 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
     } else if (name == "--peer_timeout_ms") {
       ok = ok && absl::SimpleAtoi(value, &flags.peer_timeout_ms) &&
            flags.peer_timeout_ms > 0;
+    } else if (name == "--progress_every") {
+      ok = ok && absl::SimpleAtoi(value, &flags.progress_every) &&
+           flags.progress_every > 0;
     } else if (name == "--world_size") {
       ok = ok && absl::SimpleAtoi(value, &flags.world_size);
     } else if (name == "--optimizer") {
@@ -122,7 +127,9 @@ bool run_trainer(const Flags& flags, int rank, int world) {
     return false;
   }
   std::vector<double> losses;
-  const int64_t every = std::max<int64_t>(1, flags.steps / 20);
+  const int64_t every = flags.progress_every > 0
+                            ? flags.progress_every
+                            : std::max<int64_t>(1, flags.steps / 20);
   const absl::Time start = absl::Now();
   for (int64_t step = 1; step <= flags.steps; ++step) {
     absl::StatusOr<double> loss =
