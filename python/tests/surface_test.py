@@ -355,3 +355,10 @@ def test_thp_mem_alloc_enable_puts_large_tensors_on_huge_pages():
     out = _large_tensor_offset("yes")
     assert "init raised" in out and "THP_MEM_ALLOC_ENABLE must be an " \
         "integer" in out and "'yes'" in out, out
+
+
+def test_an_empty_backend_variable_is_unset(monkeypatch):
+    monkeypatch.setenv("TETHER_BACKEND", "")
+    assert rpc._backend_name(None) == "tensorpipe"
+    monkeypatch.setenv("TETHER_BACKEND", "grpc")
+    assert rpc._backend_name(None) == "grpc"

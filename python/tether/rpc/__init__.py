@@ -199,7 +199,8 @@ _atexit_registered = False
 
 def _backend_name(backend):
     if backend is None:
-        backend = os.environ.get("TETHER_BACKEND", "tensorpipe")
+        # Set but empty is unset, as the ecosystem reads its variables.
+        backend = os.environ.get("TETHER_BACKEND") or "tensorpipe"
     if isinstance(backend, BackendType):
         return backend.value
     if isinstance(backend, str):
