@@ -49,9 +49,9 @@ absl::Status load_module_state_dict(
           "the state has no '", name, "' for the module's ", shape(tensor)));
     }
     if (!it->value().sizes().equals(tensor.sizes())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the state's '", name, "' is ", shape(it->value()),
-          ", the module's ", shape(tensor)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the state's '", name, "' is ", shape(it->value()),
+                       ", the module's ", shape(tensor)));
     }
   }
   if (state.size() != mine.size()) {

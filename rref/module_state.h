@@ -28,8 +28,7 @@ c10::Dict<std::string, at::Tensor> module_state_dict(
 // first tensor the module has and `state` lacks, one `state` has and the
 // module lacks, or one whose shape differs; nothing is copied then.
 [[nodiscard]] absl::Status load_module_state_dict(
-    torch::nn::Module& module,
-    const c10::Dict<std::string, at::Tensor>& state);
+    torch::nn::Module& module, const c10::Dict<std::string, at::Tensor>& state);
 
 }  // namespace tether
 
