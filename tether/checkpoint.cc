@@ -46,8 +46,22 @@ absl::Status check_served(const std::string& dir) {
   return absl::OkStatus();
 }
 
-// Runs `method` of a custom class object, keeping the code of a
-// StatusError it throws.
+// Runs `f`, whose code may be the user's: an exception it throws is its
+// error (a StatusError's with its code).
+template <typename F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const StatusError& e) {
+    return e.status();
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return absl::UnknownError(e.what());
+  }
+}
+
+// Runs `method` of a custom class object.
 absl::StatusOr<c10::IValue> call_method(const c10::IValue& object,
                                         const std::string& method,
                                         std::vector<c10::IValue> args) {
@@ -59,17 +73,11 @@ absl::StatusOr<c10::IValue> call_method(const c10::IValue& object,
   }
   std::vector<c10::IValue> stack = {object};
   for (c10::IValue& arg : args) stack.push_back(std::move(arg));
-  try {
+  return guarded([&]() -> absl::StatusOr<c10::IValue> {
     fn->getSchema().checkAndNormalizeInputs(stack);
     fn->run(stack);
-  } catch (const StatusError& e) {
-    return e.status();
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return absl::UnknownError(e.what());
-  }
-  return stack.empty() ? c10::IValue() : stack.back();
+    return stack.empty() ? c10::IValue() : stack.back();
+  });
 }
 
 // The state of the object an owner holds: a tensor's values, else what
@@ -525,7 +533,7 @@ absl::Status Checkpoint::write_parts(int64_t step,
   c10::impl::GenericDict own(c10::StringType::get(), c10::AnyType::get());
   absl::Status status = absl::OkStatus();
   for (const LocalItem& item : local_) {
-    absl::StatusOr<c10::IValue> state = item.save();
+    absl::StatusOr<c10::IValue> state = guarded(item.save);
     if (!state.ok()) {
       status = in_item(item.name, state.status());
       break;
@@ -598,8 +606,9 @@ absl::Status Checkpoint::read_parts(
   for (const LocalItem& item : local_) {
     if (!status.ok()) break;
     absl::StatusOr<c10::IValue> state = find_item(*own, item.name, path);
-    status =
-        state.ok() ? in_item(item.name, item.load(*state)) : state.status();
+    status = state.ok() ? in_item(item.name,
+                                  guarded([&] { return item.load(*state); }))
+                        : state.status();
   }
   for (const RemoteItem& item : remote_) {
     if (!status.ok() || item.object.owner_name() != self()) continue;

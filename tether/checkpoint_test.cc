@@ -402,6 +402,20 @@ TEST_F(Checkpoints, ErrorsNameWhatIsWrong) {
   EXPECT_THAT(other->load(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("item 'w': the checkpoint's tensor is [2]")));
+  // A value whose load throws: its error, not a crash.
+  absl::StatusOr<Checkpoint> throwing =
+      Checkpoint::create(trainer(1), options(dir));
+  ASSERT_THAT(throwing, IsOk());
+  ASSERT_THAT(throwing->add_value(
+                  "w", [] { return c10::IValue(); },
+                  [](const c10::IValue& v) {
+                    v.toInt();  // a tensor: throws
+                    return absl::OkStatus();
+                  }),
+              IsOk());
+  EXPECT_THAT(throwing->load(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("item 'w': isInt() INTERNAL ASSERT FAILED")));
   // A part cut short after it was written.
   fs::resize_file(dir + "/step-00000001/trainer1.pt", 10);
   EXPECT_THAT(checkpoint->load(),
