@@ -15,7 +15,8 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
   owners build them over their parameters), or
 - one of tether's own functions in ``INTERNAL`` (an RRef proxy's call of a
   method of the object the RRef holds, remote modules, the
-  DistributedOptimizer's optimizers of Python classes).
+  DistributedOptimizer's optimizers of Python classes, the parts of a
+  checkpoint an owner writes and reads in the directories it serves).
 
 A TorchScript function (``@torch.jit.script``) is named the same way, by
 the module that defines it: the callee runs its own scripted function of
@@ -60,6 +61,8 @@ INTERNAL = frozenset({
     "py::tether.nn.api.remote_module:_parameter_rrefs",
     "py::tether.optim:_LocalOptimizer",
     "py::tether.optim:_local_optimizer_step",
+    "py::tether.checkpoint:_write_part",
+    "py::tether.checkpoint:_read_part",
 })
 
 _lock = threading.Lock()
