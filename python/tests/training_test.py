@@ -1,6 +1,5 @@
 """tether.autograd, tether.optim and RRef proxies from Python, against a
 real worker process on loopback, on every backend."""
-import os
 import threading
 
 import pytest
@@ -16,26 +15,15 @@ import training_functions as tf
 import workers
 from tether.rpc import _proxy
 
-CALLEE = os.path.join(workers.HERE, "callee.py")
 
 
 @pytest.fixture(scope="module", params=workers.BACKENDS)
 def callee(request):
     """This process is "caller" (rank 0); callee.py is rank 1 and allows
     rpc_functions and training_functions, as does the caller."""
-    backend = request.param
-    port = workers.free_port()
-    init = "tcp://127.0.0.1:%d" % port
-    allowed = ["rpc_functions", "training_functions"]
-    proc = workers.spawn([CALLEE, init] + allowed,
-                         workers.group_env(1, 2, port, backend))
-    rpc.init_rpc("caller", backend=backend, rank=0, world_size=2,
-                 rpc_backend_options=rpc.RpcBackendOptions(
-                     init_method=init, allowed_modules=allowed))
-    yield "callee"
-    rpc.shutdown()
-    [(rc, out)] = workers.finish([proc])
-    assert rc == 0, out
+    with workers.with_callee(request.param,
+                             ["rpc_functions", "training_functions"]) as name:
+        yield name
 
 
 def leaf(*values):
