@@ -21,7 +21,7 @@ backend="$3"
 trainers="$4"
 steps=60
 every=10
-tmp="$(mktemp -d "${TEST_TMPDIR:-/tmp}/resume.XXXXXX")"
+tmp="$(TMPDIR="${TEST_TMPDIR:-${TMPDIR:-}}" mktemp -d -t resume.XXXXXX)"
 nproc=$((trainers + 1))
 victim="trainer$trainers"
 fail() { echo "FAIL ($backend, $trainers trainer(s)): $*" >&2; exit 1; }

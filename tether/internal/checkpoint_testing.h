@@ -3,19 +3,19 @@
 #ifndef TETHER_TETHER_INTERNAL_CHECKPOINT_TESTING_H_
 #define TETHER_TETHER_INTERNAL_CHECKPOINT_TESTING_H_
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 namespace tether::internal {
 
-// "<TEST_TMPDIR>/<name>", empty.
+// `name` in the test's temporary directory, empty.
 inline std::string fresh_dir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
   const std::filesystem::path dir =
-      std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / name;
+      std::filesystem::path(::testing::TempDir()) / name;
   std::filesystem::remove_all(dir);
   return dir.string();
 }
