@@ -1,4 +1,4 @@
-"""The scale workload of issue #20, for tools/bench.py --scale.
+"""The scale workload (up to 64 workers on one machine), for bench --scale.
 
 For each backend variant and world size N, tether_run starts N
 scale_worker processes (tools/scale_worker.cc) on this machine; each joins

@@ -1,4 +1,4 @@
-// bench_worker: the workloads of issue #9 between two local processes, for
+// bench_worker: the bench's workloads between two local processes, for
 // one backend variant, or the raw baselines; one JSON object per run.
 //
 //   bazel build -c opt //tools:tether_run //tools:bench_worker

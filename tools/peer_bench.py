@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """peer_bench: tether's benchmark workloads on torch.distributed.rpc.
 
-The peer's column of `tools/bench` (issue #9): the same workloads as
+The peer's column of `tools/bench`: the same workloads as
 tools/bench_worker.cc, with the same JSON keys, on PyTorch's own RPC
 (Debian's python3-torch, TensorPipe backend) between two local processes.
 

@@ -1,4 +1,4 @@
-// The workloads of issue #9, one call each, on a Worker: what the bench
+// The bench's workloads, one call each, on a Worker: what the bench
 // worker (tools/bench_worker.cc, two processes) times per call, and what the
 // Google Benchmark suites in bench/ (workers of one process) time too, so
 // both measure the same thing.
