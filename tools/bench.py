@@ -70,7 +70,7 @@ try:
 except ImportError:
     import bench_scale  # tools/bench.py run as a script
 
-# The workload keys, in table order: (key, label, unit, better).
+# The bench's workload keys, in table order: (key, label, unit, better).
 WORKLOADS = [
     ("builtin_rpc_sync_p50_us", "rpc_sync p50", "us", "lower"),
     ("builtin_rpc_sync_p99_us", "rpc_sync p99", "us", "lower"),
@@ -152,8 +152,8 @@ BASELINE_OF = {
     "libfabric shm": ("raw libfabric shm", "raw libfabric shm"),
 }
 
-# The targets against the peer: (key, factor): times at least
-# `factor` lower, rates at least `factor` higher.
+# The bench's targets against the peer (docs/benchmarks.md): (key, factor):
+# times at least `factor` lower, rates at least `factor` higher.
 PEER_TARGETS = [
     ("builtin_rpc_sync_p50_us", 10),
     ("builtin_rpc_async_calls_per_s", 10),

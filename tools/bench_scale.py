@@ -11,7 +11,7 @@ launch to the last of N processes that only load scale_worker's libraries
 (LibTorch's among them) and exit, and the CPU time a process has used when
 main() begins.
 
-Per-peer growth (the issue's "a few fds and 1 MB per peer") is the slope
+Per-peer growth (the target: "a few fds and 1 MB per peer") is the slope
 between the smallest and the largest world size that came up.
 """
 import json

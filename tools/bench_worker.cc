@@ -14,7 +14,7 @@
 //
 // Rank 0 times every call (per-call samples after a warm-up, so p50 and p99
 // are real percentiles) to rank 1 and prints one line `JSON {...}` with the
-// issue's keys:
+// bench's keys:
 //   builtin_rpc_sync_p50_us, builtin_rpc_sync_p99_us  rpc_sync of
 //       aten::add.Scalar on a 2-element float tensor and 1.0
 //   builtin_rpc_async_calls_per_s   the same call, 64 in flight

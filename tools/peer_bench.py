@@ -15,7 +15,7 @@ torch.distributed.rpc (or TensorPipe) the children exit with status 3 and
 the parent prints `JSON {"status": "n/a: ..."}` and exits 0, so the bench
 CLI shows the peer as not available instead of failing.
 
-Workloads (rank 0 -> rank 1), as in the issue:
+Workloads (rank 0 -> rank 1), as tools/bench_worker.cc runs them:
   builtin_rpc_sync_p50_us / _p99_us  rpc_sync(torch.add, (2-float tensor, 1.0))
   builtin_rpc_async_calls_per_s      the same call, 64 in flight
   remote_to_here_p50_us              rpc.remote(...).to_here() of that call
