@@ -3,6 +3,7 @@ as in the peer's tutorial "Getting Started with Distributed RPC Framework"
 (its RNN part): the parameter server imports this module to build the
 embedding table and the decoder that main.py asks it for.
 """
+import torch
 import torch.nn as nn
 import tether.rpc as rpc
 from tether.rpc import RRef
@@ -43,7 +44,11 @@ class EmbeddingTable(nn.Module):
         super(EmbeddingTable, self).__init__()
         self.drop = nn.Dropout(dropout)
         self.encoder = nn.Embedding(ntoken, ninp)
-        self.encoder.weight.data.uniform_(-0.1, 0.1)
+        # The parameter server may build the embedding table and the decoder
+        # at once, on two threads: each draws its weights from a generator of
+        # its own, so that they do not depend on which one goes first.
+        generator = torch.Generator().manual_seed(1)
+        self.encoder.weight.data.uniform_(-0.1, 0.1, generator=generator)
 
     def forward(self, input):
         return self.drop(self.encoder(input))
@@ -57,7 +62,9 @@ class Decoder(nn.Module):
         super(Decoder, self).__init__()
         self.drop = nn.Dropout(dropout)
         self.decoder = nn.Linear(nhid, ntoken)
-        self.decoder.weight.data.uniform_(-0.1, 0.1)
+        # a generator of its own, as EmbeddingTable's
+        generator = torch.Generator().manual_seed(2)
+        self.decoder.weight.data.uniform_(-0.1, 0.1, generator=generator)
         self.decoder.bias.data.zero_()
 
     def forward(self, output):
