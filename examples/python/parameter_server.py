@@ -25,7 +25,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import optim
 from tether.optim import DistributedOptimizer
-from torch.nn.utils import stateless
 from torch.utils.data import DataLoader, TensorDataset
 
 NUM_FEATURES = 20
@@ -75,11 +74,11 @@ class ParameterServer(nn.Module):
 
     def forward(self, inp):
         # Other trainers step the parameters in place while this trainer's
-        # backward pass still needs them, so the forward pass runs on a
-        # snapshot of them; the gradients still reach the parameters.
-        snapshot = {name: param.clone()
-                    for name, param in self.model.named_parameters()}
-        return stateless.functional_call(self.model, snapshot, (inp,))
+        # backward pass still needs them: autograd keeps copies of what it
+        # saves for the backward pass, not the parameters themselves.
+        with torch.autograd.graph.saved_tensors_hooks(torch.clone,
+                                                      lambda t: t):
+            return self.model(inp)
 
     # Use dist autograd to retrieve gradients accumulated for this model.
     # Primarily used for verification.
