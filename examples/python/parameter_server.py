@@ -142,7 +142,7 @@ def run_training_loop(rank, train_loader, test_loader):
     net = TrainerNet()
     # Build DistributedOptimizer.
     param_rrefs = net.get_global_param_rrefs()
-    opt = DistributedOptimizer(optim.SGD, param_rrefs, lr=0.1)
+    opt = DistributedOptimizer(optim.SGD, param_rrefs, lr=0.3)
     epoch_losses = []
     for epoch in range(EPOCHS):
         losses = []

@@ -8,6 +8,7 @@ Processes of one program share an output pipe, and an unbuffered print
 writes its text and its newline apart, so the patterns below do not rely
 on lines: each value has a fixed number of decimals."""
 import collections
+import math
 import os
 import re
 
@@ -26,13 +27,15 @@ def floats(pattern, out):
 
 
 def check_parameter_server(out):
+    """A trainer that starts late finds the model half trained, so its
+    final loss is held against chance's (4 classes), not its first."""
     assert "RPC shutdown on parameter server." in out, out
     for rank in (1, 2):
-        found = re.search(r"Rank %d first loss (\d+\.\d{4}) final loss "
+        found = re.search(r"Rank %d first loss \d+\.\d{4} final loss "
                           r"(\d+\.\d{4}) accuracy (\d\.\d{3})" % rank, out)
         assert found, out
-        first, final, accuracy = map(float, found.groups())
-        assert final < 0.75 * first and accuracy > 0.7, found.group(0)
+        final, accuracy = map(float, found.groups())
+        assert final < 0.6 * math.log(4) and accuracy > 0.75, found.group(0)
 
 
 def rnn_losses(out):
