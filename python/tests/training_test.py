@@ -335,6 +335,10 @@ def test_distributed_optimizer_errors(callee):
         opt.step(424242)
 
 
+class UnallowedModule(nn.Linear):
+    """A module class of this test file, which the callee does not allow."""
+
+
 class Unallowed(tf.SignSGD):
     """An optimizer class of this module, which the callee does not
     allow."""
@@ -387,10 +391,14 @@ def test_remote_module(callee):
     not_a_module = RemoteModule(callee, rpc_functions.Accumulator, args=(1,))
     with pytest.raises(ValueError, match="returns an instance of"):
         not_a_module.remote_parameters()
-    # module_cls travels by reference: the owner must allow it.
+    # module_cls travels by reference: torch.nn's classes are callable as
+    # torch's operators are; a class of a module the owner does not allow
+    # is refused.
     linear = RemoteModule(callee, nn.Linear, args=(2, 2))
+    assert linear(torch.ones(2)).shape == (2,)
+    unallowed = RemoteModule(callee, UnallowedModule, args=(2, 2))
     with pytest.raises(RuntimeError, match="is not allowed"):
-        linear(torch.ones(2))
+        unallowed(torch.ones(2))
 
 
 class _RecordPasses(torch.autograd.Function):
