@@ -8,8 +8,8 @@ a reader who has only the repository. This check fails on such markers:
 names an open issue, as STYLE.md asks.
 
 It reads README.md, docs/*.md and every source of the repository
-(*.cc, *.h, *.py, *.sh, *.bzl, *.proto, BUILD.bazel, BUILD), code and
-comments alike. A marker broken across two lines (`issue` at the end of
+(*.cc, *.h, *.py, *.sh, *.bzl, *.proto, BUILD.bazel, BUILD) and the
+sanitizers' suppression files (*.supp), code and comments alike. A marker broken across two lines (`issue` at the end of
 one, `#N` at the start of the next, after the comment's `//` or `#`) is
 found too, and reported at the line where it starts.
 
@@ -24,7 +24,7 @@ import sys
 
 from docs import check_references
 
-SOURCE_SUFFIXES = (".cc", ".h", ".py", ".sh", ".bzl", ".proto")
+SOURCE_SUFFIXES = (".cc", ".h", ".py", ".sh", ".bzl", ".proto", ".supp")
 SOURCE_NAMES = ("BUILD.bazel", "BUILD")
 # Folders never read: version control and Bazel's output links.
 SKIPPED = (".git",)

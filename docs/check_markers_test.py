@@ -98,6 +98,7 @@ class TreeTest(unittest.TestCase):
         self.write("core/wire/wire.proto", "// " + ISSUE + "\n")
         self.write("scripts/setup.sh", "#!/bin/sh\n# " + ISSUE + "\n")
         self.write("third_party/deps.bzl", "# " + ISSUE + "\n")
+        self.write("testing/tsan.supp", "# since " + SESSION + "\n")
         self.write("core/worker.h", "// One\n// two, " + ISSUE + "\n")
         code, out = self.run_main()
         self.assertEqual(code, 1)
@@ -105,7 +106,8 @@ class TreeTest(unittest.TestCase):
         self.assertEqual(listed, [
             "README.md:2", "core/BUILD.bazel:1", "core/wire/wire.proto:1",
             "core/worker.h:2", "docs/guide.md:3", "scripts/setup.sh:2",
-            "third_party/deps.bzl:1", "tools/bench.py:2"])
+            "testing/tsan.supp:1", "third_party/deps.bzl:1",
+            "tools/bench.py:2"])
 
     def test_files_out_of_scope_are_not_read(self):
         self.write("notes.txt", ISSUE + "\n")
