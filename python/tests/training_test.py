@@ -437,3 +437,15 @@ def test_debug_info_counts_contexts_passes_and_threads(callee):
     everything = rpc._get_debug_info()
     assert set(everything) == (set(agent) | set(info)
                                | set(rpc._rref_context_get_debug_info()))
+
+
+@pytest.mark.parametrize("backend", workers.BACKENDS)
+def test_ddp_all_reduces_into_the_distributed_autograd_context(backend):
+    results = workers.run_group(
+        os.path.join(workers.HERE, "ddp_grads.py"), 2, backend,
+        args_for_rank=lambda rank: [str(rank)],
+        extra_env={"GLOO_PORT": str(workers.free_port())})
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 0, out
+        assert ("rank %d: context holds the average: True; .grad untouched: "
+                "True" % rank) in out, out
