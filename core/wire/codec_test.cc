@@ -865,7 +865,7 @@ TEST(CodecDecode, DepthOverLimitIsResourceExhausted) {
 // Nesting is one limit, Limits::max_depth, counted the same way by encode
 // and decode: a value either side takes at max_depth, and one level more is
 // RESOURCE_EXHAUSTED naming the limit on both sides; what a sender with a
-// larger limit sends to a stricter receiver (200 deep to 64, issue #16) is
+// larger limit sends to a stricter receiver (200 deep to 64) is
 // RESOURCE_EXHAUSTED too, never INVALID_ARGUMENT.
 TEST(CodecLimits, EncodeAndDecodeRefuseTheSameDepthWithTheSameCode) {
   auto nested = [](const std::string& kind, int depth) {

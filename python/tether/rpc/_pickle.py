@@ -273,7 +273,8 @@ class _Unpickler(pickle._Unpickler):
     dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, data, objects):
-        super().__init__(io.BytesIO(data))
+        self._file = io.BytesIO(data)
+        super().__init__(self._file)
         self._objects = objects
         # Objects resolved from globals, and objects this unpickling made
         # (the only ones BUILD and the container opcodes may change).
@@ -281,11 +282,11 @@ class _Unpickler(pickle._Unpickler):
         self._made = {}  # id -> object (kept, so that ids stay unique)
 
     def load(self):
-        # pickle._Unpickler.load with the opcodes counted.
-        self._unframer = pickle._Unframer(self._file_read, self._file_readline)
-        self.read = self._unframer.read
-        self.readinto = self._unframer.readinto
-        self.readline = self._unframer.readline
+        # pickle._Unpickler.load with the opcodes counted, reading the
+        # in-memory pickle directly (its frames need no unframing).
+        self.read = self._file.read
+        self.readinto = self._file.readinto
+        self.readline = self._file.readline
         self.metastack = []
         self.stack = []
         self.append = self.stack.append
@@ -406,6 +407,12 @@ class _Unpickler(pickle._Unpickler):
         self._made_here(self.metastack[-1][-1] if self.metastack else None)
         pickle._Unpickler.load_additems(self)
     dispatch[pickle.ADDITEMS[0]] = load_additems
+
+    def load_frame(self):
+        # A frame's length; the bytes are in memory already.
+        if len(self.read(8)) != 8:
+            raise pickle.UnpicklingError("pickle data was truncated")
+    dispatch[pickle.FRAME[0]] = load_frame
 
     def load_mark(self):
         _check_depth(self)
