@@ -128,6 +128,9 @@ absl::StatusOr<std::vector<std::pair<std::string, c10::IValue>>> owned(
   }
   std::vector<std::pair<std::string, c10::IValue>> out;
   for (const auto& entry : items.toGenericDict()) {
+    if (!entry.key().isString()) {
+      return absl::InvalidArgumentError("the items must be named by strings");
+    }
     const std::string name = entry.key().toStringRef();
     absl::StatusOr<RRef> rref = RRef::from_ivalue(entry.value());
     if (!rref.ok()) return in_item(name, rref.status());
@@ -195,6 +198,10 @@ absl::StatusOr<c10::IValue> find_item(const c10::impl::GenericDict& part,
 // The path, on the owner serving this call, of `member`'s part of `step`.
 absl::StatusOr<std::string> owner_part(const std::string& dir, int64_t step,
                                        const std::string& member) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a checkpoint's step is 0 or more, not ", step));
+  }
   Worker* worker = Worker::serving();
   if (worker == nullptr) {
     return absl::InternalError("a checkpoint's part is written as an RPC");
@@ -209,6 +216,8 @@ absl::StatusOr<int64_t> write_part(const std::string& dir, int64_t step,
                                    const std::string& member,
                                    const c10::IValue& items) {
   if (absl::Status ok = check_served(dir); !ok.ok()) return ok;
+  absl::StatusOr<std::string> path = owner_part(dir, step, member);
+  if (!path.ok()) return path.status();
   absl::StatusOr<std::vector<std::pair<std::string, c10::IValue>>> objects =
       owned(items);
   if (!objects.ok()) return objects.status();
@@ -218,8 +227,6 @@ absl::StatusOr<int64_t> write_part(const std::string& dir, int64_t step,
     if (!state.ok()) return in_item(name, state.status());
     part.insert(name, *std::move(state));
   }
-  absl::StatusOr<std::string> path = owner_part(dir, step, member);
-  if (!path.ok()) return path.status();
   if (absl::Status made =
           internal::make_directories(internal::step_directory(dir, step));
       !made.ok()) {
@@ -642,15 +649,20 @@ absl::StatusOr<std::map<std::string, int64_t>> Checkpoint::exchange(
       gather(status_value(status, to_dict(files)));
   if (!all.ok()) return all.status();
   std::map<std::string, int64_t> every;
-  for (const auto& [member, value] : *all) {  // in name order
-    if (absl::Status failed = status_from(member, value); !failed.ok()) {
-      return failed;
+  // A member's value that is not this shape throws: its error.
+  absl::Status outcome = guarded([&]() -> absl::Status {
+    for (const auto& [member, value] : *all) {  // in name order
+      if (absl::Status failed = status_from(member, value); !failed.ok()) {
+        return failed;
+      }
+      for (const auto& [file, bytes] :
+           from_dict(value.toTupleRef().elements()[2])) {
+        every[file] = bytes;
+      }
     }
-    for (const auto& [file, bytes] :
-         from_dict(value.toTupleRef().elements()[2])) {
-      every[file] = bytes;
-    }
-  }
+    return absl::OkStatus();
+  });
+  if (!outcome.ok()) return outcome;
   return every;
 }
 
@@ -729,17 +741,25 @@ absl::StatusOr<std::optional<int64_t>> Checkpoint::load() {
                                          to_dict(manifest->files)})));
   if (!all.ok()) return all.status();
   const std::string& lead = members_.front();
-  if (absl::Status failed = status_from(lead, all->at(lead)); !failed.ok()) {
-    return failed;
-  }
-  const auto& chosen =
-      all->at(lead).toTupleRef().elements()[2].toTupleRef().elements();
-  const int64_t step = chosen[0].toInt();
-  if (step < 0) return std::nullopt;
+  int64_t step = -1;
   std::vector<std::string> saved_by;
-  for (const c10::IValue& m : chosen[1].toListRef()) {
-    saved_by.push_back(m.toStringRef());
-  }
+  std::map<std::string, int64_t> files;
+  // The lead's value that is not this shape throws: its error.
+  absl::Status chosen = guarded([&]() -> absl::Status {
+    if (absl::Status failed = status_from(lead, all->at(lead)); !failed.ok()) {
+      return failed;
+    }
+    const auto& manifest =
+        all->at(lead).toTupleRef().elements()[2].toTupleRef().elements();
+    step = manifest[0].toInt();
+    for (const c10::IValue& m : manifest[1].toListRef()) {
+      saved_by.push_back(m.toStringRef());
+    }
+    files = from_dict(manifest[2]);
+    return absl::OkStatus();
+  });
+  if (!chosen.ok()) return chosen;
+  if (step < 0) return std::nullopt;
   absl::Status status = absl::OkStatus();
   if (saved_by != members_) {
     status = absl::InvalidArgumentError(
@@ -747,7 +767,7 @@ absl::StatusOr<std::optional<int64_t>> Checkpoint::load() {
                      absl::StrJoin(saved_by, ", "), "; this job's members are ",
                      absl::StrJoin(members_, ", ")));
   }
-  if (status.ok()) status = read_parts(step, from_dict(chosen[2]));
+  if (status.ok()) status = read_parts(step, files);
   // Every member loaded before any trains on: the exchange is the barrier.
   absl::StatusOr<std::map<std::string, int64_t>> every = exchange(status, {});
   if (!every.ok()) return every.status();

@@ -188,8 +188,8 @@ class Checkpoint {
         dir_(options_.dir),
         members_(std::move(members)) {}
 
-  absl::Status take_name(const std::string& name);
-  absl::Status add_local(const std::string& name, LocalItem item);
+  [[nodiscard]] absl::Status take_name(const std::string& name);
+  [[nodiscard]] absl::Status add_local(const std::string& name, LocalItem item);
   const std::string& self() const;
   bool coordinator() const { return members_.front() == self(); }
 
@@ -197,16 +197,18 @@ class Checkpoint {
   std::map<std::string, c10::impl::GenericDict> remote_by_owner() const;
   // This member's part and its owners', into `step`'s directory; the files
   // written and their sizes into `files`.
-  absl::Status write_parts(int64_t step, std::map<std::string, int64_t>& files);
-  absl::Status read_parts(int64_t step,
-                          const std::map<std::string, int64_t>& files);
+  [[nodiscard]] absl::Status write_parts(int64_t step,
+                                         std::map<std::string, int64_t>& files);
+  [[nodiscard]] absl::Status read_parts(
+      int64_t step, const std::map<std::string, int64_t>& files);
   // Every member's `mine`, by name (Worker::all_gather over the members).
-  absl::StatusOr<std::map<std::string, c10::IValue>> gather(c10::IValue mine);
+  [[nodiscard]] absl::StatusOr<std::map<std::string, c10::IValue>> gather(
+      c10::IValue mine);
   // Every member's status (and what it wrote) to every member: the first
   // error in name order, naming its member.
-  absl::StatusOr<std::map<std::string, int64_t>> exchange(
+  [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>> exchange(
       const absl::Status& status, const std::map<std::string, int64_t>& files);
-  absl::Status prune();
+  [[nodiscard]] absl::Status prune();
 
   Worker* worker_;  // not owned
   CheckpointOptions options_;

@@ -440,6 +440,19 @@ TEST_F(Checkpoints, ErrorsNameWhatIsWrong) {
                                    std::string("trainer1"), items}),
               StatusIs(absl::StatusCode::kPermissionDenied,
                        HasSubstr("tether::serve_checkpoints")));
+  // A peer's bad call, in a directory served: refused, naming why.
+  EXPECT_THAT(
+      trainer(1).rpc_sync("ps", "tether::checkpoint_write_part",
+                          {dir, int64_t{-1}, std::string("trainer1"), items}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("0 or more, not -1")));
+  c10::impl::GenericDict unnamed(c10::IntType::get(), c10::AnyType::get());
+  unnamed.insert(int64_t{1}, list->to_ivalue());
+  EXPECT_THAT(
+      trainer(1).rpc_sync("ps", "tether::checkpoint_write_part",
+                          {dir, int64_t{1}, std::string("trainer1"), unnamed}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("named by strings")));
 }
 
 }  // namespace
