@@ -184,6 +184,8 @@ def test_errors_name_what_is_wrong(callee, tmp_path):
         checkpoint.add("w", torch.zeros(2))
     with pytest.raises(TypeError, match="item 'x' is a str"):
         checkpoint.add("x", "text")
+    with pytest.raises(ValueError, match="0 or more, not -1"):
+        checkpoint.save(-1)
     checkpoint.save(1)
     more = Checkpoint(directory)
     more.add("w", torch.zeros(2))

@@ -121,6 +121,9 @@ def _unescape(text):
 
 
 def _step_directory(directory, step):
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError("a checkpoint's step is an int, 0 or more, not %r"
+                         % (step,))
     return os.path.join(_normal(directory), "step-%08d" % step)
 
 
@@ -595,9 +598,7 @@ class Checkpoint:
         every member's parts are written, with a SavedCheckpoint of what all
         of them wrote. The coordinator writes the marker before it
         returns."""
-        if not isinstance(step, int) or step < 0:
-            raise ValueError("a checkpoint's step is an int, 0 or more, not "
-                             "%r" % (step,))
+        path = _step_directory(self.directory, step)  # checks the step
         if len(self._members) > 1:
             # Every member is at `step` before an owner writes: another
             # member's step could still change what the owner holds.
@@ -609,7 +610,6 @@ class Checkpoint:
         except Exception as e:
             error = e
         every = self._exchange(error, files)
-        path = _step_directory(self.directory, step)
         if self._me == self._members[0]:
             text = _format_manifest(step, self._members, every)
             _write_atomically(os.path.join(path, _MARKER),
