@@ -1,7 +1,8 @@
 """What a worker runs for its peers: the allow policy (docs/security.md).
 
 A peer names a Python function by reference, "py::MODULE:QUALNAME"; nothing
-arrives as code and nothing is unpickled. This worker runs it only if it is
+arrives as code (values that are objects are unpickled under this same
+policy: tether.rpc._pickle). This worker runs it only if it is
 
 - a function or class defined in its ``__main__`` module or in one of the
   program's own modules (those whose files lie in the main script's
