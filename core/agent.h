@@ -149,6 +149,15 @@ struct AgentSetup {
   std::shared_ptr<c10d::Store> store;
   // A key that names the group within this process (the init method).
   std::string group_key;
+  // The host of the rendezvous store (MASTER_ADDR, or HOST of
+  // tcp://HOST:PORT; "" for file:// and memory://): what the address a
+  // backend listens on by default is chosen from (core/host_address.h).
+  std::string rendezvous_host;
+  // Set by backends/common's create_agent() when the user gave no address
+  // setting and it filled one in with core/host_address.h's choice: a
+  // backend that may fall back to its own choice when a given address
+  // does not work (libfabric's providers) treats it as not given.
+  bool address_defaulted = false;
   // Per-backend settings, "key" -> "value" (the backend documents its keys).
   absl::flat_hash_map<std::string, std::string> settings;
   // What an incoming message may announce (see core/message.h).

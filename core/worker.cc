@@ -192,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.dynamic = group->dynamic;
   setup.store = group->store;
   setup.group_key = group->group_key;
+  setup.rendezvous_host = group->host;
   setup.settings = options.backend_settings;
   setup.limits = message_limits(options.limits);
   setup.auth = *std::move(authenticator);

@@ -77,6 +77,7 @@
 #include "backends/common/peer_table.h"
 #include "backends/common/refusals.h"
 #include "core/agent.h"
+#include "core/host_address.h"
 #include "core/auth/auth.h"
 #include "core/future.h"
 #include "core/internal/pending_requests.h"
@@ -98,6 +99,11 @@ struct BackendNames {
   const char* display;
   // Where workers publish their addresses in the store.
   const char* address_key_prefix;
+  // The setting that names what the backend listens on ("grpc.address"),
+  // or nullptr if it takes none. When the user leaves it out,
+  // create_agent() fills it with the address chosen for every backend
+  // (core/host_address.h).
+  const char* address_setting = nullptr;
 };
 
 // "<display> agent of worker '<self>'": how a backend's messages open.
@@ -346,9 +352,12 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
   ShutdownSequence shutdown_sequence_;
 };
 
-// Backend::create over an AgentSkeleton: checks the store, parses the
-// settings with `parse`, builds `State(setup, settings)`, runs its init()
-// (shutting it down if that fails) and wraps it in a SharedStateAgent.
+// Backend::create over an AgentSkeleton: checks the store, fills in the
+// backend's address setting when the user gave none (core/host_address.h:
+// the interface variable, else the route to the rendezvous host), parses
+// the settings with `parse`, builds `State(setup, settings)`, runs its
+// init() (shutting it down if that fails) and wraps it in a
+// SharedStateAgent.
 template <typename State, typename Parse>
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(const BackendNames& names,
                                                     AgentSetup setup,
@@ -356,6 +365,14 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(const BackendNames& names,
   if (setup.store == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the ", names.name, " backend needs the group's rendezvous store"));
+  }
+  if (names.address_setting != nullptr &&
+      !setup.settings.contains(names.address_setting)) {
+    absl::StatusOr<std::string> host =
+        default_host_address(setup.rendezvous_host);
+    if (!host.ok()) return host.status();
+    setup.settings[names.address_setting] = *std::move(host);
+    setup.address_defaulted = true;
   }
   auto settings = parse(setup.settings);
   if (!settings.ok()) return settings.status();

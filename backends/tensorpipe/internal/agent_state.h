@@ -45,7 +45,7 @@ using tether::internal::SerialExecutor;
 using tether::internal::TimerQueue;
 
 inline constexpr common::BackendNames kTensorPipeNames{
-    "tensorpipe", "tensorpipe", "tether/tensorpipe/"};
+    "tensorpipe", "tensorpipe", "tether/tensorpipe/", "tensorpipe.address"};
 
 // Which agent's tensorpipe callback or io task this thread is running
 // (nullptr: none). They decide whether a call may go straight to tensorpipe
