@@ -40,7 +40,8 @@
 // (a refused request is answered with that error as soon as its head
 // arrives; the bytes that follow are skipped), and the stream goes on. Bytes
 // that break the framing, such as a head announcing more than any agent may
-// send (2^40 bytes), end the stream at once (issue #16).
+// send (2^40 bytes), end the stream at once: they are a stranger's
+// (docs/security.md).
 //
 // Settings (AgentSetup::settings; an unknown "grpc.*" key or a bad value is
 // INVALID_ARGUMENT naming the key):

@@ -70,7 +70,7 @@
 // and the reason; the next call tries again. Frames are not bound to the
 // handshake and nothing is encrypted (docs/security.md).
 //
-// Strangers (issue #16): under tcp;ofi_rxm anyone who can reach the
+// Strangers (docs/security.md): under tcp;ofi_rxm anyone who can reach the
 // endpoint's TCP port can connect. libfabric 1.17's tcp provider holds a
 // connection whose request never comes, or is cut short, for ever (and one
 // whose client closed early as a descriptor in CLOSE_WAIT): the progress
@@ -207,7 +207,7 @@ struct LibfabricStats {
   uint64_t mr_cache_misses = 0;
   uint64_t mr_cache_evictions = 0;
   // Connections to the provider's TCP listener that never made a
-  // connection request and were reset (tcp;ofi_rxm: strangers, issue #16).
+  // connection request and were reset (tcp;ofi_rxm: strangers).
   uint64_t strangers_reset = 0;
 };
 

@@ -16,7 +16,7 @@
 // mpt 1 + one per lane), and a pair of workers shares one pipe (below): 4
 // sockets per peer on one host (docs/benchmarks.md, "Scale").
 //
-// Strangers (issue #16): TensorPipe's own transports parse whatever reaches
+// Strangers: TensorPipe's own transports parse whatever reaches
 // their sockets and abort the process on bad bytes (16 bytes of 0xff on a uv
 // port: std::bad_alloc on its loop thread; a shm connection that sends no
 // file descriptors crashes it too). tether's tcp transport runs a bounded

@@ -142,7 +142,7 @@ TEST(TensorPipeBackend, XthChannelRoundTripsWithinOneProcess) {
   expect_round_trip_with({{"tensorpipe.channels", "xth, basic"}}, 1 << 20);
 }
 
-// By default only the guarded tcp transport listens (issue #16); that its
+// By default only the guarded tcp transport listens; that its
 // address is published is checked by the creation area
 // (tensorpipe_creation_test.cc).
 TEST(TensorPipeBackend, OnlyTheGuardedTcpTransportListensByDefault) {
@@ -248,7 +248,7 @@ int64_t sleeps_of_this_thread() {
 // clock: a loaded machine preempts the thread (involuntary), it does not make
 // it sleep. But under load the thread that answers, or the loop thread, can
 // be preempted while it holds a lock the poller then waits for, which is a
-// sleep (27 of 50 once in a full CI run, session 16): the best of three
+// sleep (27 of 50 once in a full CI run): the best of three
 // rounds is taken, so only a load that lasts all three fails it.
 TEST(TensorPipeBackend, ABusyPollingWaiterDoesNotSleepForItsAnswers) {
   AgentGroup group(tensorpipe_backend(), 2,
@@ -280,7 +280,7 @@ TEST(TensorPipeBackend, ABusyPollingWaiterDoesNotSleepForItsAnswers) {
   EXPECT_GT(asleep, polling);
 }
 
-// A pair of workers shares one pipe (issue #20): the second to send uses
+// A pair of workers shares one pipe: the second to send uses
 // the pipe the first opened. One pipe on tcp + cma is 4 connections, both
 // ends in this process: 8 sockets.
 TEST(TensorPipeBackend, OnePipeCarriesBothWays) {

@@ -10,6 +10,9 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
   ``tether.rpc.allow_module``; a package allows its submodules),
 - registered with the ``@tether.rpc.expose`` decorator, or
 - one of the harmless builtins in ``HARMLESS_BUILTINS``,
+- a module class of ``torch.nn`` (a subclass of ``torch.nn.Module``
+  defined in ``torch.nn.modules``: computation on tensors, as torch's
+  operators, which peers may call anyway), or
 - an optimizer class of ``torch.optim`` (a subclass of
   ``torch.optim.Optimizer`` defined there: the DistributedOptimizer's
   owners build them over their parameters), or
@@ -230,6 +233,21 @@ def _torch_optimizer(module, qualname):
             and found.__module__ == module and found.__qualname__ == qualname)
 
 
+def _torch_nn_module(module, qualname):
+    """Whether module:qualname names a module class of torch.nn
+    (torch.nn.modules.sparse:EmbeddingBag), looked up where torch has
+    imported it: pure computation on tensors, as torch's operators are, so
+    a peer may build one (RemoteModule(ps, nn.EmbeddingBag, ...))."""
+    if not module.startswith("torch.nn.modules."):
+        return False
+    found = sys.modules.get(module)
+    if found is None or "." in qualname or qualname.startswith("_"):
+        return False
+    found = getattr(found, qualname, None)
+    return (inspect.isclass(found) and issubclass(found, torch.nn.Module)
+            and found.__module__ == module and found.__qualname__ == qualname)
+
+
 def _resolve(name):
     if not name.startswith(PREFIX) or ":" not in name[len(PREFIX):]:
         raise Failure(_errors.INVALID_ARGUMENT,
@@ -246,7 +264,8 @@ def _resolve(name):
         if qualname not in HARMLESS_BUILTINS:
             _refuse("builtins." + qualname, "it is not a harmless builtin")
         return getattr(builtins, qualname)
-    if not _module_allowed(module) and not _torch_optimizer(module, qualname):
+    if (not _module_allowed(module) and not _torch_optimizer(module, qualname)
+            and not _torch_nn_module(module, qualname)):
         _refuse("%s.%s" % (module, qualname),
                 "module %r is not allowed" % (module,))
     parts = qualname.split(".")
