@@ -17,7 +17,8 @@
 # host with nsenter into those namespaces; several commands on one host
 # share them, as processes on one machine do.
 #
-# Cleanup runs on exit (hosts_cleanup, set as the EXIT trap by hosts_setup):
+# Cleanup runs on exit, a signal's too (hosts_cleanup, set as the EXIT trap
+# by hosts_setup):
 # it kills each host's processes (ending the host's pid namespace ends
 # everything in it) and deletes the namespaces. Needs root (CAP_NET_ADMIN,
 # CAP_SYS_ADMIN), `ip` (iproute2), `unshare` and `nsenter` (util-linux).
@@ -78,6 +79,9 @@ hosts_setup() {
   _hosts_net="10.$((200 + _hosts_id % 50)).$((_hosts_id / 50 % 250))"
   _hosts_switch="tether_sw_${_hosts_id}"
   trap hosts_cleanup EXIT
+  # bash runs no EXIT trap when a signal ends it (Bazel's timeout sends
+  # SIGTERM): exit on one, and the EXIT trap cleans up.
+  trap 'exit 143' TERM INT HUP
   if ! err=$(ip netns add "$_hosts_switch" 2>&1); then
     _hosts_switch=""
     hosts_skip "cannot create network namespaces here: $err"
