@@ -98,9 +98,10 @@
 //   libfabric.provider        the provider, as libfabric names it
 //                             (default "tcp;ofi_rxm")
 //   libfabric.address         for IP providers: the IP address or network
-//                             interface to bind (default "127.0.0.1"; a
-//                             provider that cannot use the default picks its
-//                             own); "" = the provider's choice
+//                             interface to bind (default: the address
+//                             every backend chooses, core/host_address.h;
+//                             a provider that cannot use the default picks
+//                             its own); "" = the provider's choice
 //   libfabric.rendezvous_threshold  payloads and storages of at least this
 //                             many bytes go by rendezvous; it also sizes the
 //                             eager buffers (threshold + 1 KiB), 256 B..64 MiB

@@ -62,7 +62,8 @@
 //                             1 MiB request outlived its 30 s bound)
 //   tensorpipe.mpt_lanes      TCP lanes of the mpt channel, 1..64 (default 2)
 //   tensorpipe.address        IP address or network interface to listen on
-//                             (default "127.0.0.1")
+//                             (default: the address every backend chooses,
+//                             core/host_address.h)
 //   tensorpipe.init_timeout_ms  how long creation waits for every rank's
 //                             address (default 60000)
 //   tensorpipe.handshake_timeout_ms  how long a new tcp connection has to

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <tensorpipe/channel/cma/factory.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
 using ::tether::backends::tensorpipe_backend;
 
 // A round trip with a payload and storages of several sizes.
@@ -102,6 +105,36 @@ TEST(TensorPipeBackend, CmaWriteChannelRoundTrips) {
   for (size_t big : {size_t{(256 << 10) + 1}, size_t{3} << 20, size_t{8} << 20}) {
     SCOPED_TRACE(big);
     expect_round_trip(group, big);
+  }
+}
+
+// Agent::link_to says what TensorPipe's negotiation picks: the highest
+// priority channel both offer with equal descriptors. Within one process
+// that is xth when offered, else cma_write (where the kernel lets a process
+// write into another's memory), and basic when it is all there is.
+TEST(TensorPipeBackend, EachPeersLinkIsWhatNegotiationPicks) {
+  struct Case {
+    std::string channels;
+    std::string expected;
+  };
+  const bool cma = ::tensorpipe::channel::cma::create()->isViable();
+  for (const Case& c : std::vector<Case>{
+           {"basic", "basic"},
+           {"basic, cma_write", cma ? "cma_write" : "basic"},
+           {"basic, cma_write, xth", "xth"}}) {
+    SCOPED_TRACE(c.channels);
+    AgentGroup group(tensorpipe_backend(), 2,
+                     {{"tensorpipe.channels", c.channels}});
+    ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+    for (int rank : {0, 1}) {
+      absl::StatusOr<PeerLink> link =
+          group[rank].link_to(group[1 - rank].self());
+      ASSERT_THAT(link, IsOk());
+      EXPECT_EQ(link->transport, "tcp");
+      EXPECT_EQ(link->channel, c.expected);
+    }
+    EXPECT_THAT(group[0].link_to(WorkerInfo{"nobody", 7}),
+                StatusIs(absl::StatusCode::kNotFound));
   }
 }
 
