@@ -38,7 +38,10 @@ fi
 flags=("${common[@]}" --checkpoint_dir="$tmp/ckpt" --checkpoint_every=$every
        --loss_log="$tmp/resumed.log")
 start=$(date +%s%N)
-"$run" "$example" "${flags[@]}" >"$tmp/killed.out" 2>&1 &
+# Made before the job starts: the job's own redirection happens in its
+# child, which the loop below may outrun.
+: >"$tmp/killed.out"
+"$run" "$example" "${flags[@]}" >>"$tmp/killed.out" 2>&1 &
 job=$!
 # Bounded: the run would end on its own well within it.
 deadline=$((SECONDS + 120))
