@@ -629,11 +629,22 @@ class AutogradState final : public AutogradHook,
   // without a copy (AccumulateGrad's own rule; one that `results` holds for
   // another leaf too is copied, as the peer holds every result until all
   // are accumulated).
+  // Accumulates each leaf's gradient into the context, then runs the
+  // leaf's post hooks. Those run inside a graph task of LibTorch's engine
+  // (as the engine runs an AccumulateGrad's), so that a hook may queue a
+  // final callback (Engine::queue_callback), which runs before this
+  // returns. A hook reads and writes a leaf's gradient where local
+  // autograd keeps it, in .grad: DistributedDataParallel's reducer copies
+  // it into its buckets and writes the all-reduced average back at the
+  // end of the graph task. So while the hooks run, .grad holds the
+  // context's gradient; what it holds afterwards becomes the context's,
+  // and the leaf's own .grad is put back.
   void accumulate(ContextRecord& record,
                   const std::vector<std::shared_ptr<Node>>& leaves,
                   const variable_list& results) {
     using torch::autograd::AccumulateGrad;
     at::NoGradGuard no_grad;  // the rule steals only without grad mode
+    std::vector<std::pair<size_t, variable_list>> hooked;
     for (size_t i = 0; i < leaves.size(); ++i) {
       auto* node = static_cast<AccumulateGrad*>(leaves[i].get());
       if (!results[i].defined()) continue;
@@ -653,8 +664,62 @@ class AutogradState final : public AutogradHook,
             leaf, sum, grad[0], /*num_expected_refs=*/2,
             [&sum](at::Tensor&& update) { sum = std::move(update); });
       }
-      for (const auto& hook : node->post_hooks()) (*hook)({}, grad);
+      if (!node->post_hooks().empty()) hooked.emplace_back(i, std::move(grad));
     }
+    if (hooked.empty()) return;
+    struct Lent {
+      at::Tensor leaf;
+      at::Tensor own;  // the leaf's .grad before
+    };
+    std::vector<Lent> lent;
+    run_in_graph_task([&] {
+      for (const auto& [i, grad] : hooked) {
+        auto* node = static_cast<AccumulateGrad*>(leaves[i].get());
+        at::Tensor leaf = node->variable;
+        at::Tensor sum = context_grad(record, leaf);
+        lent.push_back({leaf, leaf.grad()});
+        leaf.mutable_grad() = sum.defined() ? sum.clone() : sum;
+        for (const auto& hook : node->post_hooks()) (*hook)({}, grad);
+      }
+    });
+    for (Lent& each : lent) {
+      at::Tensor after = each.leaf.grad();
+      each.leaf.mutable_grad() = each.own;
+      if (!after.defined()) continue;
+      absl::MutexLock lock(&record.mu);
+      auto it = record.grad_index.find(each.leaf.unsafeGetTensorImpl());
+      if (it != record.grad_index.end()) {
+        record.grads[it->second].second = std::move(after);
+      }
+    }
+  }
+
+  static at::Tensor context_grad(ContextRecord& record,
+                                 const at::Tensor& leaf) {
+    absl::MutexLock lock(&record.mu);
+    auto it = record.grad_index.find(leaf.unsafeGetTensorImpl());
+    return it == record.grad_index.end() ? at::Tensor()
+                                         : record.grads[it->second].second;
+  }
+
+  // Runs `fn` as the one node of a graph task of LibTorch's engine, on
+  // this thread (a CPU graph task runs on its caller), so that what it
+  // calls may queue final callbacks; they have run when this returns.
+  static void run_in_graph_task(std::function<void()> fn) {
+    struct Run : Node {
+      explicit Run(std::function<void()> fn) : fn(std::move(fn)) {}
+      variable_list apply(variable_list&&) override {
+        fn();
+        return {};
+      }
+      std::function<void()> fn;
+    };
+    auto node = std::make_shared<Run>(std::move(fn));
+    at::Tensor seed = at::zeros({});
+    node->add_input_metadata(seed);
+    torch::autograd::Engine::get_default_engine().execute(
+        {Edge(node, 0)}, {seed}, /*keep_graph=*/false,
+        /*create_graph=*/false, /*accumulate_grad=*/true, {});
   }
 
   // Ships the gradients of `recv` to the worker that sent its tensors; runs

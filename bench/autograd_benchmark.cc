@@ -1,4 +1,4 @@
-// Google Benchmark suite of distributed autograd: the issue #9 step (in a
+// Google Benchmark suite of distributed autograd: the bench's step (in a
 // context: a remote Linear(256, 256)'s forward through its RRef proxy on a
 // 64 x 256 input requiring grad, backward, get_gradients, release), and a
 // context entered and released alone, between two workers of this process

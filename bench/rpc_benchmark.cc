@@ -1,4 +1,4 @@
-// Google Benchmark suite of the RPC layer: rpc_sync of the issue #9 small
+// Google Benchmark suite of the RPC layer: rpc_sync of the bench's small
 // call, 64 calls in flight, and the echo of a tensor by size, between two
 // workers of this process on loopback (threads only) and on TensorPipe
 // (real transports). Per-call p50/p99 are counters.

@@ -1,5 +1,5 @@
 // Google Benchmark suite of the RRef layer: remote() then to_here() of the
-// issue #9 small call, and a method call on a remote module through an
+// bench's small call, and a method call on a remote module through an
 // RRef proxy, between two workers of this process (loopback, TensorPipe).
 // Per-call p50/p99 are counters.
 //

@@ -26,6 +26,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
 #include <absl/time/time.h>
 
 #include <cstdint>
@@ -59,6 +60,13 @@ struct WorkerInfo {
 struct Endpoint {
   std::string ip;
   int port = 0;
+};
+
+// How an agent reaches a peer (Agent::link_to): what carries its messages
+// and what carries its tensors' bytes.
+struct PeerLink {
+  std::string transport;
+  std::string channel;
 };
 
 // Called for each incoming request; see the header comment for its contract.
@@ -129,6 +137,21 @@ class Agent {
     (void)worker;
     return std::optional<Endpoint>();
   }
+
+  // How this agent moves messages to `worker`, for diagnostics (a log
+  // line, debug info, a test that checks which way the bytes go): the
+  // transport and the channel of tensors, as the backend names them. The
+  // tensorpipe backend says which its negotiation picks for the pair
+  // ("tcp" and "cma_write" within a host, "tcp" and "basic" across
+  // hosts). UNIMPLEMENTED where the backend does not say (this default);
+  // NOT_FOUND for a worker not in the group. Blocks briefly (a store
+  // read): not on an agent thread.
+  [[nodiscard]] virtual absl::StatusOr<PeerLink> link_to(
+      const WorkerInfo& worker) const {
+    return absl::UnimplementedError(
+        absl::StrCat("the agent does not say how it reaches '", worker.name,
+                     "'"));
+  }
 };
 
 // What a backend factory gets to build an agent for one worker.
@@ -149,6 +172,15 @@ struct AgentSetup {
   std::shared_ptr<c10d::Store> store;
   // A key that names the group within this process (the init method).
   std::string group_key;
+  // The host of the rendezvous store (MASTER_ADDR, or HOST of
+  // tcp://HOST:PORT; "" for file:// and memory://): what the address a
+  // backend listens on by default is chosen from (core/host_address.h).
+  std::string rendezvous_host;
+  // Set by backends/common's create_agent() when the user gave no address
+  // setting and it filled one in with core/host_address.h's choice: a
+  // backend that may fall back to its own choice when a given address
+  // does not work (libfabric's providers) treats it as not given.
+  bool address_defaulted = false;
   // Per-backend settings, "key" -> "value" (the backend documents its keys).
   absl::flat_hash_map<std::string, std::string> settings;
   // What an incoming message may announce (see core/message.h).

@@ -6,7 +6,7 @@
 // pages one by one first. On 2 MiB transparent huge pages the same tensor
 // is 32 pages: on this project's machine the negotiated pair's 64 MiB echo
 // ran 1.4x to 2.1x faster with the sender's tensor on them, and memcpy
-// itself about 1.35x (docs/benchmarks.md, "64 MiB: the sender's pages").
+// itself about 1.35x (docs/decisions.md, "Huge pages for large tensors").
 // tether's own receive buffers are on huge pages already
 // (core/internal/receive_buffers.h); this puts the user's tensors there.
 //

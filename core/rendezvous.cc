@@ -144,6 +144,26 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_store(
                    "memory://KEY"));
 }
 
+}  // namespace
+
+std::string rendezvous_host(absl::string_view init_method) {
+  std::string host;
+  if (absl::StartsWith(init_method, kEnvScheme)) {
+    host = first_env({"MASTER_ADDR"});
+  } else if (absl::StartsWith(init_method, kTcpScheme)) {
+    absl::string_view host_port = init_method.substr(sizeof(kTcpScheme) - 1);
+    const size_t colon = host_port.rfind(':');
+    if (colon != absl::string_view::npos) host_port = host_port.substr(0, colon);
+    host = std::string(host_port);
+  }
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+namespace {
+
 // What "tether/world_size" holds in a dynamic group (the store's keys are
 // listed in core/join/membership.h).
 constexpr char kDynamicMark[] = "dynamic";
@@ -252,6 +272,7 @@ absl::StatusOr<RendezvousResult> rendezvous_dynamic(
   if (!store.ok()) return store.status();
   RendezvousResult result;
   result.group_key = std::string(init_method);
+  result.host = rendezvous_host(init_method);
   result.store = *store;
   result.self = WorkerInfo{std::string(name), rank};
   result.dynamic = true;
@@ -304,6 +325,7 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
 
   RendezvousResult result;
   result.group_key = std::string(init_method);
+  result.host = rendezvous_host(init_method);
   result.store = *store;
   c10d::Store& s = **store;
   try {

@@ -45,7 +45,14 @@ struct RendezvousResult {
   std::vector<WorkerInfo> workers;
   std::string group_key;
   bool dynamic = false;
+  // rendezvous_host(init_method), for AgentSetup::rendezvous_host.
+  std::string host;
 };
+
+// The host the init method's store is at: MASTER_ADDR for env://, HOST of
+// tcp://HOST:PORT (without IPv6 brackets); "" for file://, memory:// and
+// anything else.
+std::string rendezvous_host(absl::string_view init_method);
 
 // What the launcher that started this process says about it: torchrun's and
 // tether_run's RANK / WORLD_SIZE / LOCAL_RANK, Slurm's SLURM_PROCID /

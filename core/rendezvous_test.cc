@@ -74,12 +74,25 @@ TEST(Rendezvous, EnvReadsMasterAndRankVariables) {
   ASSERT_THAT(result, IsOk());
   EXPECT_EQ(result->self.id, 0);
   EXPECT_EQ(result->workers.size(), 1u);
+  EXPECT_EQ(result->host, "127.0.0.1");
   ::unsetenv("MASTER_ADDR");
   EXPECT_THAT(rendezvous("env://", "solo", 0, 1, kBound),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("MASTER_ADDR")));
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
+}
+
+TEST(Rendezvous, TheHostIsWhereTheStoreIs) {
+  EXPECT_EQ(rendezvous_host("tcp://10.1.2.3:29500"), "10.1.2.3");
+  EXPECT_EQ(rendezvous_host("tcp://[fd00::1]:29500"), "fd00::1");
+  EXPECT_EQ(rendezvous_host("tcp://node7:29500"), "node7");
+  EXPECT_EQ(rendezvous_host("file:///shared/rdzv"), "");
+  EXPECT_EQ(rendezvous_host("memory://key"), "");
+  ::setenv("MASTER_ADDR", "10.9.8.7", 1);
+  EXPECT_EQ(rendezvous_host("env://"), "10.9.8.7");
+  ::unsetenv("MASTER_ADDR");
+  EXPECT_EQ(rendezvous_host("env://"), "");
 }
 
 TEST(Rendezvous, SlurmAndOpenMpiVariablesGiveRankAndSize) {

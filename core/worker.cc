@@ -16,6 +16,7 @@
 
 #include "core/huge_pages.h"
 #include "core/internal/blas_check.h"
+#include "core/internal/store_client.h"
 #include "core/ivalue_future.h"
 #include "core/join/membership.h"
 #include "core/profiling.h"
@@ -147,6 +148,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   absl::StatusOr<RendezvousResult> group = rendezvous(
       options.init_method, name, rank, world_size, options.init_timeout);
   if (!group.ok()) return group.status();
+  // A store request that its server leaves unanswered for the peer timeout
+  // fails, as a PING does: a worker cut off from the store's host ends its
+  // join within the peer timeout, not the init timeout.
+  if (auto* client =
+          dynamic_cast<internal::TcpStoreClient*>(group->store.get())) {
+    client->set_request_timeout(options.peer_timeout);
+  }
 
   // A dynamic group: the join runs under the group's membership token, from
   // here until every member knows this worker (or it gives up: then its
@@ -192,6 +200,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.dynamic = group->dynamic;
   setup.store = group->store;
   setup.group_key = group->group_key;
+  setup.rendezvous_host = group->host;
   setup.settings = options.backend_settings;
   setup.limits = message_limits(options.limits);
   setup.auth = *std::move(authenticator);

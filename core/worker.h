@@ -347,6 +347,12 @@ class Worker {
       const WorkerInfo& worker) const {
     return agent_->endpoint_of(worker);
   }
+  // How this worker's agent reaches `worker` (Agent::link_to). Blocks
+  // briefly: not on an agent thread.
+  [[nodiscard]] absl::StatusOr<PeerLink> link_to(
+      const WorkerInfo& worker) const {
+    return agent_->link_to(worker);
+  }
   // Whether this worker joined a dynamic group.
   bool is_dynamic() const { return dynamic_; }
 

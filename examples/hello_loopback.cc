@@ -2,10 +2,8 @@
 // backend. The "driver" pushes a batch through a two-stage pipeline whose
 // stages run on the other workers (a builtin operator on "stage1", a
 // TorchScript function compiled on "stage2"), then checks the result against
-// the same computation done locally.
-//
-// Until the multi-process backends land this is the README's first command;
-// later issues replace it with model-parallel training across processes.
+// the same computation done locally. The smallest program to start from;
+// the README's main job is the model-parallel training of examples/train.cc.
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
 

@@ -51,6 +51,24 @@ torch::nn::LSTM make_lstm(const ModelConfig& c) {
   return lstm;
 }
 
+// Named tensors as a state_dict, and loading one back into them.
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+c10::Dict<std::string, at::Tensor> state_of(const Named& tensors) {
+  c10::Dict<std::string, at::Tensor> out;
+  for (const auto& [name, tensor] : tensors) out.insert(name, tensor.detach());
+  return out;
+}
+
+void load_state(const Named& tensors,
+                const c10::Dict<std::string, at::Tensor>& state) {
+  for (const auto& [name, tensor] : tensors) {
+    TORCH_CHECK(state.contains(name), "the state has no '", name, "'");
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : tensors) tensor.copy_(state.at(name));
+}
+
 // The embedding on the parameter server.
 struct EmbeddingTable : torch::CustomClassHolder {
   explicit EmbeddingTable(const ModelConfig& c) : weight(embedding_weight(c)) {}
@@ -58,6 +76,11 @@ struct EmbeddingTable : torch::CustomClassHolder {
     return at::embedding(weight, tokens);
   }
   c10::IValue parameters() { return parameter_rrefs({weight}); }
+  Named named() { return {{"weight", weight}}; }
+  c10::Dict<std::string, at::Tensor> state_dict() { return state_of(named()); }
+  void load_state_dict(const c10::Dict<std::string, at::Tensor>& state) {
+    load_state(named(), state);
+  }
   at::Tensor weight;
 };
 
@@ -72,6 +95,11 @@ struct Decoder : torch::CustomClassHolder {
     return at::linear(hidden, weight.clone(), bias);
   }
   c10::IValue parameters() { return parameter_rrefs({weight, bias}); }
+  Named named() { return {{"weight", weight}, {"bias", bias}}; }
+  c10::Dict<std::string, at::Tensor> state_dict() { return state_of(named()); }
+  void load_state_dict(const c10::Dict<std::string, at::Tensor>& state) {
+    load_state(named(), state);
+  }
   at::Tensor weight;
   at::Tensor bias;
 };
@@ -106,10 +134,14 @@ c10::IValue get_model(int64_t vocab, int64_t embed, int64_t hidden,
 TORCH_LIBRARY(tether_examples, m) {
   m.class_<EmbeddingTable>("EmbeddingTable")
       .def("forward", &EmbeddingTable::forward)
-      .def("parameters", &EmbeddingTable::parameters);
+      .def("parameters", &EmbeddingTable::parameters)
+      .def("state_dict", &EmbeddingTable::state_dict)
+      .def("load_state_dict", &EmbeddingTable::load_state_dict);
   m.class_<Decoder>("Decoder")
       .def("forward", &Decoder::forward)
-      .def("parameters", &Decoder::parameters);
+      .def("parameters", &Decoder::parameters)
+      .def("state_dict", &Decoder::state_dict)
+      .def("load_state_dict", &Decoder::load_state_dict);
   m.def("get_model(int vocab, int embed, int hidden, int seed) -> Any",
         &get_model);
 }
@@ -130,22 +162,27 @@ at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& tokens,
 
 }  // namespace
 
-at::Tensor make_batch(const ModelConfig& c, int trainer, int64_t step) {
+DataStream::DataStream(const ModelConfig& config, int trainer)
+    : config_(config),
+      generator_(examples::generator(config.seed * 1000003 + trainer * 100003)) {
   // A fixed random Markov chain: from each token, 4 likely successors.
-  at::Generator chain = generator(c.seed * 10 + 4);
-  at::Tensor logits = at::randn({c.vocab, c.vocab}, chain) * 3;
-  at::Tensor transitions = at::softmax(logits, 1);
-  at::Generator gen =
-      generator(c.seed * 1000003 + trainer * 100003 + step);
+  at::Generator chain = examples::generator(config.seed * 10 + 4);
+  transitions_ = at::softmax(
+      at::randn({config.vocab, config.vocab}, chain) * 3, 1);
+}
+
+at::Tensor DataStream::next() {
+  const ModelConfig& c = config_;
   at::Tensor tokens = at::empty({c.batch, c.sequence + 1}, at::kLong);
-  at::Tensor current = at::randint(c.vocab, {c.batch}, gen);
+  at::Tensor current = at::randint(c.vocab, {c.batch}, generator_);
   tokens.select(1, 0).copy_(current);
   for (int64_t t = 1; t <= c.sequence; ++t) {
-    current = at::multinomial(transitions.index_select(0, current), 1,
-                              /*replacement=*/true, gen)
+    current = at::multinomial(transitions_.index_select(0, current), 1,
+                              /*replacement=*/true, generator_)
                   .squeeze(1);
     tokens.select(1, t).copy_(current);
   }
+  ++position_;
   return tokens;
 }
 
@@ -226,8 +263,9 @@ std::vector<double> reference_losses(const ModelConfig& config,
         params, torch::optim::AdamOptions(config.lr));
   }
   std::vector<double> losses;
+  DataStream data(config, /*trainer=*/1);
   for (int64_t step = 1; step <= steps; ++step) {
-    at::Tensor tokens = make_batch(config, /*trainer=*/1, step);
+    at::Tensor tokens = data.next();
     optimizer->zero_grad();
     at::Tensor embedded =
         at::embedding(embedding, tokens.slice(1, 0, config.sequence));

@@ -5,7 +5,8 @@
 //          -> Decoder (parameter server) -> cross-entropy with next tokens
 //
 // The parameter server keeps one EmbeddingTable and one Decoder (TorchScript
-// custom classes, __torch__.torch.classes.tether_examples.*) shared by every
+// custom classes, __torch__.torch.classes.tether_examples.*, with
+// state_dict() and load_state_dict(state) for checkpoints) shared by every
 // trainer; trainers reach them through RRef proxies, run backward with
 // distributed autograd and update every parameter with a
 // DistributedOptimizer. The data is generated: token sequences of a fixed
@@ -47,9 +48,32 @@ struct ModelConfig {
 // The parameter server's model, as the trainers see it.
 inline constexpr char kGetModel[] = "tether_examples::get_model";
 
-// Batch `step` of trainer `trainer`: tokens of shape [batch, sequence + 1]
-// (inputs are [:, :-1], targets [:, 1:]).
-at::Tensor make_batch(const ModelConfig& config, int trainer, int64_t step);
+// The batches one trainer trains on, in order: token sequences of a fixed
+// random Markov chain, drawn with the trainer's own generator (seeded by
+// the config's seed and the trainer). What comes next depends on the
+// generator's state and on how many batches were drawn: a checkpoint saves
+// both (examples/train.cc).
+class DataStream {
+ public:
+  DataStream(const ModelConfig& config, int trainer);
+
+  // The next batch: tokens of shape [batch, sequence + 1] (inputs are
+  // [:, :-1], targets [:, 1:]).
+  at::Tensor next();
+
+  // How many batches were drawn.
+  int64_t position() const { return position_; }
+  void set_position(int64_t position) { position_ = position; }
+  // The generator the batches are drawn with (a handle: it shares the
+  // state).
+  at::Generator generator() const { return generator_; }
+
+ private:
+  ModelConfig config_;
+  at::Tensor transitions_;  // [vocab, vocab], each row a distribution
+  at::Generator generator_;
+  int64_t position_ = 0;
+};
 
 // One trainer of the distributed model; `ps` names the parameter server.
 class Trainer {
@@ -60,6 +84,14 @@ class Trainer {
   // One step in its own distributed autograd context: forward through the
   // parameter server, backward, optimizer step. Returns the loss.
   [[nodiscard]] absl::StatusOr<double> step(const at::Tensor& tokens);
+
+  // What a checkpoint saves: the parameter server's modules (custom
+  // classes with state_dict() and load_state_dict(state)), the local LSTM
+  // and the optimizer of all of them.
+  const RRef& embedding() const { return embedding_; }
+  const RRef& decoder() const { return decoder_; }
+  const torch::nn::LSTM& lstm() const { return lstm_; }
+  const optim::DistributedOptimizer& optimizer() const { return optimizer_; }
 
  private:
   Trainer(ModelConfig config, RRef embedding, RRef decoder,

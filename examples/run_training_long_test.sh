@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job as issue #16 reported it failing: 9000 steps, far longer than
-# any timeout, with the parameter server waiting in shutdown() the whole
-# time. Tagged manual (several minutes): bazel test //examples:run_training_long_test
+# The main job at length: 9000 steps, far longer than any timeout, with the
+# parameter server waiting in shutdown() the whole time. Tagged manual
+# (several minutes): bazel test //examples:run_training_long_test
 set -euo pipefail
 start=$(date +%s)
 out=$("$1" "$2" --nproc 3 --steps=9000 2>&1)

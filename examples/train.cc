@@ -19,17 +19,33 @@
 // Flags: --steps=N (200), --backend=NAME (tensorpipe), --world_size=N (must
 // match the launcher's), --optimizer=sgd|adam, --lr=X, --seed=N,
 // --peer_timeout_ms=N (RpcOptions::peer_timeout), --progress_every=N (a line
-// every N steps; default a twentieth of the steps).
+// every N steps; default a twentieth of the steps), --loss_log=FILE (each
+// trainer appends "<trainer> <step> <loss>" to FILE at every step, the loss
+// to 17 digits), and checkpoints:
+//
+// --checkpoint_dir=DIR --checkpoint_every=N: the trainers save a checkpoint
+// in DIR every N steps and after the last one (without --checkpoint_every,
+// after the last one only) with tether::Checkpoint (tether/checkpoint.h):
+// the parameter server writes its modules and its share of each trainer's
+// optimizer, each trainer its LSTM, its optimizer's share, its data
+// position, its generators and its losses so far. Started again with the
+// same flags, the job resumes after the last complete checkpoint (a
+// trainer killed while saving leaves an incomplete one, which is never
+// loaded) and, with one trainer, every step's loss is the uninterrupted
+// run's. The two newest complete checkpoints are kept.
+#include <ATen/core/Generator.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/time/clock.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +55,7 @@
 #include "core/rpc.h"
 #include "examples/ps_model.h"
 #include "rref/rref.h"
+#include "tether/checkpoint.h"
 
 namespace {
 
@@ -50,6 +67,9 @@ struct Flags {
   int world_size = -1;
   int peer_timeout_ms = 0;  // 0: RpcOptions' default
   int64_t progress_every = 0;  // 0: a twentieth of the steps
+  std::string loss_log;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // 0: after the last step
   ModelConfig model;
 };
 
@@ -85,6 +105,15 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
       ok = ok && absl::SimpleAtod(value, &flags.model.lr) && flags.model.lr > 0;
     } else if (name == "--seed") {
       ok = ok && absl::SimpleAtoi(value, &flags.model.seed);
+    } else if (name == "--loss_log") {
+      flags.loss_log = value;
+      ok = ok && !value.empty();
+    } else if (name == "--checkpoint_dir") {
+      flags.checkpoint_dir = value;
+      ok = ok && !value.empty();
+    } else if (name == "--checkpoint_every") {
+      ok = ok && absl::SimpleAtoi(value, &flags.checkpoint_every) &&
+           flags.checkpoint_every > 0;
     } else {
       ok = false;
     }
@@ -93,6 +122,10 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
                    arg.c_str());
       return false;
     }
+  }
+  if (flags.checkpoint_every > 0 && flags.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "train: --checkpoint_every needs --checkpoint_dir\n");
+    return false;
   }
   return true;
 }
@@ -116,24 +149,96 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
   return sum / static_cast<double>(to - from);
 }
 
+// What a trainer saves in its checkpoints, and loads to resume: the
+// parameter server's modules (trainer 1 has them saved; every trainer
+// saves its share of the optimizer there), the LSTM, the data stream's
+// position and generator, the default generator, and the losses so far.
+absl::StatusOr<tether::Checkpoint> make_checkpoint(
+    const Flags& flags, int rank, int world,
+    const tether::examples::Trainer& trainer,
+    tether::examples::DataStream& data, std::vector<double>& losses) {
+  tether::CheckpointOptions options;
+  options.dir = flags.checkpoint_dir;
+  for (int r = 1; r < world; ++r) {
+    options.members.push_back(absl::StrCat("trainer", r));
+  }
+  options.keep = 2;
+  absl::StatusOr<tether::Checkpoint> checkpoint =
+      tether::Checkpoint::create(options);
+  if (!checkpoint.ok()) return checkpoint.status();
+  std::vector<absl::Status> added;
+  if (rank == 1) {
+    added.push_back(checkpoint->add_remote("embedding", trainer.embedding()));
+    added.push_back(checkpoint->add_remote("decoder", trainer.decoder()));
+  }
+  added.push_back(checkpoint->add_module("lstm", trainer.lstm().ptr()));
+  added.push_back(checkpoint->add_optimizer("optimizer", trainer.optimizer()));
+  added.push_back(checkpoint->add_generator("data", data.generator()));
+  added.push_back(checkpoint->add_value(
+      "data_position", [&data] { return c10::IValue(data.position()); },
+      [&data](const c10::IValue& v) {
+        data.set_position(v.toInt());
+        return absl::OkStatus();
+      }));
+  added.push_back(checkpoint->add_generator(
+      "rng", at::detail::getDefaultCPUGenerator()));
+  added.push_back(checkpoint->add_value(
+      "losses", [&losses] { return c10::IValue(c10::List<double>(losses)); },
+      [&losses](const c10::IValue& v) {
+        losses = v.toDoubleVector();
+        return absl::OkStatus();
+      }));
+  for (const absl::Status& s : added) {
+    if (!s.ok()) return s;
+  }
+  return checkpoint;
+}
+
 // Trains and reports; false if anything failed.
 bool run_trainer(const Flags& flags, int rank, int world) {
   const std::string who = absl::StrCat("trainer", rank);
+  auto fail = [&who](const absl::Status& status) {
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), status.ToString().c_str());
+    return false;
+  };
   absl::StatusOr<tether::examples::Trainer> trainer =
       tether::examples::Trainer::create(flags.model, "ps");
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "%s: %s\n", who.c_str(),
-                 trainer.status().ToString().c_str());
-    return false;
-  }
+  if (!trainer.ok()) return fail(trainer.status());
+  tether::examples::DataStream data(flags.model, rank);
   std::vector<double> losses;
+  int64_t first = 1;
+  std::optional<tether::Checkpoint> checkpoint;
+  if (!flags.checkpoint_dir.empty()) {
+    absl::StatusOr<tether::Checkpoint> made =
+        make_checkpoint(flags, rank, world, *trainer, data, losses);
+    if (!made.ok()) return fail(made.status());
+    checkpoint = *std::move(made);
+    absl::StatusOr<std::optional<int64_t>> resumed = checkpoint->load();
+    if (!resumed.ok()) return fail(resumed.status());
+    if (resumed->has_value()) {
+      first = **resumed + 1;
+      std::printf("%s: resumed from the checkpoint of step %lld in %s\n",
+                  who.c_str(), static_cast<long long>(**resumed),
+                  flags.checkpoint_dir.c_str());
+    }
+  }
+  FILE* loss_log = nullptr;
+  if (!flags.loss_log.empty()) {
+    loss_log = std::fopen(flags.loss_log.c_str(), "a");
+    if (loss_log == nullptr) {
+      std::fprintf(stderr, "%s: cannot open %s: %s\n", who.c_str(),
+                   flags.loss_log.c_str(), std::strerror(errno));
+      return false;
+    }
+  }
   const int64_t every = flags.progress_every > 0
                             ? flags.progress_every
                             : std::max<int64_t>(1, flags.steps / 20);
+  const int64_t save_every =
+      flags.checkpoint_every > 0 ? flags.checkpoint_every : flags.steps;
   const absl::Time start = absl::Now();
-  for (int64_t step = 1; step <= flags.steps; ++step) {
-    absl::StatusOr<double> loss =
-        trainer->step(tether::examples::make_batch(flags.model, rank, step));
+  for (int64_t step = first; step <= flags.steps; ++step) {
+    absl::StatusOr<double> loss = trainer->step(data.next());
     if (!loss.ok()) {
       std::fprintf(stderr, "%s: step %lld: %s\n", who.c_str(),
                    static_cast<long long>(step),
@@ -141,25 +246,52 @@ bool run_trainer(const Flags& flags, int rank, int world) {
       return false;
     }
     losses.push_back(*loss);
+    if (loss_log != nullptr) {
+      std::fprintf(loss_log, "%s %lld %.17g\n", who.c_str(),
+                   static_cast<long long>(step), *loss);
+      std::fflush(loss_log);
+    }
     if (step % every == 0 || step == flags.steps) {
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      progress(who, step, flags.steps, *loss, step / seconds);
+      progress(who, step, flags.steps, *loss, (step - first + 1) / seconds);
+    }
+    if (checkpoint.has_value() &&
+        (step % save_every == 0 || step == flags.steps)) {
+      absl::StatusOr<tether::SavedCheckpoint> saved = checkpoint->save(step);
+      if (!saved.ok()) return fail(saved.status());
+      if (rank == 1) {
+        std::printf("%s checkpoint: step %lld, %lld files, %.1f KiB in "
+                    "%.1f ms (%s)\n",
+                    who.c_str(), static_cast<long long>(step),
+                    static_cast<long long>(saved->files), saved->bytes / 1024.0,
+                    absl::ToDoubleMilliseconds(saved->took),
+                    saved->path.c_str());
+        std::fflush(stdout);
+      }
     }
   }
+  if (loss_log != nullptr) std::fclose(loss_log);
+  const int64_t ran = flags.steps - first + 1;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (ran <= 0) {
+    std::printf("%s summary: the checkpoint was of the last step, nothing "
+                "to run\n",
+                who.c_str());
+    return true;
+  }
   const size_t window = std::min<size_t>(10, losses.size());
-  const double first = mean(losses, 0, window);
-  const double last = mean(losses, losses.size() - window, losses.size());
+  const double first_loss = mean(losses, 0, window);
+  const double last_loss = mean(losses, losses.size() - window, losses.size());
   std::printf(
       "%s summary: %lld steps in %.2f s (%.1f steps/s), loss %.4f -> %.4f "
       "(mean of first and last %zu steps), %d trainer(s) on backend %s\n",
-      who.c_str(), static_cast<long long>(flags.steps), seconds,
-      flags.steps / seconds, first, last, window, world - 1,
-      flags.backend.c_str());
-  bool good = last < first;
+      who.c_str(), static_cast<long long>(ran), seconds, ran / seconds,
+      first_loss, last_loss, window, world - 1, flags.backend.c_str());
+  bool good = last_loss < first_loss;
   if (!good) std::fprintf(stderr, "%s: the loss did not go down\n", who.c_str());
-  if (world == 2) {
-    // One trainer: the same training in this process with LibTorch alone.
+  if (world == 2 && losses.size() == static_cast<size_t>(flags.steps)) {
+    // One trainer: the same training in this process with LibTorch alone
+    // (a resumed run's earlier losses come from its checkpoint).
     const absl::Time local_start = absl::Now();
     std::vector<double> local =
         tether::examples::reference_losses(flags.model, flags.steps);
@@ -211,6 +343,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
     return 1;
   }
+  if (rank == 0 && !flags.checkpoint_dir.empty()) {
+    // The parameter server writes its modules and optimizers' parts there.
+    if (absl::Status s = tether::serve_checkpoints(flags.checkpoint_dir);
+        !s.ok()) {
+      std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   tether::RpcOptions options;
   options.backend = flags.backend;
   if (flags.peer_timeout_ms > 0) {
@@ -226,8 +366,9 @@ int main(int argc, char** argv) {
   }
   // What the launcher said, so that a run under mpirun, srun or torchrun
   // shows which process is which.
-  std::printf("%s: rank %d of %d, local rank %d\n", name.c_str(), rank, world,
-              launched->local_rank);
+  std::printf("%s: rank %d of %d, local rank %d, pid %d\n", name.c_str(), rank,
+              world, launched->local_rank, static_cast<int>(::getpid()));
+  std::fflush(stdout);
   bool good = true;
   if (rank == 0) {
     std::printf("ps: serving the embedding table and decoder to %d trainer(s)\n",

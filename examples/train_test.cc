@@ -47,9 +47,9 @@ std::vector<double> train(const ModelConfig& config, int rank, int64_t steps) {
   absl::StatusOr<Trainer> trainer = Trainer::create(config, "ps");
   EXPECT_THAT(trainer, IsOk());
   if (!trainer.ok()) return losses;
+  DataStream data(config, rank);
   for (int64_t step = 1; step <= steps; ++step) {
-    absl::StatusOr<double> loss =
-        trainer->step(make_batch(config, rank, step));
+    absl::StatusOr<double> loss = trainer->step(data.next());
     EXPECT_THAT(loss, IsOk()) << "step " << step;
     if (!loss.ok()) break;
     losses.push_back(*loss);

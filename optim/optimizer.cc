@@ -8,6 +8,7 @@
 #include <torch/optim.h>
 #include <torch/serialize.h>
 
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <utility>
@@ -219,6 +220,25 @@ struct LocalOptimizer : torch::CustomClassHolder {
     optimizer->load(archive);
   }
 
+  // save() and load() as a checkpoint item (tether/checkpoint.h): the bytes
+  // as a uint8 tensor, which pickles and crosses to Python as it is (a
+  // string of them need not be UTF-8).
+  at::Tensor state_dict() {
+    const std::string state = save();
+    at::Tensor out = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
+    std::memcpy(out.data_ptr(), state.data(), state.size());
+    return out;
+  }
+
+  void load_state_dict(const at::Tensor& state) {
+    TORCH_CHECK(state.scalar_type() == at::kByte && state.dim() == 1,
+                "an optimizer's state is a 1-dimensional uint8 tensor, got ",
+                state.scalar_type(), " of ", state.dim(), " dimensions");
+    const at::Tensor bytes = state.contiguous();
+    load(std::string(static_cast<const char*>(bytes.data_ptr()),
+                     static_cast<size_t>(bytes.numel())));
+  }
+
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
@@ -251,7 +271,9 @@ TORCH_LIBRARY_FRAGMENT(tether, m) {
       .def("step", &LocalOptimizer::step)
       .def("size", &LocalOptimizer::size)
       .def("save", &LocalOptimizer::save)
-      .def("load", &LocalOptimizer::load);
+      .def("load", &LocalOptimizer::load)
+      .def("state_dict", &LocalOptimizer::state_dict)
+      .def("load_state_dict", &LocalOptimizer::load_state_dict);
 }
 
 const char* kind_name(Kind kind) {

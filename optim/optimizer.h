@@ -91,6 +91,12 @@ class DistributedOptimizer {
 
   const std::vector<WorkerInfo>& owners() const { return owners_; }
 
+  // The optimizer each owner runs (the custom class tether.LocalOptimizer),
+  // in owners() order. Its methods state_dict() (save()'s blob as a uint8
+  // tensor) and load_state_dict(state) act on that owner alone, so a
+  // checkpoint has each owner write its own (tether/checkpoint.h).
+  const std::vector<RRef>& local_optimizers() const { return optimizers_; }
+
  private:
   DistributedOptimizer(std::vector<WorkerInfo> owners,
                        std::vector<RRef> optimizers)

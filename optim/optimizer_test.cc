@@ -300,5 +300,56 @@ TEST_F(DistOptimizer, StateSavesAndRestores) {
   EXPECT_FALSE(resumed->load({"garbage", "garbage"}).ok());
 }
 
+// Each owner's state_dict() and load_state_dict(state), as a checkpoint
+// calls them on that owner (tether/checkpoint.h).
+TEST_F(DistOptimizer, EachOwnersStateDictRestoresItsOptimizer) {
+  auto [w1, r1] = param(1, randn({4, 3}, 1));
+  auto [w2, r2] = param(2, randn({3, 1}, 2));
+  Options sgd;
+  sgd.lr = 0.05;
+  sgd.momentum = 0.9;
+  absl::StatusOr<DistributedOptimizer> first =
+      DistributedOptimizer::create(trainer(), Kind::kSGD, {r1, r2}, sgd);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_EQ(first->local_optimizers().size(), 2u);
+  const at::Tensor input = randn({8, 4}, 7);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_THAT(train_step(*first, r1, r2, input), IsOk());
+  }
+  std::vector<at::Tensor> states;
+  for (const RRef& owner : first->local_optimizers()) {
+    absl::StatusOr<c10::IValue> state =
+        owner.rpc_sync().call("state_dict", {});
+    ASSERT_THAT(state, IsOk());
+    ASSERT_TRUE(state->isTensor());
+    EXPECT_EQ(state->toTensor().scalar_type(), at::kByte);
+    states.push_back(state->toTensor());
+  }
+  const at::Tensor w1_saved = w1.detach().clone();
+  const at::Tensor w2_saved = w2.detach().clone();
+  ASSERT_THAT(train_step(*first, r1, r2, input), IsOk());
+  const at::Tensor w1_next = w1.detach().clone();
+  {
+    at::NoGradGuard no_grad;
+    w1.copy_(w1_saved);
+    w2.copy_(w2_saved);
+  }
+  absl::StatusOr<DistributedOptimizer> resumed =
+      DistributedOptimizer::create(trainer(), Kind::kSGD, {r1, r2}, sgd);
+  ASSERT_THAT(resumed, IsOk());
+  for (size_t i = 0; i < states.size(); ++i) {
+    ASSERT_THAT(resumed->local_optimizers()[i].rpc_sync().call(
+                    "load_state_dict", {states[i]}),
+                IsOk());
+  }
+  ASSERT_THAT(train_step(*resumed, r1, r2, input), IsOk());
+  // The momentum came back with the state: the very step the first took.
+  EXPECT_TRUE(at::equal(w1, w1_next));
+  EXPECT_THAT(resumed->local_optimizers()[0].rpc_sync().call(
+                  "load_state_dict", {at::zeros({2, 2})}),
+              StatusIs(absl::StatusCode::kUnknown,
+                       HasSubstr("1-dimensional uint8 tensor")));
+}
+
 }  // namespace
 }  // namespace tether::optim

@@ -6,7 +6,9 @@
 #include <cctype>
 #include <mutex>
 
+#include "core/ivalue_future.h"
 #include "core/rpc.h"
+#include "rref/module_state.h"
 #include "rref/rref_impl.h"
 
 namespace tether {
@@ -22,7 +24,21 @@ struct ModuleHolder : torch::CustomClassHolder {
   NativeFunction forward;
 };
 
-TORCH_LIBRARY(tether_remote_module, m) { m.class_<ModuleHolder>("Module"); }
+// state_dict() and load_state_dict(state): what a checkpoint calls on the
+// owner (tether/checkpoint.h).
+TORCH_LIBRARY(tether_remote_module, m) {
+  m.class_<ModuleHolder>("Module")
+      .def("state_dict",
+           [](const c10::intrusive_ptr<ModuleHolder>& self) {
+             return module_state_dict(*self->module);
+           })
+      .def("load_state_dict",
+           [](const c10::intrusive_ptr<ModuleHolder>& self,
+              const c10::Dict<std::string, at::Tensor>& state) {
+             absl::Status loaded = load_module_state_dict(*self->module, state);
+             if (!loaded.ok()) throw StatusError(loaded);
+           });
+}
 
 // The module that args[0], an RRef owned by this worker, holds.
 absl::StatusOr<c10::intrusive_ptr<ModuleHolder>> module_of(

@@ -117,5 +117,58 @@ TEST_F(RemoteModules, DistributedOptimizerTrainsTheRemoteParameters) {
       << "first " << losses.front() << ", last " << losses.back();
 }
 
+// The module's RRef answers state_dict() and load_state_dict(state) on its
+// owner, as a checkpoint calls them (tether/checkpoint.h).
+TEST_F(RemoteModules, StateDictOnTheOwnerSavesAndRestoresTheModule) {
+  absl::StatusOr<RemoteModule> net =
+      RemoteModule::create<NetImpl>(trainer(), "ps", {3, 2});
+  ASSERT_THAT(net, IsOk());
+  absl::StatusOr<c10::IValue> state =
+      net->module_rref().rpc_sync().call("state_dict", {});
+  ASSERT_THAT(state, IsOk());
+  ASSERT_TRUE(state->isGenericDict());
+  c10::Dict<std::string, at::Tensor> saved =
+      c10::impl::toTypedDict<std::string, at::Tensor>(state->toGenericDict());
+  ASSERT_EQ(saved.size(), 2u);
+  EXPECT_EQ(saved.at("fc.weight").sizes(), (std::vector<int64_t>{2, 3}));
+  const at::Tensor x = at::ones({1, 3});
+  absl::StatusOr<at::Tensor> before = net->forward<at::Tensor>({x});
+  ASSERT_THAT(before, IsOk());
+
+  c10::Dict<std::string, at::Tensor> zeros;
+  zeros.insert("fc.weight", at::zeros({2, 3}));
+  zeros.insert("fc.bias", at::zeros({2}));
+  ASSERT_THAT(
+      net->module_rref().rpc_sync().call("load_state_dict", {zeros}), IsOk());
+  absl::StatusOr<at::Tensor> cleared = net->forward<at::Tensor>({x});
+  ASSERT_THAT(cleared, IsOk());
+  EXPECT_TRUE(at::equal(*cleared, at::zeros({1, 2})));
+  ASSERT_THAT(net->module_rref().rpc_sync().call("load_state_dict", {saved}),
+              IsOk());
+  absl::StatusOr<at::Tensor> restored = net->forward<at::Tensor>({x});
+  ASSERT_THAT(restored, IsOk());
+  EXPECT_TRUE(at::equal(*restored, *before));
+
+  // Strict, as PyTorch's: a missing, a foreign and a misshapen tensor (a
+  // method's error reaches a proxy's caller as UNKNOWN with its text).
+  c10::Dict<std::string, at::Tensor> partial;
+  partial.insert("fc.weight", at::zeros({2, 3}));
+  EXPECT_THAT(
+      net->module_rref().rpc_sync().call("load_state_dict", {partial}),
+      StatusIs(absl::StatusCode::kUnknown,
+               HasSubstr("the state has no 'fc.bias' for the module's [2]")));
+  c10::Dict<std::string, at::Tensor> extra = zeros.copy();
+  extra.insert("fc.scale", at::zeros({2}));
+  EXPECT_THAT(net->module_rref().rpc_sync().call("load_state_dict", {extra}),
+              StatusIs(absl::StatusCode::kUnknown,
+                       HasSubstr("'fc.scale', which the module has not")));
+  c10::Dict<std::string, at::Tensor> misshapen = zeros.copy();
+  misshapen.insert_or_assign("fc.bias", at::zeros({3}));
+  EXPECT_THAT(
+      net->module_rref().rpc_sync().call("load_state_dict", {misshapen}),
+      StatusIs(absl::StatusCode::kUnknown,
+               HasSubstr("'fc.bias' is [3], the module's [2]")));
+}
+
 }  // namespace
 }  // namespace tether

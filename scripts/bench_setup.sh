@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the bench CLI (tools/bench.py, issue #9) needs beyond the
+# Installs what the bench CLI (tools/bench.py) needs beyond the
 # build: Debian's python3-torch (the peer, torch.distributed.rpc, for
 # /usr/bin/python3), python3-matplotlib (the plots) and OpenBLAS
 # (libopenblas0-serial). With --profilers, also linux-perf and valgrind, used

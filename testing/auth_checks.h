@@ -1,4 +1,4 @@
-// Peer authentication checks every backend passes (issue #10): workers of
+// Peer authentication checks every backend passes: workers of
 // one process, made with Worker::create over a memory:// rendezvous on the
 // backend under test, with and without a shared secret.
 //

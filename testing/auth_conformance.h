@@ -1,4 +1,4 @@
-// The authentication area of the conformance suite (issue #10): the checks
+// The authentication area of the conformance suite: the checks
 // of testing/auth_checks.h (same secret works, a wrong or missing secret is
 // refused naming the peer) on workers of the backend under test, once per
 // variant of its settings where the handshake travels differently (another

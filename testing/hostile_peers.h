@@ -1,4 +1,4 @@
-// The hostile-peer suite (issue #16): a stranger's bytes must never crash,
+// The hostile-peer suite: a stranger's bytes must never crash,
 // hang or leak a worker. Run once per multi-process backend, as the
 // conformance suite is.
 //

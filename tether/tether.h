@@ -39,6 +39,7 @@
 #include "optim/optimizer.h"
 #include "rref/remote_module.h"
 #include "rref/rref.h"
+#include "tether/checkpoint.h"
 
 namespace tether {
 

@@ -56,6 +56,8 @@ TEST(Tether, BackendFromTheEnvironment) {
   EXPECT_EQ(options_from_environment().backend, "tensorpipe");
   ::setenv("TETHER_BACKEND", "grpc", 1);
   EXPECT_EQ(options_from_environment().backend, "grpc");
+  ::setenv("TETHER_BACKEND", "", 1);  // set but empty is unset
+  EXPECT_EQ(options_from_environment().backend, "tensorpipe");
   ::unsetenv("TETHER_BACKEND");
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench: tether's benchmarks across backends, raw baselines and the peer.
 
-One command (issue #9) that runs the same workloads between two local
+One command that runs the same workloads between two local
 processes on every viable backend variant, the raw baselines and PyTorch's
 torch.distributed.rpc (the peer), then prints the tables, writes JSON and
 draws PNG plots:
@@ -15,12 +15,13 @@ or, with the binaries built (this script builds nothing):
 
 Variants (VARIANTS below): tensorpipe uv, shm, tcp (tether's guarded
 transport), negotiated (the default: tcp + cma_write), tcp and negotiated with
-RpcOptions::busy_poll at 100 us, and uv,shm (the default before issue
-#16); grpc, and grpc with busy_poll; libfabric with provider tcp;ofi_rxm
-(also with busy_poll) and shm. A backend that this build does
-not register, or that is not viable here, is shown as "n/a" with the reason
-(bench_worker decides, from the same registry users get from
-register_builtin_backends), so new backends appear once registered.
+RpcOptions::busy_poll at 100 us, and uv,shm (TensorPipe's own transports,
+which a stranger's bytes can crash; for comparison); grpc, and grpc with
+busy_poll; libfabric with provider tcp;ofi_rxm (also with busy_poll) and
+shm. A backend that this build does not register, or that is not viable
+here, is shown as "n/a" with the reason (bench_worker decides, from the
+same registry users get from register_builtin_backends), so new backends
+appear once registered.
 
 Raw baselines: bench_worker --raw (TCP ping-pong and stream between two
 processes, memcpy, and TensorPipe's pipe alone: the tensorpipe backend's
@@ -40,7 +41,7 @@ here, like tether's negotiated variant) and, except in quick mode, uv only
 Output: the tables on stdout (Markdown) and in DIR/table.md, every number in
 DIR/results.json, DIR/latency_vs_size.png and DIR/bandwidth_vs_size.png.
 
-Scale (issue #20; tools/bench_scale.py): with --scale 2,4,8,16,32,64 it
+Scale (tools/bench_scale.py): with --scale 2,4,8,16,32,64 it
 runs instead N scale_worker processes per world size and backend variant
 (--backends: labels or backend names; by default tensorpipe negotiated,
 grpc, libfabric tcp;ofi_rxm and shm) and a bare process start, and writes
@@ -69,7 +70,7 @@ try:
 except ImportError:
     import bench_scale  # tools/bench.py run as a script
 
-# The issue's workload keys, in table order: (key, label, unit, better).
+# The bench's workload keys, in table order: (key, label, unit, better).
 WORKLOADS = [
     ("builtin_rpc_sync_p50_us", "rpc_sync p50", "us", "lower"),
     ("builtin_rpc_sync_p99_us", "rpc_sync p99", "us", "lower"),
@@ -103,8 +104,8 @@ VARIANTS = [
     # pages either way).
     ("tensorpipe negotiated, huge pages", "tensorpipe", {},
      {"THP_MEM_ALLOC_ENABLE": "1"}),
-    # The default before issue #16 (TensorPipe's own transports, which a
-    # stranger's bytes can crash): for comparison.
+    # TensorPipe's own transports, which a stranger's bytes can crash
+    # (docs/security.md): for comparison with the guarded tcp.
     ("tensorpipe uv,shm", "tensorpipe", {"tensorpipe.transports": "uv,shm"},
      {}),
     ("grpc", "grpc", {}, {}),
@@ -151,8 +152,8 @@ BASELINE_OF = {
     "libfabric shm": ("raw libfabric shm", "raw libfabric shm"),
 }
 
-# The issue's targets against the peer: (key, factor): times at least
-# `factor` lower, rates at least `factor` higher.
+# The bench's targets against the peer (docs/benchmarks.md): (key, factor):
+# times at least `factor` lower, rates at least `factor` higher.
 PEER_TARGETS = [
     ("builtin_rpc_sync_p50_us", 10),
     ("builtin_rpc_async_calls_per_s", 10),
@@ -683,7 +684,7 @@ def report(results):
              workload_table(results), "",
              "## Against each backend's own raw baseline", "",
              limit_table(results["limits"]), "",
-             "## Against the peer (issue #9 targets)", "",
+             "## Against the peer (the bench's targets)", "",
              peer_table(results["peer_targets"]), "",
              "## Raw baselines", "", baseline_table(results)]
     missing = not_available(results)
@@ -696,7 +697,7 @@ def report(results):
 
 def scale_report(scale):
     return "\n".join([
-        "## Scale (issue #20): `%s`, %s, load average %s at start, %s at end, "
+        "## Scale: `%s`, %s, load average %s at start, %s at end, "
         "%.0f s" % (scale["command"], scale["date"],
                     fmt(scale["loadavg_at_start"]),
                     fmt(scale["loadavg_at_end"]), scale["seconds"]), "",

@@ -1,4 +1,4 @@
-"""The scale workload of issue #20, for tools/bench.py --scale.
+"""The scale workload (up to 64 workers on one machine), for bench --scale.
 
 For each backend variant and world size N, tether_run starts N
 scale_worker processes (tools/scale_worker.cc) on this machine; each joins
@@ -11,7 +11,7 @@ launch to the last of N processes that only load scale_worker's libraries
 (LibTorch's among them) and exit, and the CPU time a process has used when
 main() begins.
 
-Per-peer growth (the issue's "a few fds and 1 MB per peer") is the slope
+Per-peer growth (the target: "a few fds and 1 MB per peer") is the slope
 between the smallest and the largest world size that came up.
 """
 import json

@@ -1,4 +1,4 @@
-// bench_worker: the workloads of issue #9 between two local processes, for
+// bench_worker: the bench's workloads between two local processes, for
 // one backend variant, or the raw baselines; one JSON object per run.
 //
 //   bazel build -c opt //tools:tether_run //tools:bench_worker
@@ -14,7 +14,7 @@
 //
 // Rank 0 times every call (per-call samples after a warm-up, so p50 and p99
 // are real percentiles) to rank 1 and prints one line `JSON {...}` with the
-// issue's keys:
+// bench's keys:
 //   builtin_rpc_sync_p50_us, builtin_rpc_sync_p99_us  rpc_sync of
 //       aten::add.Scalar on a 2-element float tensor and 1.0
 //   builtin_rpc_async_calls_per_s   the same call, 64 in flight

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """peer_bench: tether's benchmark workloads on torch.distributed.rpc.
 
-The peer's column of `tools/bench` (issue #9): the same workloads as
+The peer's column of `tools/bench`: the same workloads as
 tools/bench_worker.cc, with the same JSON keys, on PyTorch's own RPC
 (Debian's python3-torch, TensorPipe backend) between two local processes.
 
@@ -15,7 +15,7 @@ torch.distributed.rpc (or TensorPipe) the children exit with status 3 and
 the parent prints `JSON {"status": "n/a: ..."}` and exits 0, so the bench
 CLI shows the peer as not available instead of failing.
 
-Workloads (rank 0 -> rank 1), as in the issue:
+Workloads (rank 0 -> rank 1), as tools/bench_worker.cc runs them:
   builtin_rpc_sync_p50_us / _p99_us  rpc_sync(torch.add, (2-float tensor, 1.0))
   builtin_rpc_async_calls_per_s      the same call, 64 in flight
   remote_to_here_p50_us              rpc.remote(...).to_here() of that call

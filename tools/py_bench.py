@@ -32,6 +32,11 @@ workload is a median over N calls (p99 beside it), timed in rank 0:
   rpc_sync python    rpc_sync(py_add, (2-float tensor, 1)), a function of
                      the script's __main__ (tether: by reference; the peer:
                      pickled)
+  rpc_sync object    rpc_sync(echo, (Observation(...),)): an object of the
+                     script's class holding a 4-float numpy array, an int
+                     and a 2-float tensor, sent and returned by value
+                     (pickled on both; tether lifts the tensor out and
+                     unpickles under the receiver's policy)
   rpc_async + wait   rpc_async(torch.add, (2-float tensor, 1)).wait(), one
                      call at a time (the peer's examples' way)
   rpc_async builtin  calls per second, 64 in flight
@@ -69,6 +74,13 @@ def echo(x):
     return x
 
 
+class Observation:
+    """A small object of the program's own class, sent by value."""
+
+    def __init__(self, state, step, reward):
+        self.state, self.step, self.reward = state, step, reward
+
+
 def make_linear():
     import torch
     return torch.nn.Linear(256, 256)
@@ -91,7 +103,8 @@ def timed(n, call):
             "p99_us": percentile(samples, 0.99)}
 
 
-WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "rpc_async + wait",
+WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "rpc_sync object",
+             "rpc_async + wait",
              "remote + to_here", "dist autograd step", "rpc_async builtin",
              "echo 64 MiB"]
 
@@ -160,6 +173,12 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
         if "rpc_sync python" in workloads:
             result["rpc_sync python"] = timed(
                 n, lambda: rpc.rpc_sync("w1", py_add, args=(t, 1)))
+        if "rpc_sync object" in workloads:
+            import numpy
+            obs = Observation(numpy.arange(4, dtype=numpy.float32), 7,
+                              torch.ones(2))
+            result["rpc_sync object"] = timed(
+                n, lambda: rpc.rpc_sync("w1", echo, args=(obs,)))
         if "rpc_async + wait" in workloads:
             result["rpc_async + wait"] = timed(
                 n, lambda: rpc.rpc_async("w1", torch.add, args=(t, 1)).wait())

@@ -1,5 +1,5 @@
-// scale_worker: one worker of an N-process world, for the scale workload of
-// issue #20 (init time, all-to-all rounds, fds and memory per world size).
+// scale_worker: one worker of an N-process world, for the scale workload
+// (init time, all-to-all rounds, fds and memory per world size).
 //
 //   bazel build -c opt //tools:tether_run //tools:scale_worker
 //   bazel-bin/tools/tether_run --nproc 64 -- bazel-bin/tools/scale_worker

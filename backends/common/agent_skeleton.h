@@ -65,6 +65,7 @@
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -77,6 +78,7 @@
 #include "backends/common/peer_table.h"
 #include "backends/common/refusals.h"
 #include "core/agent.h"
+#include "core/host_address.h"
 #include "core/auth/auth.h"
 #include "core/future.h"
 #include "core/internal/pending_requests.h"
@@ -98,10 +100,21 @@ struct BackendNames {
   const char* display;
   // Where workers publish their addresses in the store.
   const char* address_key_prefix;
+  // The setting that names what the backend listens on ("grpc.address"),
+  // or nullptr if it takes none. When the user leaves it out,
+  // create_agent() fills it with the address chosen for every backend
+  // (core/host_address.h).
+  const char* address_setting = nullptr;
 };
 
 // "<display> agent of worker '<self>'": how a backend's messages open.
 std::string agent_of(const BackendNames& names, absl::string_view self);
+
+// UNAVAILABLE: `worker` left a PING unanswered for `peer_timeout` while
+// calls to it waited: it is lost.
+absl::Status lost_to_silence(const BackendNames& names, absl::string_view self,
+                             const WorkerInfo& worker,
+                             absl::Duration peer_timeout);
 
 // UNAVAILABLE: `to` is known but shares no transport of the backend.
 absl::Status no_shared_transport(const BackendNames& names,
@@ -153,27 +166,16 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
   }
 
   // The prologue every backend shares; refusals complete on the refusal
-  // thread (core/agent.h: never inside send()).
+  // thread (core/agent.h: never inside send()). A peer the watch found lost
+  // (below) is refused with its loss until it answers a probe again.
   Future<Message> send(const WorkerInfo& to, Message request,
                        absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::optional<Peer> peer = peers_.by_name(to.name);
-    absl::StatusOr<PendingRequests::Request> pending;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closed_) {
-        return refused(sent_after_shutdown(self_.name, request.type, to.name));
-      }
-      if (!peer.has_value()) return refused(not_in_group(self_.name, to.name));
-      if (peer->address.empty()) {
-        return refused(no_shared_transport(names_, self_.name, to.name));
-      }
-      // Under mu_, so that shutdown() fails it.
-      pending = pending_.add(timeout, request.type, to.name);
-    }
-    if (!pending.ok()) return refused(pending.status());
-    request.id = pending->id;
-    return derived().start_send(*peer, std::move(request), *std::move(pending));
+    return send_message(to, std::move(request), timeout, /*probe=*/false);
   }
+
+  // Starts the watch of peers that calls wait on (create_agent(), once
+  // init() succeeded).
+  void start_watch() ABSL_LOCKS_EXCLUDED(mu_) { schedule_watch(); }
 
   absl::Status join(absl::Duration timeout,
                     const std::function<void()>& all_joined = {})
@@ -208,6 +210,10 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
         },
         agent_of(names_, self_.name));
     if (!added.ok()) return added;
+    {
+      absl::MutexLock lock(&mu_);
+      lost_.erase(worker.name);  // a worker joining under a lost one's name
+    }
     std::optional<Peer> peer = peers_.by_rank(worker.id);
     if (!peer.has_value()) {  // removed meanwhile
       return absl::UnavailableError(absl::StrCat(
@@ -276,7 +282,9 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
         incoming_(self_.name),
         timers_(std::make_unique<tether::internal::TimerQueue>(
             /*owner=*/static_cast<const void*>(this))),
-        pending_(timers_.get()) {}
+        pending_(timers_.get()),
+        probe_interval_(std::clamp(setup.peer_timeout / 4,
+                                   absl::Milliseconds(20), absl::Seconds(1))) {}
   ~AgentSkeleton() = default;
 
   Derived& derived() { return static_cast<Derived&>(*this); }
@@ -327,7 +335,8 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
   const bool dynamic_;
   // The peers, each with the address the backend connects to.
   PeerTable peers_;
-  // Bound of a liveness probe in join() (AgentSetup::peer_timeout).
+  // Bound of a liveness probe in join() and in the watch of peers that
+  // calls wait on (AgentSetup::peer_timeout).
   const absl::Duration peer_timeout_;
   // AgentSetup::busy_poll, for the backend's waiting thread.
   const absl::Duration busy_poll_;
@@ -343,12 +352,132 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
   PendingRequests pending_;
 
  private:
+  Future<Message> send_message(const WorkerInfo& to, Message request,
+                               absl::Duration timeout, bool probe)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    std::optional<Peer> peer = peers_.by_name(to.name);
+    absl::StatusOr<PendingRequests::Request> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        return refused(sent_after_shutdown(self_.name, request.type, to.name));
+      }
+      if (!peer.has_value()) return refused(not_in_group(self_.name, to.name));
+      if (auto lost = lost_.find(to.name); lost != lost_.end() && !probe) {
+        return refused(lost->second);
+      }
+      if (peer->address.empty()) {
+        return refused(no_shared_transport(names_, self_.name, to.name));
+      }
+      // Under mu_, so that shutdown() fails it.
+      pending = pending_.add(timeout, request.type, to.name);
+    }
+    if (!pending.ok()) return refused(pending.status());
+    request.id = pending->id;
+    return derived().start_send(*peer, std::move(request), *std::move(pending));
+  }
+
+  // The watch: liveness while calls wait, bounded by the peer timeout as
+  // join() is (docs/reliability.md, "Partitions"). Every probe interval, a
+  // peer that a call (not a PING) has waited on for an interval or more,
+  // and a peer found lost, gets a PING (one at a time). A PING left
+  // unanswered for the peer timeout fails every request pending to that
+  // peer with UNAVAILABLE naming it, and later sends are refused with the
+  // same words until a PING is answered again. The transport cannot tell
+  // a silent peer from a slow one: a TCP connection to a host cut off just
+  // waits, retransmitting.
+  void schedule_watch() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (closed_ || timers_ == nullptr) return;
+    timers_->schedule(absl::Now() + probe_interval_,
+                      [weak = this->weak_from_this()] {
+                        if (std::shared_ptr<Derived> state = weak.lock()) {
+                          state->watch_peers();
+                        }
+                      });
+  }
+
+  void watch_peers() ABSL_LOCKS_EXCLUDED(mu_) {
+    const absl::Time now = absl::Now();
+    std::vector<std::string> names;
+    for (const auto& [name, since] : pending_.waiting_since()) {
+      if (now - since >= probe_interval_) names.push_back(name);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      // This tick came late: this process was stopped or starved. A probe
+      // sent before then proves nothing about its peer.
+      if (now - last_watch_ > probe_interval_ + peer_timeout_ / 2) {
+        stalled_at_ = now;
+      }
+      last_watch_ = now;
+      for (const auto& [name, why] : lost_) names.push_back(name);
+    }
+    std::vector<WorkerInfo> probe;
+    for (const std::string& name : names) {
+      std::optional<Peer> peer = peers_.by_name(name);
+      if (!peer.has_value()) continue;
+      absl::MutexLock lock(&mu_);
+      if (probing_.try_emplace(name, now).second) probe.push_back(peer->info);
+    }
+    for (const WorkerInfo& worker : probe) {
+      Message ping;
+      ping.type = MessageType::kPing;
+      send_message(worker, std::move(ping), peer_timeout_, /*probe=*/true)
+          .on_complete([weak = this->weak_from_this(),
+                        worker](const absl::StatusOr<Message>& answer) {
+            // Off the completing thread: it may be one that holds mu_.
+            on_refusal_thread([weak, worker, status = answer.status()] {
+              if (std::shared_ptr<Derived> state = weak.lock()) {
+                state->probe_answered(worker, status);
+              }
+            });
+          });
+    }
+    schedule_watch();
+  }
+
+  void probe_answered(const WorkerInfo& worker, const absl::Status& answer)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::Status loss;
+    {
+      absl::MutexLock lock(&mu_);
+      auto probe = probing_.find(worker.name);
+      if (probe == probing_.end()) return;
+      const absl::Time sent = probe->second;
+      probing_.erase(probe);
+      if (answer.ok()) {
+        lost_.erase(worker.name);
+        return;
+      }
+      if (answer.code() != absl::StatusCode::kDeadlineExceeded) return;
+      if (sent <= stalled_at_) return;  // we were away, not it
+      loss = lost_to_silence(names_, self_.name, worker, peer_timeout_);
+      lost_.insert_or_assign(worker.name, loss);
+    }
+    pending_.fail_peer(worker.name, loss);
+  }
+
+  // How often the watch looks (a quarter of the peer timeout, from 20 ms
+  // to 1 s).
+  const absl::Duration probe_interval_;
+  // Peers a watch PING is on its way to (since when), and peers found
+  // lost, with why.
+  absl::flat_hash_map<std::string, absl::Time> probing_ ABSL_GUARDED_BY(mu_);
+  // The last tick of the watch, and the last one that came late.
+  absl::Time last_watch_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time stalled_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::flat_hash_map<std::string, absl::Status> lost_ ABSL_GUARDED_BY(mu_);
   ShutdownSequence shutdown_sequence_;
 };
 
-// Backend::create over an AgentSkeleton: checks the store, parses the
-// settings with `parse`, builds `State(setup, settings)`, runs its init()
-// (shutting it down if that fails) and wraps it in a SharedStateAgent.
+// Backend::create over an AgentSkeleton: checks the store, fills in the
+// backend's address setting when the user gave none (core/host_address.h:
+// the interface variable, else the route to the rendezvous host), parses
+// the settings with `parse`, builds `State(setup, settings)`, runs its
+// init() (shutting it down if that fails) and wraps it in a
+// SharedStateAgent.
 template <typename State, typename Parse>
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(const BackendNames& names,
                                                     AgentSetup setup,
@@ -356,6 +485,14 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(const BackendNames& names,
   if (setup.store == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the ", names.name, " backend needs the group's rendezvous store"));
+  }
+  if (names.address_setting != nullptr &&
+      !setup.settings.contains(names.address_setting)) {
+    absl::StatusOr<std::string> host =
+        default_host_address(setup.rendezvous_host);
+    if (!host.ok()) return host.status();
+    setup.settings[names.address_setting] = *std::move(host);
+    setup.address_defaulted = true;
   }
   auto settings = parse(setup.settings);
   if (!settings.ok()) return settings.status();
@@ -365,6 +502,7 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(const BackendNames& names,
     state->shutdown();
     return initialized;
   }
+  state->start_watch();
   return std::make_unique<SharedStateAgent<State>>(std::move(state));
 }
 

@@ -72,6 +72,14 @@ struct HasEndpointOf<S, std::void_t<decltype(std::declval<const S&>().endpoint_o
                             std::declval<const WorkerInfo&>()))>>
     : std::true_type {};
 
+// Whether State answers Agent::link_to (the tensorpipe backend's does).
+template <typename S, typename = void>
+struct HasLinkTo : std::false_type {};
+template <typename S>
+struct HasLinkTo<S, std::void_t<decltype(std::declval<const S&>().link_to(
+                        std::declval<const WorkerInfo&>()))>>
+    : std::true_type {};
+
 template <typename State>
 class SharedStateAgent final : public Agent {
  public:
@@ -107,6 +115,13 @@ class SharedStateAgent final : public Agent {
       return state_->endpoint_of(worker);
     } else {
       return Agent::endpoint_of(worker);
+    }
+  }
+  absl::StatusOr<PeerLink> link_to(const WorkerInfo& worker) const override {
+    if constexpr (HasLinkTo<State>::value) {
+      return state_->link_to(worker);
+    } else {
+      return Agent::link_to(worker);
     }
   }
 

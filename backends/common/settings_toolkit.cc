@@ -10,6 +10,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "core/host_address.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -72,33 +74,6 @@ absl::StatusOr<std::vector<std::string>> parse_list(
                      " names nothing; known: ", absl::StrJoin(known, ", ")));
   }
   return names;
-}
-
-absl::StatusOr<std::string> interface_address(const std::string& name) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) {
-    return absl::NotFoundError(std::strerror(errno));
-  }
-  std::string v4;
-  std::string v6;
-  for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || name != entry->ifa_name) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (entry->ifa_addr->sa_family == AF_INET && v4.empty()) {
-      auto* in = reinterpret_cast<sockaddr_in*>(entry->ifa_addr);
-      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text))) v4 = text;
-    } else if (entry->ifa_addr->sa_family == AF_INET6 && v6.empty()) {
-      auto* in = reinterpret_cast<sockaddr_in6*>(entry->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&in->sin6_addr)) continue;  // needs a scope
-      if (::inet_ntop(AF_INET6, &in->sin6_addr, text, sizeof(text))) {
-        v6 = absl::StrCat("[", text, "]");
-      }
-    }
-  }
-  ::freeifaddrs(list);
-  if (!v4.empty()) return v4;
-  if (!v6.empty()) return v6;
-  return absl::NotFoundError("no such interface, or no address on it");
 }
 
 absl::StatusOr<std::string> resolve_host(absl::string_view key,

@@ -56,13 +56,8 @@ absl::Status bad_value(absl::string_view key, absl::string_view value,
     absl::string_view key, absl::string_view value,
     const std::vector<std::string>& known);
 
-// The first IPv4 address of network interface `name`, else its first
-// non-link-local IPv6 one (in brackets); NOT_FOUND if it has none.
-[[nodiscard]] absl::StatusOr<std::string> interface_address(
-    const std::string& name);
-
 // An IP literal as is (IPv6 in brackets), or the address of the network
-// interface `value` names.
+// interface `value` names (tether::interface_address, core/host_address.h).
 [[nodiscard]] absl::StatusOr<std::string> resolve_host(
     absl::string_view key, const std::string& value);
 

@@ -40,12 +40,14 @@
 // (a refused request is answered with that error as soon as its head
 // arrives; the bytes that follow are skipped), and the stream goes on. Bytes
 // that break the framing, such as a head announcing more than any agent may
-// send (2^40 bytes), end the stream at once (issue #16).
+// send (2^40 bytes), end the stream at once: they are a stranger's
+// (docs/security.md).
 //
 // Settings (AgentSetup::settings; an unknown "grpc.*" key or a bad value is
 // INVALID_ARGUMENT naming the key):
 //   grpc.address          IP address, "[IPv6]" or network interface to listen
-//                         on, optionally ":port" (default "127.0.0.1", a port
+//                         on, optionally ":port" (default: the address every
+//                         backend chooses, core/host_address.h, and a port
 //                         the kernel picks); peers connect to it as
 //                         published, so it must be reachable (not 0.0.0.0)
 //   grpc.tls_cert         PEM certificate chain of this worker      \ TLS on

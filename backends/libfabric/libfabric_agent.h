@@ -70,7 +70,7 @@
 // and the reason; the next call tries again. Frames are not bound to the
 // handshake and nothing is encrypted (docs/security.md).
 //
-// Strangers (issue #16): under tcp;ofi_rxm anyone who can reach the
+// Strangers (docs/security.md): under tcp;ofi_rxm anyone who can reach the
 // endpoint's TCP port can connect. libfabric 1.17's tcp provider holds a
 // connection whose request never comes, or is cut short, for ever (and one
 // whose client closed early as a descriptor in CLOSE_WAIT): the progress
@@ -98,9 +98,10 @@
 //   libfabric.provider        the provider, as libfabric names it
 //                             (default "tcp;ofi_rxm")
 //   libfabric.address         for IP providers: the IP address or network
-//                             interface to bind (default "127.0.0.1"; a
-//                             provider that cannot use the default picks its
-//                             own); "" = the provider's choice
+//                             interface to bind (default: the address
+//                             every backend chooses, core/host_address.h;
+//                             a provider that cannot use the default picks
+//                             its own); "" = the provider's choice
 //   libfabric.rendezvous_threshold  payloads and storages of at least this
 //                             many bytes go by rendezvous; it also sizes the
 //                             eager buffers (threshold + 1 KiB), 256 B..64 MiB
@@ -206,7 +207,7 @@ struct LibfabricStats {
   uint64_t mr_cache_misses = 0;
   uint64_t mr_cache_evictions = 0;
   // Connections to the provider's TCP listener that never made a
-  // connection request and were reset (tcp;ofi_rxm: strangers, issue #16).
+  // connection request and were reset (tcp;ofi_rxm: strangers).
   uint64_t strangers_reset = 0;
 };
 

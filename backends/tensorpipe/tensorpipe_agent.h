@@ -16,7 +16,7 @@
 // mpt 1 + one per lane), and a pair of workers shares one pipe (below): 4
 // sockets per peer on one host (docs/benchmarks.md, "Scale").
 //
-// Strangers (issue #16): TensorPipe's own transports parse whatever reaches
+// Strangers: TensorPipe's own transports parse whatever reaches
 // their sockets and abort the process on bad bytes (16 bytes of 0xff on a uv
 // port: std::bad_alloc on its loop thread; a shm connection that sends no
 // file descriptors crashes it too). tether's tcp transport runs a bounded
@@ -62,7 +62,8 @@
 //                             1 MiB request outlived its 30 s bound)
 //   tensorpipe.mpt_lanes      TCP lanes of the mpt channel, 1..64 (default 2)
 //   tensorpipe.address        IP address or network interface to listen on
-//                             (default "127.0.0.1")
+//                             (default: the address every backend chooses,
+//                             core/host_address.h)
 //   tensorpipe.init_timeout_ms  how long creation waits for every rank's
 //                             address (default 60000)
 //   tensorpipe.handshake_timeout_ms  how long a new tcp connection has to

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <tensorpipe/channel/cma/factory.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +42,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::tether::testing::IsOk;
+using ::tether::testing::StatusIs;
 using ::tether::backends::tensorpipe_backend;
 
 // A round trip with a payload and storages of several sizes.
@@ -111,11 +114,41 @@ TEST(TensorPipeBackend, CmaWriteChannelRoundTrips) {
   }
 }
 
+// Agent::link_to says what TensorPipe's negotiation picks: the highest
+// priority channel both offer with equal descriptors. Within one process
+// that is xth when offered, else cma_write (where the kernel lets a process
+// write into another's memory), and basic when it is all there is.
+TEST(TensorPipeBackend, EachPeersLinkIsWhatNegotiationPicks) {
+  struct Case {
+    std::string channels;
+    std::string expected;
+  };
+  const bool cma = ::tensorpipe::channel::cma::create()->isViable();
+  for (const Case& c : std::vector<Case>{
+           {"basic", "basic"},
+           {"basic, cma_write", cma ? "cma_write" : "basic"},
+           {"basic, cma_write, xth", "xth"}}) {
+    SCOPED_TRACE(c.channels);
+    AgentGroup group(tensorpipe_backend(), 2,
+                     {{"tensorpipe.channels", c.channels}});
+    ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+    for (int rank : {0, 1}) {
+      absl::StatusOr<PeerLink> link =
+          group[rank].link_to(group[1 - rank].self());
+      ASSERT_THAT(link, IsOk());
+      EXPECT_EQ(link->transport, "tcp");
+      EXPECT_EQ(link->channel, c.expected);
+    }
+    EXPECT_THAT(group[0].link_to(WorkerInfo{"nobody", 7}),
+                StatusIs(absl::StatusCode::kNotFound));
+  }
+}
+
 TEST(TensorPipeBackend, XthChannelRoundTripsWithinOneProcess) {
   expect_round_trip_with({{"tensorpipe.channels", "xth, basic"}}, 1 << 20);
 }
 
-// By default only the guarded tcp transport listens (issue #16); that its
+// By default only the guarded tcp transport listens; that its
 // address is published is checked by the creation area
 // (tensorpipe_creation_test.cc).
 TEST(TensorPipeBackend, OnlyTheGuardedTcpTransportListensByDefault) {
@@ -221,7 +254,7 @@ int64_t sleeps_of_this_thread() {
 // clock: a loaded machine preempts the thread (involuntary), it does not make
 // it sleep. But under load the thread that answers, or the loop thread, can
 // be preempted while it holds a lock the poller then waits for, which is a
-// sleep (27 of 50 once in a full CI run, session 16): the best of three
+// sleep (27 of 50 once in a full CI run): the best of three
 // rounds is taken, so only a load that lasts all three fails it.
 TEST(TensorPipeBackend, ABusyPollingWaiterDoesNotSleepForItsAnswers) {
   AgentGroup group(tensorpipe_backend(), 2,
@@ -253,7 +286,7 @@ TEST(TensorPipeBackend, ABusyPollingWaiterDoesNotSleepForItsAnswers) {
   EXPECT_GT(asleep, polling);
 }
 
-// A pair of workers shares one pipe (issue #20): the second to send uses
+// A pair of workers shares one pipe: the second to send uses
 // the pipe the first opened. One pipe on tcp + cma is 4 connections, both
 // ends in this process: 8 sockets.
 TEST(TensorPipeBackend, OnePipeCarriesBothWays) {

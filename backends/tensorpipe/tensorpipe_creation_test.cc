@@ -5,7 +5,7 @@
 namespace {
 
 tether::testing::CreationTraits tensorpipe_traits() {
-  // By default only tether's guarded tcp transport listens (issue #16).
+  // By default only tether's guarded tcp transport listens.
   return tether::testing::CreationTraits::listener(
              "tensorpipe",
              [] { return tether::backends::tensorpipe_backend(); },

@@ -1,10 +1,10 @@
-// Strangers on a tensorpipe worker's ports (issue #16): a plain socket that
-// reaches any port a worker listens on (the TCP listener, the mpt channel's
-// lanes, any unix socket) sends 16 bytes of 0xff, a huge length prefix,
-// random bytes, and connects and closes 300 times, while the group streams
-// real calls. The worker must survive, every real call must succeed, each
-// stranger's connection must be closed by the worker, and the worker's file
-// descriptors must come back to what they were.
+// Strangers on a tensorpipe worker's ports (docs/security.md): a plain
+// socket that reaches any port a worker listens on (the TCP listener, the
+// mpt channel's lanes, any unix socket) sends 16 bytes of 0xff, a huge length
+// prefix, random bytes, and connects and closes 300 times, while the group
+// streams real calls. The worker must survive, every real call must
+// succeed, each stranger's connection must be closed by the worker, and the
+// worker's file descriptors must come back to what they were.
 //
 // The listening ports are found the way an attacker on the host would: the
 // worker's socket inodes in /proc/<pid>/fd, matched against /proc/net/tcp,
@@ -274,7 +274,7 @@ bool send_and_expect_close(const Listening& to, const std::string& bytes,
   return closed;
 }
 
-// The attacks of issue #16 on one port.
+// The attacks above, on one port.
 void attack(const Listening& to) {
   SCOPED_TRACE(to.describe());
   const absl::Duration bound = absl::Seconds(30);

@@ -36,6 +36,10 @@ absl::StatusOr<PendingRequests::Request> PendingRequests::add(
   Entry& entry =
       table_->entries.try_emplace(request.id, Entry{std::move(promise)})
           .first->second;
+  entry.peer = std::string(peer);
+  entry.added = absl::Now();
+  entry.ping = type == MessageType::kPing;
+  if (entry.ping) ++table_->pings;
   if (timeout != absl::InfiniteDuration()) {
     // Scheduled under the lock, so the entry knows its timer before the
     // timer can look for the entry.
@@ -71,18 +75,47 @@ bool PendingRequests::complete(Id id, absl::StatusOr<Message> result) {
   return finish(*table_, id, std::move(result));
 }
 
-void PendingRequests::fail_connection(Connection connection,
-                                      const absl::Status& status) {
+template <typename Pick>
+void PendingRequests::fail_where(const Pick& pick, const absl::Status& status) {
   std::vector<Promise<Message>> failed;
   {
     absl::MutexLock lock(&table_->mu);
     std::vector<Id> ids;
     for (const auto& [id, entry] : table_->entries) {
-      if (entry.connection == connection) ids.push_back(id);
+      if (pick(entry)) ids.push_back(id);
     }
     for (Id id : ids) failed.push_back(*table_->take(id));
   }
   for (Promise<Message>& promise : failed) promise.set(status);
+}
+
+void PendingRequests::fail_connection(Connection connection,
+                                      const absl::Status& status) {
+  fail_where(
+      [connection](const Entry& entry) {
+        return entry.connection == connection;
+      },
+      status);
+}
+
+void PendingRequests::fail_peer(absl::string_view peer,
+                                const absl::Status& status) {
+  fail_where([peer](const Entry& entry) { return entry.peer == peer; },
+             status);
+}
+
+std::vector<std::pair<std::string, absl::Time>>
+PendingRequests::waiting_since() const {
+  absl::flat_hash_map<std::string, absl::Time> oldest;
+  {
+    absl::MutexLock lock(&table_->mu);
+    for (const auto& [id, entry] : table_->entries) {
+      if (entry.ping) continue;
+      auto [it, fresh] = oldest.try_emplace(entry.peer, entry.added);
+      if (!fresh && entry.added < it->second) it->second = entry.added;
+    }
+  }
+  return {oldest.begin(), oldest.end()};
 }
 
 void PendingRequests::cancel_all(const absl::Status& status) {
@@ -96,6 +129,7 @@ void PendingRequests::cancel_all(const absl::Status& status) {
       cancelled.push_back(std::move(entry.promise));
     }
     table_->entries.clear();
+    table_->pings = 0;
   }
   for (Promise<Message>& promise : cancelled) promise.set(status);
 }
@@ -114,12 +148,27 @@ bool PendingRequests::wait_until_empty(absl::Time deadline) const {
   return table.mu.AwaitWithDeadline(absl::Condition(&empty), deadline);
 }
 
+size_t PendingRequests::calls() const {
+  absl::MutexLock lock(&table_->mu);
+  return table_->entries.size() - table_->pings;
+}
+
+bool PendingRequests::wait_until_no_calls(absl::Time deadline) const {
+  Table& table = *table_;
+  absl::MutexLock lock(&table.mu);
+  auto none = [&table]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu) {
+    return table.entries.size() == table.pings;
+  };
+  return table.mu.AwaitWithDeadline(absl::Condition(&none), deadline);
+}
+
 std::optional<Promise<Message>> PendingRequests::Table::take(Id id) {
   auto it = entries.find(id);
   if (it == entries.end()) return std::nullopt;
   // Under the lock: cancel_all() then knows the queue is no longer used.
   if (it->second.timer != 0) timers->cancel(it->second.timer);
   Promise<Message> promise = std::move(it->second.promise);
+  if (it->second.ping) --pings;
   entries.erase(it);
   return promise;
 }

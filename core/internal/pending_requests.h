@@ -37,6 +37,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/future.h"
 #include "core/internal/timer.h"
@@ -94,6 +97,13 @@ class PendingRequests {
   // Fails with `status` every pending request that left on `connection`.
   void fail_connection(Connection connection, const absl::Status& status);
 
+  // Fails with `status` every pending request to worker `peer`.
+  void fail_peer(absl::string_view peer, const absl::Status& status);
+
+  // For each worker that requests other than PINGs are pending to, when the
+  // oldest of them was added: whom a liveness watch should probe.
+  std::vector<std::pair<std::string, absl::Time>> waiting_since() const;
+
   // For shutdown: fails every pending request with `status`, and later
   // add() calls with it too. Only the first call counts.
   void cancel_all(const absl::Status& status);
@@ -104,11 +114,20 @@ class PendingRequests {
   // Blocks until no request is pending, or until `deadline`; true if none.
   bool wait_until_empty(absl::Time deadline) const;
 
+  // The same, leaving PINGs out: what a graceful drain waits for. A PING
+  // makes no work for its peer, and one to a peer found lost may wait the
+  // whole peer timeout.
+  size_t calls() const;
+  bool wait_until_no_calls(absl::Time deadline) const;
+
  private:
   struct Entry {
     Promise<Message> promise;
     TimerQueue::Id timer = 0;
     Connection connection = kNoConnection;
+    std::string peer;
+    absl::Time added;
+    bool ping = false;
   };
 
   // Shared with the timers, which hold it weakly.
@@ -125,7 +144,13 @@ class PendingRequests {
     std::optional<absl::Status> closed ABSL_GUARDED_BY(mu);
     Id next_id ABSL_GUARDED_BY(mu) = 1;
     absl::flat_hash_map<Id, Entry> entries ABSL_GUARDED_BY(mu);
+    // How many of `entries` are PINGs.
+    size_t pings ABSL_GUARDED_BY(mu) = 0;
   };
+
+  // Fails with `status` every pending request `pick(entry)` is true for.
+  template <typename Pick>
+  void fail_where(const Pick& pick, const absl::Status& status);
 
   // Completes `id` with `result` if it is still pending in `table`.
   static bool finish(Table& table, Id id, absl::StatusOr<Message> result);

@@ -3,10 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "testing/status_matchers.h"
@@ -42,6 +44,41 @@ void wait_for_timers_due_by(TimerQueue& timers, absl::Time deadline) {
   Promise<int> passed;
   timers.schedule(deadline, [passed] { passed.set(0); });
   ASSERT_THAT(passed.future().get(absl::Now() + kBound), IsOk());
+}
+
+// What the watch of silent peers reads and does (backends/common's
+// skeleton): calls other than PINGs by peer, the oldest first; a peer's
+// requests failed together; a drain that leaves PINGs out.
+TEST(PendingRequests, PeersThatCallsWaitOnAndTheirFailure) {
+  TimerQueue timers;
+  PendingRequests pending(&timers);
+  const absl::Time before = absl::Now();
+  absl::StatusOr<PendingRequests::Request> to_a =
+      pending.add(absl::InfiniteDuration(), MessageType::kCall, "a");
+  absl::StatusOr<PendingRequests::Request> to_c =
+      pending.add(absl::InfiniteDuration(), MessageType::kCall, "c");
+  PendingRequests::Request ping = add(pending);  // a PING to "b"
+  ASSERT_THAT(to_a, IsOk());
+  ASSERT_THAT(to_c, IsOk());
+  std::vector<std::pair<std::string, absl::Time>> waiting =
+      pending.waiting_since();
+  std::sort(waiting.begin(), waiting.end());
+  ASSERT_EQ(waiting.size(), 2u);  // not "b": only a PING waits on it
+  EXPECT_EQ(waiting[0].first, "a");
+  EXPECT_EQ(waiting[1].first, "c");
+  EXPECT_GE(waiting[0].second, before);
+  EXPECT_EQ(pending.calls(), 2u);
+
+  pending.fail_peer("a", absl::UnavailableError("a is lost"));
+  EXPECT_THAT(to_a->response.get(absl::Now() + kBound),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a is lost")));
+  EXPECT_FALSE(to_c->response.is_ready());
+  EXPECT_FALSE(pending.wait_until_no_calls(absl::Now()));
+  EXPECT_TRUE(pending.complete(to_c->id, response("c")));
+  EXPECT_TRUE(pending.wait_until_no_calls(absl::Now()));
+  EXPECT_EQ(pending.calls(), 0u);
+  EXPECT_EQ(pending.size(), 1u);  // the PING
+  EXPECT_TRUE(pending.complete(ping.id, response("pong")));
 }
 
 TEST(PendingRequests, CompleteDeliversTheResponseOnce) {

@@ -172,8 +172,16 @@ TcpStoreClient::~TcpStoreClient() {
 }
 
 absl::Time TcpStoreClient::deadline() const {
-  if (timeout_ == kNoTimeout) return absl::InfiniteFuture();
-  return absl::Now() + absl::FromChrono(timeout_);
+  absl::Duration timeout = request_timeout_;
+  if (timeout_ != kNoTimeout) {
+    timeout = std::min(timeout, absl::FromChrono(timeout_));
+  }
+  return absl::Now() + timeout;
+}
+
+void TcpStoreClient::set_request_timeout(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  request_timeout_ = std::max(timeout, kMinRequestTimeout);
 }
 
 void TcpStoreClient::fail(const std::string& what) {

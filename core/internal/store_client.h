@@ -68,6 +68,18 @@ class TcpStoreClient final : public c10d::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
+  // How long the server may leave a request (not a wait for keys: that
+  // waits as long as it is asked to) untaken or unanswered before it is
+  // lost: the store's timeout, or this if shorter. The Worker sets its
+  // peer timeout here (RpcOptions::peer_timeout, at least
+  // kMinRequestTimeout): a worker cut off from the store's host then fails
+  // its store requests, and so its join, within the peer timeout.
+  void set_request_timeout(absl::Duration timeout);
+  // The shortest request timeout: the server is a thread of rank 0's
+  // process (LibTorch's TCPStore), which on a loaded machine may wait for
+  // the scheduler longer than the agent thread that answers a PING.
+  static constexpr absl::Duration kMinRequestTimeout = absl::Seconds(1);
+
  private:
   // One request: writes `request`, then reads what `read` asks for. Throws
   // (and closes the connection) on any failure.
@@ -79,7 +91,7 @@ class TcpStoreClient final : public c10d::Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<uint8_t> read_vector(absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Time deadline() const;
+  absl::Time deadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool check_locked(const std::vector<std::string>& keys)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void wait_for(const std::vector<std::string>& keys, absl::Duration timeout);
@@ -89,6 +101,8 @@ class TcpStoreClient final : public c10d::Store {
   const std::string address_;  // "host:port", for messages
   absl::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_);
+  absl::Duration request_timeout_ ABSL_GUARDED_BY(mu_) =
+      absl::InfiniteDuration();
   std::string broken_ ABSL_GUARDED_BY(mu_);  // why the connection is gone
 };
 

@@ -6,7 +6,10 @@
 #include <absl/time/clock.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,6 +150,38 @@ TEST(TcpStoreClient, ALostServerIsAnErrorNotAnAbort) {
   }
   ::close(ports[0]);
   ::close(ports[1]);
+}
+
+// A server that takes connections and never answers (a host cut off after
+// the rendezvous): a request fails within the request timeout, not the
+// store's.
+TEST(TcpStoreClient, ASilentServerFailsARequestWithinTheRequestTimeout) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address),
+                          &length),
+            0);
+  auto client = TcpStoreClient::connect("127.0.0.1", ntohs(address.sin_port),
+                                        absl::Seconds(60));
+  ASSERT_THAT(client, IsOk());
+  (*client)->set_request_timeout(absl::Milliseconds(1));  // 1 s at least
+  const absl::Time start = absl::Now();
+  try {
+    (*client)->add("k", 1);
+    ADD_FAILURE() << "a silent server answered";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("did not answer in time"));
+  }
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, TcpStoreClient::kMinRequestTimeout);
+  EXPECT_LT(took, absl::Seconds(10));
+  ::close(listener);
 }
 
 TEST(TcpStoreClient, NoServerIsUnavailableInBoundedTime) {

@@ -342,6 +342,66 @@ TEST(CodecRoundTrip, DtypesLayoutsAndMemoryFormatsKeepTheirKind) {
                        HasSubstr("torch enum at root[0]: unknown value 99")));
 }
 
+TEST(CodecRoundTrip, PickledObjectsKeepTheirBytesAndLiftedTensors) {
+  const std::string data("\x80\x05\x00binary\npickle", 18);
+  at::Tensor t = at::arange(6, at::kFloat).reshape({2, 3});
+  c10::IValue back = round_trip(
+      tuple_of({Pickled::make(data, {t, c10::IValue(int64_t{3})}), 1.5}));
+  const Pickled* p = Pickled::of(back.toTupleRef().elements()[0]);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->data, data);
+  ASSERT_EQ(p->objects.size(), 2u);
+  ASSERT_TRUE(p->objects[0].isTensor());
+  EXPECT_TRUE(at::equal(p->objects[0].toTensor(), t));
+  EXPECT_EQ(p->objects[1].toInt(), 3);
+  // Its tensors travel out of band, as any tensor's.
+  EXPECT_EQ(encoded(Pickled::make(data, {t})).storages.size(), 1u);
+}
+
+TEST(CodecEncode, PickledObjectsCountTowardsTheDepthLimit) {
+  c10::IValue v = Pickled::make("x", {});
+  for (int i = 0; i < 70; ++i) v = Pickled::make("x", {v});
+  Message message;
+  EXPECT_THAT(encode(v, message),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("nested deeper than 64")));
+}
+
+// A front end's object, as a front end keeps it in an IValue (Python's
+// holds a PyObject; the codec never looks inside).
+struct FrontEndObject : c10::ivalue::PyObjectHolder {
+  PyObject* getPyObject() override { return nullptr; }
+  c10::InferredType tryToInferType() override {
+    return c10::InferredType(c10::AnyType::get());
+  }
+  c10::IValue toIValue(const c10::TypePtr&, c10::optional<int32_t>) override {
+    return c10::IValue();
+  }
+  std::string toStr() override { return "object"; }
+  std::vector<at::Tensor> extractTensors() override { return {}; }
+};
+
+absl::StatusOr<c10::IValue> pickle_as_marker(const c10::IValue&) {
+  return Pickled::make("marker", {});
+}
+
+TEST(CodecEncode, FrontEndObjectsTravelAsTheirEncoderPicklesThem) {
+  c10::IValue object(c10::intrusive_ptr<c10::ivalue::PyObjectHolder>(
+      c10::make_intrusive<FrontEndObject>()));
+  Message message;
+  set_object_encoder(nullptr);
+  EXPECT_THAT(encode(tuple_of({object}), message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("value at root[0]: a Python object, and no "
+                                 "front end in this process encodes")));
+  set_object_encoder(&pickle_as_marker);
+  c10::IValue back = round_trip(tuple_of({object}));
+  set_object_encoder(nullptr);
+  const Pickled* p = Pickled::of(back.toTupleRef().elements()[0]);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->data, "marker");
+}
+
 TEST(CodecEncode, EmptyFunctionReferenceIsRefusedEitherWay) {
   Message message;
   EXPECT_THAT(encode(FunctionRef::make(""), message),
@@ -805,7 +865,7 @@ TEST(CodecDecode, DepthOverLimitIsResourceExhausted) {
 // Nesting is one limit, Limits::max_depth, counted the same way by encode
 // and decode: a value either side takes at max_depth, and one level more is
 // RESOURCE_EXHAUSTED naming the limit on both sides; what a sender with a
-// larger limit sends to a stricter receiver (200 deep to 64, issue #16) is
+// larger limit sends to a stricter receiver (200 deep to 64) is
 // RESOURCE_EXHAUSTED too, never INVALID_ARGUMENT.
 TEST(CodecLimits, EncodeAndDecodeRefuseTheSameDepthWithTheSameCode) {
   auto nested = [](const std::string& kind, int depth) {

@@ -16,10 +16,10 @@ import textwrap
 # these (as a word).
 GROUPS = [
     ("peer pickler",
-     "the peer's pickler and pickled arbitrary objects: tether sends no "
-     "code and no pickles (docs/security.md)",
+     "the peer's own pickler object and its internal message classes "
+     "(tether pickles with its own restricted pickler: docs/security.md)",
      ["_use_rpc_pickler", "_internal_rpc_pickler", "_default_pickler",
-      "PythonUDF", "MyPickleClass", "SlowPickleClass", "pickle"]),
+      "PythonUDF"]),
     ("peer agent objects",
      "the peer's agent object, its backend plug-in registry and mocks of "
      "its internals",
@@ -44,13 +44,6 @@ GROUPS = [
 # Tests excluded by name, with their group (a reading of the test shows
 # why).
 BY_NAME = {
-    # A user-class object by value: the peer pickles it.
-    "test_py_class_constructor": "peer pickler",  # returns a MyClass
-    "test_py_class_instance_method": "peer pickler",  # MyClass(2).method
-    "test_py_tensors_in_container": "peer pickler",  # a namedtuple argument
-    # Sends self._trainer_func: a method bound to the test case object.
-    "test_my_parameter_server": "peer pickler",
-    "test_my_parameter_server_sparse": "peer pickler",
     # Asserts the peer pickler's own error text ("RPC pickler does not
     # serialize"); tether names the missing function instead.
     "test_function_not_on_callee": "peer pickler",

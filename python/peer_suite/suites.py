@@ -95,8 +95,9 @@ class WorkerProcesses(MultiProcessTestCase):
 
 
 # The suites the peer runs on its TensorPipe agent (rpc_utils.GENERIC_TESTS
-# and TENSORPIPE_TESTS) that issue #18 names. The Jit*, RemoteModule and DDP
-# suites are outside this piece of work (docs/peer_suite.md).
+# and TENSORPIPE_TESTS) of its RPC, distributed autograd and optimizer
+# files. The Jit*, RemoteModule and DDP suites are not run
+# (docs/peer_suite.md).
 SUITES = {
     "RpcTest": rpc_test.RpcTest,
     "TensorPipeAgentRpcTest": rpc_test.TensorPipeAgentRpcTest,

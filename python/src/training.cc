@@ -237,7 +237,11 @@ void bind_training(py::module_& m) {
             check(done);
           },
           py::arg("context_id"))
-      .def_property_readonly("owners", &optim::DistributedOptimizer::owners);
+      .def_property_readonly("owners", &optim::DistributedOptimizer::owners)
+      // Each owner's optimizer (its state_dict() and load_state_dict()),
+      // for tether.checkpoint.
+      .def_property_readonly("local_optimizers",
+                             &optim::DistributedOptimizer::local_optimizers);
 }
 
 }  // namespace tether::python

@@ -1,4 +1,5 @@
 """Functions the Python tests call remotely (a module callee.py allows)."""
+import collections
 import time
 from typing import List, Tuple
 
@@ -161,3 +162,6 @@ def make_linear(seed):
 def make_counter():
     import collections
     return collections.Counter("aab")
+
+
+Pair = collections.namedtuple("Pair", "a b")

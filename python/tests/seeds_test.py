@@ -7,29 +7,10 @@ import re
 import pytest
 
 import workers
+from peer_programs import EXAMPLES, peer_version
 
-EXAMPLES = os.path.join(workers.REPO, "examples", "python")
 REMOTE_RREF = os.path.join(EXAMPLES, "remote_rref_seed.py")
 SPLIT_MODEL = os.path.join(EXAMPLES, "split_model_seed.py")
-
-
-def peer_version(path, tmp_path):
-    """The program with its tether imports made the peer's; every other
-    line is left as it is."""
-    lines = open(path).read().splitlines(keepends=True)
-    swapped = 0
-    for i, line in enumerate(lines):
-        if line.startswith(("import tether.", "from tether.")):
-            lines[i] = line.replace("tether.", "torch.distributed.", 1)
-            swapped += 1
-    assert swapped > 0
-    code = [l for l in lines if not l.startswith(("import ", "from "))]
-    assert not any(re.search(r"\btether\b", l) for l in code
-                   if not l.lstrip().startswith(("#", '"""'))
-                   and "TETHER_BACKEND" not in l), "tether outside imports"
-    peer = tmp_path / ("peer_" + os.path.basename(path))
-    peer.write_text("".join(lines))
-    return str(peer)
 
 
 def run(path, world_size, backend):

@@ -239,18 +239,25 @@ def test_async_execution_returns_the_futures_value(callee):
         rpc.rpc_sync(callee, rpc_functions.async_not_a_future)
 
 
-def test_class_methods_run_and_bound_methods_are_refused(callee):
+def test_class_methods_and_bound_methods_run(callee):
     assert rpc.rpc_sync(callee, rpc_functions.Accumulator.start_at,
                         args=(5,)) == 5
-    with pytest.raises(TypeError, match="bound to a Accumulator object"):
-        rpc.rpc_sync(callee, rpc_functions.Accumulator(1).add, args=(2,))
+    # The object travels by value: the callee adds to its copy.
+    mine = rpc_functions.Accumulator(1)
+    assert rpc.rpc_sync(callee, mine.add, args=(2,)) == 3
+    assert mine.total == 1
 
 
-def test_namedtuples_are_refused_not_turned_into_tuples(callee):
+def test_namedtuples_arrive_as_themselves_not_as_tuples(callee):
     import collections
-    Pair = collections.namedtuple("Pair", "a b")
-    with pytest.raises(TypeError, match="argument 1 of .* is a .*Pair"):
-        rpc.rpc_sync(callee, rpc_functions.echo, args=(Pair(1, 2),))
+    back = rpc.rpc_sync(callee, rpc_functions.echo,
+                        args=(rpc_functions.Pair(1, torch.ones(1)),))
+    assert type(back) is rpc_functions.Pair and back.a == 1
+    # One defined in a function has no name the callee could find.
+    Local = collections.namedtuple("Local", "a b")
+    with pytest.raises(TypeError, match="argument 1 of .* is a .*Local and "
+                       "it cannot be pickled"):
+        rpc.rpc_sync(callee, rpc_functions.echo, args=(Local(1, 2),))
     with pytest.raises(ValueError, match="got the float 1.5"):
         rpc.rpc_sync(1.5, rpc_functions.echo, args=(1,))
 
@@ -287,7 +294,7 @@ def test_the_peers_collectives_gather_from_every_worker(callee):
     rpc._barrier(["caller"])
     with pytest.raises(RuntimeError, match="caller"):
         rpc._all_gather(7, ["callee"])
-    with pytest.raises(TypeError, match="object"):
+    with pytest.raises(RuntimeError, match="builtins.object is not allowed"):
         rpc._all_gather(object(), ["caller"])
     # What the peer's programs read of its agent object.
     agent = rpc._get_current_rpc_agent()
@@ -348,3 +355,10 @@ def test_thp_mem_alloc_enable_puts_large_tensors_on_huge_pages():
     out = _large_tensor_offset("yes")
     assert "init raised" in out and "THP_MEM_ALLOC_ENABLE must be an " \
         "integer" in out and "'yes'" in out, out
+
+
+def test_an_empty_backend_variable_is_unset(monkeypatch):
+    monkeypatch.setenv("TETHER_BACKEND", "")
+    assert rpc._backend_name(None) == "tensorpipe"
+    monkeypatch.setenv("TETHER_BACKEND", "grpc")
+    assert rpc._backend_name(None) == "grpc"

@@ -84,3 +84,10 @@ def train_through(remote_module, x, lr):
         dist_autograd.backward(context_id, [remote_module(x).sum()])
         dist_opt.step(context_id)
     return remote_module(x)
+
+
+def serve_checkpoints(directory):
+    """Lets a caller's checkpoints in `directory` write and read this
+    worker's parts (a program calls tether.checkpoint.serve itself)."""
+    import tether.checkpoint
+    tether.checkpoint.serve(directory)

@@ -16,26 +16,15 @@ import training_functions as tf
 import workers
 from tether.rpc import _proxy
 
-CALLEE = os.path.join(workers.HERE, "callee.py")
 
 
 @pytest.fixture(scope="module", params=workers.BACKENDS)
 def callee(request):
     """This process is "caller" (rank 0); callee.py is rank 1 and allows
     rpc_functions and training_functions, as does the caller."""
-    backend = request.param
-    port = workers.free_port()
-    init = "tcp://127.0.0.1:%d" % port
-    allowed = ["rpc_functions", "training_functions"]
-    proc = workers.spawn([CALLEE, init] + allowed,
-                         workers.group_env(1, 2, port, backend))
-    rpc.init_rpc("caller", backend=backend, rank=0, world_size=2,
-                 rpc_backend_options=rpc.RpcBackendOptions(
-                     init_method=init, allowed_modules=allowed))
-    yield "callee"
-    rpc.shutdown()
-    [(rc, out)] = workers.finish([proc])
-    assert rc == 0, out
+    with workers.with_callee(request.param,
+                             ["rpc_functions", "training_functions"]) as name:
+        yield name
 
 
 def leaf(*values):
@@ -335,6 +324,10 @@ def test_distributed_optimizer_errors(callee):
         opt.step(424242)
 
 
+class UnallowedModule(nn.Linear):
+    """A module class of this test file, which the callee does not allow."""
+
+
 class Unallowed(tf.SignSGD):
     """An optimizer class of this module, which the callee does not
     allow."""
@@ -387,10 +380,14 @@ def test_remote_module(callee):
     not_a_module = RemoteModule(callee, rpc_functions.Accumulator, args=(1,))
     with pytest.raises(ValueError, match="returns an instance of"):
         not_a_module.remote_parameters()
-    # module_cls travels by reference: the owner must allow it.
+    # module_cls travels by reference: torch.nn's classes are callable as
+    # torch's operators are; a class of a module the owner does not allow
+    # is refused.
     linear = RemoteModule(callee, nn.Linear, args=(2, 2))
+    assert linear(torch.ones(2)).shape == (2,)
+    unallowed = RemoteModule(callee, UnallowedModule, args=(2, 2))
     with pytest.raises(RuntimeError, match="is not allowed"):
-        linear(torch.ones(2))
+        unallowed(torch.ones(2))
 
 
 class _RecordPasses(torch.autograd.Function):
@@ -429,3 +426,15 @@ def test_debug_info_counts_contexts_passes_and_threads(callee):
     everything = rpc._get_debug_info()
     assert set(everything) == (set(agent) | set(info)
                                | set(rpc._rref_context_get_debug_info()))
+
+
+@pytest.mark.parametrize("backend", workers.BACKENDS)
+def test_ddp_all_reduces_into_the_distributed_autograd_context(backend):
+    results = workers.run_group(
+        os.path.join(workers.HERE, "ddp_grads.py"), 2, backend,
+        args_for_rank=lambda rank: [str(rank)],
+        extra_env={"GLOO_PORT": str(workers.free_port())})
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 0, out
+        assert ("rank %d: context holds the average: True; .grad untouched: "
+                "True" % rank) in out, out

@@ -1,4 +1,5 @@
 """Starts real worker processes on loopback for the Python tests."""
+import contextlib
 import os
 import socket
 import subprocess
@@ -82,3 +83,22 @@ def run_group(script, world_size, backend, args_for_rank=None, extra_env=None,
                            group_env(rank, world_size, port, backend,
                                      extra_env)))
     return finish(procs, timeout)
+
+
+@contextlib.contextmanager
+def with_callee(backend, allowed):
+    """This process joins as "caller" (rank 0) with callee.py as "callee"
+    (rank 1), both allowing the modules `allowed`; yields "callee", then
+    shuts the group down and checks that the callee exited cleanly."""
+    import tether.rpc as rpc
+    port = free_port()
+    init = "tcp://127.0.0.1:%d" % port
+    proc = spawn([os.path.join(HERE, "callee.py"), init] + list(allowed),
+                 group_env(1, 2, port, backend))
+    rpc.init_rpc("caller", backend=backend, rank=0, world_size=2,
+                 rpc_backend_options=rpc.RpcBackendOptions(
+                     init_method=init, allowed_modules=list(allowed)))
+    yield "callee"
+    rpc.shutdown()
+    [(rc, out)] = finish([proc])
+    assert rc == 0, out

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A peer made unreachable while its process lives (issue #10): two workers in
+# A peer made unreachable while its process lives: two workers in
 # two network namespaces joined by a veth pair; rank 0 takes rank 1's end of
 # the link down and up again (testing/netns/netns_worker.cc says what is
 # checked). Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and `ip`; where those

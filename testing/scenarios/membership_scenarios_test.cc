@@ -1,7 +1,7 @@
 // Dynamic membership across real worker processes, on the backend named by
 // TETHER_TEST_BACKEND: workers that init without a world size join the
 // running group and leave it with their graceful shutdown while the others
-// call each other (issue #17, "Groups that change").
+// call each other (docs/reliability.md, "Groups that change").
 //
 // - join during traffic: the members see the joiner the moment its init
 //   returns, and calls to it work;

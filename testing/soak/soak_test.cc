@@ -1,4 +1,4 @@
-// Soak (issue #10; not in the default run): 4 worker processes mix calls,
+// Soak (not in the default run): 4 worker processes mix calls,
 // async fan-outs, RRefs passed between workers, remote modules and
 // distributed autograd for TETHER_SOAK_SECONDS (default 600) over the
 // faulty backend wrapping TensorPipe (or TETHER_SOAK_BACKEND: grpc,

@@ -46,7 +46,7 @@ struct PingPongFlags {
   int rounds() const { return quick ? std::min(iterations, 300) : iterations; }
   // The sweep's sizes, up to max_bytes: 8 B; every size of the bench's
   // mid-size echo (1, 4, 16, 64 and 256 KiB and 1 MiB: bench_worker's
-  // powers of 4), which issue #20 compares with these at the same size;
+  // powers of 4), so the echo is compared with these at the same size;
   // 8 KiB; 16 and 64 MiB.
   std::vector<size_t> sizes() const {
     std::vector<size_t> out;

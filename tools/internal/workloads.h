@@ -1,4 +1,4 @@
-// The workloads of issue #9, one call each, on a Worker: what the bench
+// The bench's workloads, one call each, on a Worker: what the bench
 // worker (tools/bench_worker.cc, two processes) times per call, and what the
 // Google Benchmark suites in bench/ (workers of one process) time too, so
 // both measure the same thing.
@@ -24,7 +24,7 @@ namespace tether::bench {
 
 inline constexpr char kIdentity[] = "tether_bench::identity";
 inline constexpr char kLinear[] = "__torch__.torch.classes.tether_bench.Linear";
-// The issue's shapes: Linear(256, 256) on a 64 x 256 input.
+// The step's shapes: Linear(256, 256) on a 64 x 256 input.
 inline constexpr int64_t kLinearFeatures = 256;
 inline constexpr int64_t kLinearBatch = 64;
 // Calls in flight in the async workload.

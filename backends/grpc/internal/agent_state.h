@@ -32,8 +32,8 @@
 
 namespace tether::backends::grpc_internal {
 
-inline constexpr common::BackendNames kGrpcNames{"grpc", "gRPC",
-                                                 "tether/grpc/"};
+inline constexpr common::BackendNames kGrpcNames{
+    "grpc", "gRPC", "tether/grpc/", "grpc.address"};
 
 // Everything an agent's callbacks touch. Callbacks hold it weakly: a
 // callback that fires after the agent is gone finds nothing and returns.

@@ -231,7 +231,7 @@ absl::Status consume_bytes(Assembler& assembler, const std::string& bytes) {
   return assembler.consume(sliced(bytes, 3), done);
 }
 
-// Issue #16: a refused message is answered at its head; the sender need
+// A refused message is answered at its head; the sender need
 // not push the bytes that are only skipped before it learns.
 TEST(GrpcFraming, MessageOverTheLimitIsAnsweredAtItsHead) {
   std::vector<std::string> frames =
@@ -252,7 +252,7 @@ TEST(GrpcFraming, MessageOverTheLimitIsAnsweredAtItsHead) {
   EXPECT_EQ(assembler.partial(), 0u);
 }
 
-// Issue #16: sizes no agent may send (grpc.max_message_bytes is at most
+// Sizes no agent may send (grpc.max_message_bytes is at most
 // 2^40) are a stranger's: the stream ends, instead of waiting for ever for
 // bytes to skip.
 TEST(GrpcFraming, HeadsAnnouncingMoreThanAnySenderMayAreMalformed) {

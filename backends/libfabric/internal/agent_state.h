@@ -59,8 +59,8 @@
 
 namespace tether::backends::libfabric::internal {
 
-inline constexpr common::BackendNames kLibfabricNames{"libfabric", "libfabric",
-                                                      "tether/libfabric/"};
+inline constexpr common::BackendNames kLibfabricNames{
+    "libfabric", "libfabric", "tether/libfabric/", "libfabric.address"};
 constexpr size_t kSendBuffers = 64;
 
 // Which agent's progress thread this is (nullptr: none).
@@ -94,7 +94,8 @@ class State : public common::AgentSkeleton<State, int>,
               public common::AssistSource {
  public:
   State(AgentSetup setup, Settings settings)
-      : AgentSkeleton(setup, kLibfabricNames), settings_(std::move(settings)) {}
+      : AgentSkeleton(setup, kLibfabricNames),
+        settings_(as_wished(std::move(settings), setup.address_defaulted)) {}
 
   ~State() {
     // WARNING: this may run on any thread that held the last reference;
@@ -300,6 +301,13 @@ class State : public common::AgentSkeleton<State, int>,
   // ======== members
 
   // ---- set by the constructor: any thread
+  // The address every backend listens on by default (`defaulted`) is a
+  // wish: a provider that cannot bind to it may still pick its own.
+  static Settings as_wished(Settings settings, bool defaulted) {
+    if (defaulted) settings.address_given = false;
+    return settings;
+  }
+
   const Settings settings_;
 
   // ---- what other threads hand the progress thread: any thread, under

@@ -128,7 +128,7 @@ struct SegmentDesc {
   uint64_t key = 0;
 };
 
-// Authentication, per ordered peer pair (issue #10): the worker that sends
+// Authentication, per ordered peer pair: the worker that sends
 // requests (the client) proves itself to the one that serves them (the
 // server) and the other way round, before the server accepts any request
 // and before the client accepts any response. The exchange is

@@ -1,5 +1,5 @@
 // ListenerGuard: keeps strangers' connections to libfabric's tcp provider
-// from piling up (issue #16; internal to the libfabric backend).
+// from piling up (docs/security.md; internal to the libfabric backend).
 //
 // Under tcp;ofi_rxm the endpoint listens on a TCP port, and libfabric 1.17's
 // tcp provider accepts every connection there and waits for its connection

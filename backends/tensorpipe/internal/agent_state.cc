@@ -1,7 +1,9 @@
 #include "backends/tensorpipe/internal/agent_state.h"
 
 #include <absl/base/attributes.h>
+#include <absl/strings/escaping.h>
 #include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
@@ -73,6 +75,43 @@ std::map<std::string, std::string> decode_addresses(absl::string_view text) {
     map[entry.first] = entry.second;
   }
   return map;
+}
+
+// What TensorPipe negotiates a pipe with, published beside the addresses
+// so that either side can tell which transport and channel a pair uses:
+// "transport.NAME" and "channel.NAME" -> "PRIORITY:HEX(descriptor)" (the
+// transport's domain descriptor, the channel's CPU device descriptor).
+constexpr char kTransportOffer[] = "transport.";
+constexpr char kChannelOffer[] = "channel.";
+
+void add_offer(std::map<std::string, std::string>& record,
+               absl::string_view kind, absl::string_view name,
+               int64_t priority, absl::string_view descriptor) {
+  record[absl::StrCat(kind, name)] =
+      absl::StrCat(priority, ":", absl::BytesToHexString(descriptor));
+}
+
+// TensorPipe's rule: of `kind`, the one of highest priority that both
+// offer with the same descriptor; "" if none.
+std::string negotiated(const std::map<std::string, std::string>& mine,
+                       const std::map<std::string, std::string>& theirs,
+                       absl::string_view kind) {
+  std::string best;
+  int64_t best_priority = 0;
+  for (const auto& [key, offer] : mine) {
+    if (!absl::StartsWith(key, kind)) continue;
+    auto other = theirs.find(key);
+    if (other == theirs.end() || other->second != offer) continue;
+    int64_t priority = 0;
+    if (!absl::SimpleAtoi(offer.substr(0, offer.find(':')), &priority)) {
+      continue;
+    }
+    if (best.empty() || priority > best_priority) {
+      best = key.substr(kind.size());
+      best_priority = priority;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -148,6 +187,8 @@ absl::Status AgentState::register_transports_and_channels(
       priority = kShmPriority;
     }
     if (transport == nullptr || !transport->isViable()) continue;
+    add_offer(my_offer_, kTransportOffer, name, priority,
+              transport->domainDescriptor());
     context->registerTransport(priority, name, std::move(transport));
     urls.push_back(std::move(url));
   }
@@ -198,6 +239,12 @@ absl::Status AgentState::register_transports_and_channels(
       priority = kMptPriority;
     }
     if (channel == nullptr || !channel->isViable()) continue;
+    const auto& descriptors = channel->deviceDescriptors();
+    auto cpu = descriptors.find(
+        ::tensorpipe::Device{::tensorpipe::kCpuDeviceType, 0});
+    if (cpu != descriptors.end()) {
+      add_offer(my_offer_, kChannelOffer, name, priority, cpu->second);
+    }
     context->registerChannel(priority, name, std::move(channel));
     ++channels;
   }
@@ -296,7 +343,32 @@ absl::Status AgentState::init() {
   }
   accept_next(listener);
   my_addresses_ = addresses;
-  return publish_addresses(encode_addresses(addresses), settings_.init_timeout);
+  std::map<std::string, std::string> record = addresses;
+  record.insert(my_offer_.begin(), my_offer_.end());
+  return publish_addresses(encode_addresses(record), settings_.init_timeout);
+}
+
+absl::StatusOr<PeerLink> AgentState::link_to(const WorkerInfo& worker) const {
+  std::optional<common::Peer> peer = peers_.by_name(worker.name);
+  if (!(peer.has_value() && peer->info == worker)) {
+    return absl::NotFoundError(absl::StrCat("worker '", worker.name,
+                                            "' (rank ", worker.id,
+                                            ") is not a peer of ", who()));
+  }
+  absl::StatusOr<std::string> published = common::lookup_address(
+      *store_, kTensorPipeNames.address_key_prefix, worker, who());
+  if (!published.ok()) return published.status();
+  const std::map<std::string, std::string> theirs =
+      decode_addresses(*published);
+  PeerLink link{negotiated(my_offer_, theirs, kTransportOffer),
+                negotiated(my_offer_, theirs, kChannelOffer)};
+  if (link.transport.empty() || link.channel.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat(who(), " shares no ",
+                     link.transport.empty() ? "transport" : "channel",
+                     " with worker '", worker.name, "'"));
+  }
+  return link;
 }
 
 void AgentState::run_deferred_later(Incoming::Deferred deferred) {

@@ -45,7 +45,7 @@ using tether::internal::SerialExecutor;
 using tether::internal::TimerQueue;
 
 inline constexpr common::BackendNames kTensorPipeNames{
-    "tensorpipe", "tensorpipe", "tether/tensorpipe/"};
+    "tensorpipe", "tensorpipe", "tether/tensorpipe/", "tensorpipe.address"};
 
 // Which agent's tensorpipe callback or io task this thread is running
 // (nullptr: none). They decide whether a call may go straight to tensorpipe
@@ -82,6 +82,10 @@ class AgentState
 
   absl::Status init();
   void remove_peer(const WorkerInfo& worker);
+  // Agent::link_to: the transport and CPU channel TensorPipe's negotiation
+  // picks for this worker and `worker` (its rule: the highest priority
+  // both offer with equal descriptors), from what each published.
+  absl::StatusOr<PeerLink> link_to(const WorkerInfo& worker) const;
 
  private:
   friend class AgentSkeleton<AgentState, std::weak_ptr<::tensorpipe::Pipe>>;
@@ -313,6 +317,10 @@ class AgentState
   // const). peers_ holds the url a pipe to each peer connects to ("" if we
   // share no transport).
   std::map<std::string, std::string> my_addresses_;
+  // What this worker's transports and channels offer TensorPipe's
+  // negotiation, published beside the addresses (set by init(), then
+  // const).
+  std::map<std::string, std::string> my_offer_;
 
   absl::flat_hash_map<int, std::shared_ptr<ClientPipe>> client_pipes_
       ABSL_GUARDED_BY(mu_);

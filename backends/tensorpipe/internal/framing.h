@@ -26,8 +26,8 @@
 // not empty), read from the pipe's own connection straight into the
 // storage, and no tensor. Through a channel (cma) each direction pays the
 // channel's own descriptor and its thread's hand-offs, which cost more
-// than the bytes at these sizes (docs/benchmarks.md, "Mid-size messages
-// on the pipe's connection").
+// than the bytes at these sizes (docs/decisions.md, "Mid-size messages on
+// the tensorpipe backend").
 //
 // An error response (the handler's future failed) has kind kError, the
 // absl::StatusCode, and the status message as its payload.
@@ -83,14 +83,14 @@ struct AuthFrame {
 // side (into the metadata, four times inside TensorPipe's pipe, twice on
 // receipt), which costs more than the payloads' second read from about 48
 // KiB: a 64 KiB echo as payloads took 8 to 15 % less than inline, a 36 KB
-// call 15 % more, a 48 KB one the same (docs/benchmarks.md, "Mid-size
-// messages: the inline limit at 48 KiB").
+// call 15 % more, a 48 KB one the same (docs/decisions.md, "Mid-size
+// messages on the tensorpipe backend").
 constexpr uint64_t kInlineLimit = 48 << 10;
 
 // Storages together up to this many bytes, over the inline limit, travel as
 // the pipe's payloads; larger ones through a channel, whose single copy
-// from the sender's memory is faster from about 1 MiB (docs/benchmarks.md,
-// "Mid-size messages on the pipe's connection").
+// from the sender's memory is faster from about 1 MiB (docs/decisions.md,
+// "Mid-size messages on the tensorpipe backend").
 constexpr uint64_t kPayloadLimit = 256 << 10;
 
 struct FrameHeader {

@@ -26,7 +26,8 @@ struct Settings {
   // sender writes, where TensorPipe's cma has the receiver read and pin
   // the sender's pages (docs/benchmarks.md, "64 MiB: who copies"); cma
   // stays on request. mpt is opt-in: its lanes listen and run a loop each
-  // in every worker, used or not (docs/benchmarks.md, "Scale").
+  // in every worker, used or not (docs/decisions.md, "TensorPipe: one pipe
+  // per pair of workers, mpt on request").
   std::vector<std::string> channels = {"basic", "cma_write"};
   int mpt_lanes = 2;
   // What the uv transport listens on: "ip" or "ip:port", IPv6 in brackets.

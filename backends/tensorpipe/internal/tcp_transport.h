@@ -1,5 +1,5 @@
 // tether's TCP transport for TensorPipe (internal to the tensorpipe
-// backend; issue #16).
+// backend; docs/security.md says what it guards against).
 //
 // TensorPipe's own uv transport reads a peer's 8-byte length prefix and
 // allocates what it announces, and its pipe parses the first bytes of any

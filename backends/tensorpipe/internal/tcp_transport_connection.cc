@@ -283,7 +283,7 @@ void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
   // by a handler that runs in the loop: its writes reach here as tasks
   // queued back to back. The flush, queued behind them, sends them in one
   // sendmsg(), and the peer is woken once, not once per write
-  // (docs/benchmarks.md, "Mid-size messages: one sendmsg() an answer").
+  // (docs/decisions.md, "Mid-size messages on the tensorpipe backend").
   // Any other write is sent at once.
   if (t_writes_to_come) {
     t_writes_to_come = false;
@@ -302,13 +302,12 @@ void ConnectionImpl::process_reads(bool readable) {
   // a descriptor brought of the payloads after it is copied out of the
   // buffer; the rest stays in the socket until TensorPipe asks for it (in
   // this turn of the loop) and is read straight into its destination.
-  // TensorPipe posts a message's payload reads one task after another: a
-  // call that completed one and then read ahead would bring the next one
-  // into the buffer too, to be copied out (a 256 KiB storage after a
-  // call's small payload: 139 KiB of each message copied instead of 75).
-  // Reading on to kReadAhead copied it too, and moved it within the buffer
-  // when the buffer was compacted. A poller's wake-up with nothing pending
-  // still reads (the socket is level-triggered: it must not spin).
+  // Why not more: TensorPipe posts a message's payload reads one task after
+  // another, so a call that completed one read and then read ahead would
+  // bring the next payload (a storage, say, after the call's small encoded
+  // payload) into the buffer, to be copied out of it and moved within it
+  // whenever the buffer is compacted. A poller's wake-up with nothing
+  // pending still reads (the socket is level-triggered: it must not spin).
   bool may_read_ahead = readable;
   auto fill_once = [&](size_t most) {
     may_read_ahead = false;

@@ -55,8 +55,8 @@ void ListenerImpl::on_events(uint32_t events) {
     if (handshaking_.size() >= kMaxHandshakes) {
       // Backpressure, not refusal: the rest wait in the kernel's backlog
       // until a handshake ends (handshake_done). Closing them failed the
-      // calls of a busy group's own workers (issue #20: 32 workers calling
-      // rank 0 at once).
+      // calls of a busy group's own workers (32 workers connecting to rank 0
+      // at once, as a group's first barrier does).
       context_->unwatch(fd_);
       full_ = true;
       return;

@@ -118,6 +118,16 @@ class _LocalOptimizer:
                 for p, grad in zip(self.params, saved):
                     p.grad = grad
 
+    def state_dict(self):
+        """The optimizer's state, for tether.checkpoint (taken between
+        steps)."""
+        with _LocalOptimizer._lock:
+            return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        with _LocalOptimizer._lock:
+            self.optimizer.load_state_dict(state)
+
 
 def _local_optimizer_step(optimizer_rref, context_id):
     optimizer_rref.local_value().step(context_id)
@@ -174,6 +184,14 @@ class DistributedOptimizer:
             for owner, rrefs in by_owner.items()]
         _wait_all([rref._get_future()
                    for rref in self._remote_optimizers])
+
+    def _local_optimizers(self):
+        """RRefs to the optimizer each owner runs, which answer
+        state_dict() and load_state_dict(state) there (tether.checkpoint
+        has each owner save its own)."""
+        if self._optimizer is not None:
+            return list(self._optimizer.local_optimizers)
+        return list(self._remote_optimizers)
 
     def step(self, context_id):
         """Every owner steps, at once, with the gradients ``context_id``

@@ -54,6 +54,9 @@ DEFAULT_SHUTDOWN_TIMEOUT = 0.0
 RpcTimeoutError = _errors.RpcTimeoutError
 
 WorkerInfo = _C.WorkerInfo
+# A WorkerInfo sent by value is rebuilt from its name and id
+# (tether.rpc._pickle allows the class as a reconstructor).
+WorkerInfo.__reduce__ = lambda self: (WorkerInfo, (self.name, self.id))
 # Paddle's name for the id.
 WorkerInfo.rank = property(lambda self: self.id, doc="the worker's rank")
 _endpoints = {}  # (name, rank) -> (ip, port) or None, read once per group
@@ -74,6 +77,16 @@ WorkerInfo.ip = property(lambda self: (_endpoint(self) or (None, None))[0],
 WorkerInfo.port = property(lambda self: (_endpoint(self) or (None, None))[1],
                            doc="the port the worker listens on, or None")
 RRef = _C.RRef
+
+
+def _rref_reduce(self):
+    # An RRef travels only in tether's messages (forked by the RRef layer),
+    # never in a pickle of its own; as the peer.
+    raise RuntimeError("Can not pickle rref in python pickler, rref can only "
+                       "be pickled when using RPC")
+
+
+RRef.__reduce__ = _rref_reduce
 # RRef[T] in annotations, as the peer's `def f(rref: RRef[nn.Module])`.
 RRef.__class_getitem__ = classmethod(types.GenericAlias)
 
@@ -186,7 +199,8 @@ _atexit_registered = False
 
 def _backend_name(backend):
     if backend is None:
-        backend = os.environ.get("TETHER_BACKEND", "tensorpipe")
+        # Set but empty is unset, as the ecosystem reads its variables.
+        backend = os.environ.get("TETHER_BACKEND") or "tensorpipe"
     if isinstance(backend, BackendType):
         return backend.value
     if isinstance(backend, str):
@@ -519,6 +533,12 @@ def _reference_value(obj):
 
 
 def _call_parts(func, args, kwargs):
+    bound_to = None
+    if inspect.ismethod(func) and not inspect.isclass(func.__self__):
+        # obj.method(*args) is type(obj).method(obj, *args): the function
+        # travels by reference and the object by value (pickled), as the
+        # peer sends it.
+        bound_to, func = func.__self__, func.__func__
     name, functional = _function_name(func)
     kwargs = dict(kwargs) if kwargs else {}
     if functional and "inplace" in kwargs:
@@ -529,6 +549,8 @@ def _call_parts(func, args, kwargs):
         args = ()
     elif not isinstance(args, tuple):
         args = tuple(args)
+    if bound_to is not None:
+        args = (bound_to,) + args
     return name, args, kwargs
 
 

@@ -1,7 +1,8 @@
 """What a worker runs for its peers: the allow policy (docs/security.md).
 
 A peer names a Python function by reference, "py::MODULE:QUALNAME"; nothing
-arrives as code and nothing is unpickled. This worker runs it only if it is
+arrives as code (values that are objects are unpickled under this same
+policy: tether.rpc._pickle). This worker runs it only if it is
 
 - a function or class defined in its ``__main__`` module or in one of the
   program's own modules (those whose files lie in the main script's
@@ -10,12 +11,16 @@ arrives as code and nothing is unpickled. This worker runs it only if it is
   ``tether.rpc.allow_module``; a package allows its submodules),
 - registered with the ``@tether.rpc.expose`` decorator, or
 - one of the harmless builtins in ``HARMLESS_BUILTINS``,
+- a module class of ``torch.nn`` (a subclass of ``torch.nn.Module``
+  defined in ``torch.nn.modules``: computation on tensors, as torch's
+  operators, which peers may call anyway), or
 - an optimizer class of ``torch.optim`` (a subclass of
   ``torch.optim.Optimizer`` defined there: the DistributedOptimizer's
   owners build them over their parameters), or
 - one of tether's own functions in ``INTERNAL`` (an RRef proxy's call of a
   method of the object the RRef holds, remote modules, the
-  DistributedOptimizer's optimizers of Python classes).
+  DistributedOptimizer's optimizers of Python classes, the parts of a
+  checkpoint an owner writes and reads in the directories it serves).
 
 A TorchScript function (``@torch.jit.script``) is named the same way, by
 the module that defines it: the callee runs its own scripted function of
@@ -60,6 +65,8 @@ INTERNAL = frozenset({
     "py::tether.nn.api.remote_module:_parameter_rrefs",
     "py::tether.optim:_LocalOptimizer",
     "py::tether.optim:_local_optimizer_step",
+    "py::tether.checkpoint:_write_part",
+    "py::tether.checkpoint:_read_part",
 })
 
 _lock = threading.Lock()
@@ -230,6 +237,21 @@ def _torch_optimizer(module, qualname):
             and found.__module__ == module and found.__qualname__ == qualname)
 
 
+def _torch_nn_module(module, qualname):
+    """Whether module:qualname names a module class of torch.nn
+    (torch.nn.modules.sparse:EmbeddingBag), looked up where torch has
+    imported it: pure computation on tensors, as torch's operators are, so
+    a peer may build one (RemoteModule(ps, nn.EmbeddingBag, ...))."""
+    if not module.startswith("torch.nn.modules."):
+        return False
+    found = sys.modules.get(module)
+    if found is None or "." in qualname or qualname.startswith("_"):
+        return False
+    found = getattr(found, qualname, None)
+    return (inspect.isclass(found) and issubclass(found, torch.nn.Module)
+            and found.__module__ == module and found.__qualname__ == qualname)
+
+
 def _resolve(name):
     if not name.startswith(PREFIX) or ":" not in name[len(PREFIX):]:
         raise Failure(_errors.INVALID_ARGUMENT,
@@ -246,7 +268,8 @@ def _resolve(name):
         if qualname not in HARMLESS_BUILTINS:
             _refuse("builtins." + qualname, "it is not a harmless builtin")
         return getattr(builtins, qualname)
-    if not _module_allowed(module) and not _torch_optimizer(module, qualname):
+    if (not _module_allowed(module) and not _torch_optimizer(module, qualname)
+            and not _torch_nn_module(module, qualname)):
         _refuse("%s.%s" % (module, qualname),
                 "module %r is not allowed" % (module,))
     parts = qualname.split(".")

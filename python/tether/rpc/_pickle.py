@@ -137,6 +137,17 @@ def _numpy_reconstruct(module):
     return lambda: reconstruct
 
 
+def _getattr(obj, name):
+    # pickle's form of a bound method, getattr(obj, "method"): read here, on
+    # an object this unpickling made or a global it may name (the
+    # unpickler checks which), and never a dunder name. What it reads is a
+    # value: the unpickler calls only globals.
+    if type(name) is not str or name.startswith("__"):
+        raise _refused("builtins.getattr", "for the attribute %r (only "
+                       "methods by name, never dunder ones)" % (name,))
+    return getattr(obj, name)
+
+
 def _torch_dtype(name):
     value = getattr(torch, name, None)
     return value if isinstance(value, torch.dtype) else None
@@ -151,10 +162,19 @@ def _numpy(module, name):
 
 _SAFE = {
     ("collections", "OrderedDict"): ("class", lambda: collections.OrderedDict),
+    ("builtins", "getattr"): ("call", lambda: _getattr),
+    ("builtins", "bool"): ("class", lambda: bool),
+    ("builtins", "int"): ("class", lambda: int),
+    ("builtins", "float"): ("class", lambda: float),
+    ("builtins", "str"): ("class", lambda: str),
+    ("builtins", "dict"): ("class", lambda: dict),
+    ("builtins", "list"): ("class", lambda: list),
+    ("builtins", "tuple"): ("class", lambda: tuple),
     ("builtins", "set"): ("class", lambda: set),
     ("builtins", "frozenset"): ("class", lambda: frozenset),
     ("builtins", "complex"): ("call", lambda: complex),
     ("builtins", "slice"): ("call", lambda: slice),
+    ("tether._C", "WorkerInfo"): ("call", lambda: _C.WorkerInfo),
     ("torch", "Size"): ("call", lambda: torch.Size),
     ("torch", "device"): ("call", lambda: torch.device),
     ("torch._utils", "_rebuild_parameter"):
@@ -253,7 +273,8 @@ class _Unpickler(pickle._Unpickler):
     dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, data, objects):
-        super().__init__(io.BytesIO(data))
+        self._file = io.BytesIO(data)
+        super().__init__(self._file)
         self._objects = objects
         # Objects resolved from globals, and objects this unpickling made
         # (the only ones BUILD and the container opcodes may change).
@@ -261,11 +282,11 @@ class _Unpickler(pickle._Unpickler):
         self._made = {}  # id -> object (kept, so that ids stay unique)
 
     def load(self):
-        # pickle._Unpickler.load with the opcodes counted.
-        self._unframer = pickle._Unframer(self._file_read, self._file_readline)
-        self.read = self._unframer.read
-        self.readinto = self._unframer.readinto
-        self.readline = self._unframer.readline
+        # pickle._Unpickler.load with the opcodes counted, reading the
+        # in-memory pickle directly (its frames need no unframing).
+        self.read = self._file.read
+        self.readinto = self._file.readinto
+        self.readline = self._file.readline
         self.metastack = []
         self.stack = []
         self.append = self.stack.append
@@ -322,6 +343,11 @@ class _Unpickler(pickle._Unpickler):
         if type(args) is not tuple:
             raise Refused(_errors.INVALID_ARGUMENT,
                                   "a pickled call's arguments are no tuple")
+        if func is _getattr and (len(args) != 2 or (
+                self._made.get(id(args[0])) is not args[0]
+                and self._entry(args[0]) is None)):
+            raise _refused("builtins.getattr", "on an object the pickle "
+                           "neither made nor named")
         made = func(*args)
         self._made[id(made)] = made
         stack[-1] = made
@@ -381,6 +407,12 @@ class _Unpickler(pickle._Unpickler):
         self._made_here(self.metastack[-1][-1] if self.metastack else None)
         pickle._Unpickler.load_additems(self)
     dispatch[pickle.ADDITEMS[0]] = load_additems
+
+    def load_frame(self):
+        # A frame's length; the bytes are in memory already.
+        if len(self.read(8)) != 8:
+            raise pickle.UnpicklingError("pickle data was truncated")
+    dispatch[pickle.FRAME[0]] = load_frame
 
     def load_mark(self):
         _check_depth(self)

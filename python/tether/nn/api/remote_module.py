@@ -10,8 +10,9 @@ an nn.Module created on another worker and used from here.
                                                        # DistributedOptimizer
 
 ``module_cls`` travels by reference like any function (docs/security.md):
-the owner must allow it (its __main__, an allowed module, @expose, or a
-torch.nn class once ``torch.nn`` is in its allowed_modules). CPU only: the
+the owner must allow it (its __main__, the program's own modules, an
+allowed module, @expose, or a torch.nn module class). A RemoteModule
+passed to another worker travels as a reference to the same module. CPU only: the
 device part of ``remote_device`` must be ``cpu``. TorchScript module
 interfaces (``_module_interface_cls``) are not supported.
 """
