@@ -5,6 +5,7 @@
 #include <absl/synchronization/mutex.h>
 #include <absl/time/clock.h>
 #include <ATen/ThreadLocalState.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <c10/core/thread_pool.h>
 #include <glog/logging.h>
 #include <signal.h>
@@ -151,8 +152,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   // A store request that its server leaves unanswered for the peer timeout
   // fails, as a PING does: a worker cut off from the store's host ends its
   // join within the peer timeout, not the init timeout.
-  if (auto* client =
-          dynamic_cast<internal::TcpStoreClient*>(group->store.get())) {
+  c10d::Store* store = group->store.get();
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store)) {
+    store = prefixed->getUnderlyingStore().get();
+  }
+  if (auto* client = dynamic_cast<internal::TcpStoreClient*>(store)) {
     client->set_request_timeout(options.peer_timeout);
   }
 

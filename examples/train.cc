@@ -373,6 +373,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("ps: serving the embedding table and decoder to %d trainer(s)\n",
                 world - 1);
+    std::fflush(stdout);
   } else {
     good = run_trainer(flags, rank, world);
   }

@@ -1,6 +1,7 @@
 // tether_run: starts N local worker processes the way cluster launchers do.
 //
-//   tether_run --nproc 4 [--master_port P] [--grace_ms 5000] -- PROGRAM ARGS
+//   tether_run --nproc 4 [--master_port P] [--grace_ms 5000]
+//              [--max_restarts K] -- PROGRAM ARGS
 //   tether_run [--nproc N] -- PROG0 ARGS : PROG1 ARGS : ...
 //
 // With programs separated by a lone ":" (as mpirun's MPMD form), rank r runs
@@ -27,6 +28,13 @@
 //   on a second signal); the exit status is then 128 + that signal. A
 //   signal that tether_run's parent left ignored (nohup, a script's
 //   background job and SIGINT) stays ignored.
+// - With --max_restarts K (torchrun's flag and meaning), once the workers
+//   of a failed attempt have all ended, every worker starts again, at most
+//   K times, with a line on stderr per restart (which rank failed, how,
+//   restart i of K). The store lives on; each attempt's workers get
+//   TORCHELASTIC_RESTART_COUNT (0, 1, ...), under which env:// keeps the
+//   attempt's keys apart, as torchrun's workers do. The exit status is the
+//   last attempt's; a signal to tether_run is never followed by a restart.
 // - When tether_run dies without a chance to stop them (SIGKILL, a crash),
 //   each worker gets SIGKILL from the kernel (PR_SET_PDEATHSIG): none runs
 //   on without it. That reaches the worker, not processes the worker
@@ -69,7 +77,8 @@ struct Child {
 
 // The environment of rank `rank`'s process: ours, with the launcher's
 // variables set.
-std::vector<std::string> child_environment(int rank, int nproc, int port) {
+std::vector<std::string> child_environment(int rank, int nproc, int port,
+                                           int restart, int max_restarts) {
   const std::vector<std::pair<std::string, std::string>> ours = {
       {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", std::to_string(port)},
@@ -77,6 +86,8 @@ std::vector<std::string> child_environment(int rank, int nproc, int port) {
       {"LOCAL_RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(nproc)},
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(max_restarts)},
   };
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -92,8 +103,8 @@ std::vector<std::string> child_environment(int rank, int nproc, int port) {
 }
 
 constexpr char kUsage[] =
-    "usage: tether_run --nproc N [--master_port P] [--grace_ms MS] -- "
-    "PROGRAM [ARGS...]\n"
+    "usage: tether_run --nproc N [--master_port P] [--grace_ms MS] "
+    "[--max_restarts K] -- PROGRAM [ARGS...]\n"
     "       tether_run [--nproc N] [...] -- PROG0 [ARGS...] : PROG1 [ARGS...] "
     ": ...\n"
     "\n"
@@ -111,6 +122,14 @@ constexpr char kUsage[] =
     "SIGKILL after --grace_ms (at once on a second signal); the exit status\n"
     "is then 128 + the signal. If tether_run itself is killed, its workers\n"
     "are killed with it. 0 only if every worker succeeded.\n"
+    "\n"
+    "--max_restarts K (0): as torchrun's, when a worker fails and the others\n"
+    "have ended, all are started again, at most K times, with the same\n"
+    "store and TORCHELASTIC_RESTART_COUNT=1, 2, ... (env:// keeps each\n"
+    "attempt's keys apart); a line on stderr says so:\n"
+    "  tether_run: restart 1 of 2: rank 1 killed by signal 9 (Killed); ...\n"
+    "A program that checkpoints resumes from its last checkpoint. The exit\n"
+    "status is then the last attempt's. A signal to tether_run ends the run.\n"
     "\n"
     "Programs separated by a lone ':' run per rank: rank r runs the r-th;\n"
     "without --nproc there is one rank per program, with a larger --nproc the\n"
@@ -203,136 +222,13 @@ std::string running_ranks(const std::vector<Child>& children) {
   return absl::StrJoin(ranks, ", ");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int nproc = -1;  // -1: one rank per program
-  int port = 0;
-  int grace_ms = 5000;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (i + 1 >= argc) return usage(("missing value for " + arg).c_str());
-    if (arg == "--nproc") {
-      if (!absl::SimpleAtoi(argv[++i], &nproc)) return usage("bad --nproc");
-    } else if (arg == "--master_port") {
-      if (!absl::SimpleAtoi(argv[++i], &port)) return usage("bad --master_port");
-    } else if (arg == "--grace_ms") {
-      if (!absl::SimpleAtoi(argv[++i], &grace_ms) || grace_ms < 0) {
-        return usage("bad --grace_ms");
-      }
-    } else {
-      return usage(("unknown option " + arg).c_str());
-    }
-  }
-  if (i >= argc) return usage("no program given after --");
-  // The command of each rank: the segments between lone ":" arguments.
-  std::vector<std::vector<char*>> programs(1);
-  for (int a = i; a < argc; ++a) {
-    if (std::string(argv[a]) == ":") {
-      programs.emplace_back();
-    } else {
-      programs.back().push_back(argv[a]);
-    }
-  }
-  for (auto& program : programs) {
-    if (program.empty()) return usage("an empty program between ':'");
-    program.push_back(nullptr);
-  }
-  if (nproc == -1) nproc = static_cast<int>(programs.size());
-  if (nproc < 1 || nproc > 1024) return usage("--nproc must be in [1, 1024]");
-  if (static_cast<int>(programs.size()) > nproc) {
-    return usage("more programs than ranks (--nproc)");
-  }
-  if (port < 0 || port > 65535) return usage("bad --master_port");
-  Signals signals;
-  if (!take_signals(signals)) {
-    std::perror("tether_run: signals");
-    return 1;
-  }
-  // The rendezvous store, served from here for the workers' whole life.
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<uint16_t>(port);
-    options.isServer = true;
-    options.waitWorkers = false;
-    options.timeout = std::chrono::hours(24);
-    store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tether_run: cannot serve the rendezvous store on "
-                 "port %d: %s\n", port, e.what());
-    return 1;
-  }
-  port = store->getPort();
-
-  const pid_t launcher = ::getpid();
-  std::vector<Child> children(nproc);
-  for (int rank = 0; rank < nproc; ++rank) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      std::perror("tether_run: pipe");
-      signal_workers(children, SIGKILL);
-      return 1;
-    }
-    // Built before fork(): between fork and exec a child of this
-    // multi-threaded process may only make async-signal-safe calls.
-    std::vector<std::string> env = child_environment(rank, nproc, port);
-    std::vector<char*> envp;
-    for (std::string& entry : env) envp.push_back(entry.data());
-    envp.push_back(nullptr);
-    // Forked by the main thread, which lives as long as the launcher: the
-    // parent-death signal comes when the forking thread ends.
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      std::perror("tether_run: fork");
-      signal_workers(children, SIGKILL);
-      return 1;
-    }
-    if (pid == 0) {
-      // Its own process group, so stopping a worker stops what it started.
-      ::setpgid(0, 0);
-      // Dies with the launcher. If the launcher died before this line, no
-      // signal will come: the parent is no longer the launcher, so go.
-      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) {
-        ::_exit(127);
-      }
-      ::sigprocmask(SIG_SETMASK, &signals.original, nullptr);
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::dup2(fds[1], STDERR_FILENO);
-      // Not the store's sockets nor the other workers' pipes.
-      ::close_range(3, ~0U, 0);
-      char** command = programs[std::min<size_t>(
-                                     rank, programs.size() - 1)].data();
-      ::execvpe(command[0], command, envp.data());
-      const char* why = std::strerror(errno);
-      const char* parts[] = {"tether_run: cannot run ", command[0], ": ", why,
-                             "\n"};
-      for (const char* part : parts) {
-        (void)!::write(STDERR_FILENO, part, std::strlen(part));
-      }
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    ::setpgid(pid, pid);
-    // Never block on output: a grandchild may hold the pipe open.
-    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
-    children[rank].rank = rank;
-    children[rank].pid = pid;
-    children[rank].out_fd = fds[0];
-  }
-
-  int first_failure = -1;
-  int interrupted_by = 0;  // the first signal passed on
-  int running = nproc;
+// Runs one round: waits for every worker of `children` to end, streaming
+// their output, passing signals on, stopping the others when one fails.
+// Sets `first_failure` to the rank that failed first (if one did) and
+// `interrupted_by` to the first signal passed on (if one came).
+void run_round(std::vector<Child>& children, const Signals& signals,
+               int grace_ms, int& first_failure, int& interrupted_by) {
+  int running = static_cast<int>(children.size());
   bool stopping = false;  // the workers were told to stop
   bool killed = false;    // and then killed
   std::chrono::steady_clock::time_point kill_at{};
@@ -378,9 +274,12 @@ int main(int argc, char** argv) {
                      signal_name(sig).c_str(), grace_ms);
         interrupted_by = sig;
         stop(sig);
-      } else if (!killed) {
+      } else {
+        // Also after a worker failed: a signal means no restart.
         if (interrupted_by == 0) interrupted_by = sig;
-        kill_now(absl::StrCat(signal_name(sig), " received again").c_str());
+        if (!killed) {
+          kill_now(absl::StrCat(signal_name(sig), " received again").c_str());
+        }
       }
     }
     for (size_t p = 1; p < polls.size(); ++p) {
@@ -432,6 +331,172 @@ int main(int argc, char** argv) {
       flush_lines(child, true);
       ::close(child.out_fd);
     }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nproc = -1;  // -1: one rank per program
+  int port = 0;
+  int grace_ms = 5000;
+  int max_restarts = 0;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (i + 1 >= argc) return usage(("missing value for " + arg).c_str());
+    if (arg == "--nproc") {
+      if (!absl::SimpleAtoi(argv[++i], &nproc)) return usage("bad --nproc");
+    } else if (arg == "--master_port") {
+      if (!absl::SimpleAtoi(argv[++i], &port)) return usage("bad --master_port");
+    } else if (arg == "--max_restarts") {
+      if (!absl::SimpleAtoi(argv[++i], &max_restarts) || max_restarts < 0) {
+        return usage("bad --max_restarts");
+      }
+    } else if (arg == "--grace_ms") {
+      if (!absl::SimpleAtoi(argv[++i], &grace_ms) || grace_ms < 0) {
+        return usage("bad --grace_ms");
+      }
+    } else {
+      return usage(("unknown option " + arg).c_str());
+    }
+  }
+  if (i >= argc) return usage("no program given after --");
+  // The command of each rank: the segments between lone ":" arguments.
+  std::vector<std::vector<char*>> programs(1);
+  for (int a = i; a < argc; ++a) {
+    if (std::string(argv[a]) == ":") {
+      programs.emplace_back();
+    } else {
+      programs.back().push_back(argv[a]);
+    }
+  }
+  for (auto& program : programs) {
+    if (program.empty()) return usage("an empty program between ':'");
+    program.push_back(nullptr);
+  }
+  if (nproc == -1) nproc = static_cast<int>(programs.size());
+  if (nproc < 1 || nproc > 1024) return usage("--nproc must be in [1, 1024]");
+  if (static_cast<int>(programs.size()) > nproc) {
+    return usage("more programs than ranks (--nproc)");
+  }
+  if (port < 0 || port > 65535) return usage("bad --master_port");
+  Signals signals;
+  if (!take_signals(signals)) {
+    std::perror("tether_run: signals");
+    return 1;
+  }
+  // The rendezvous store, served from here for the workers' whole life.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(port);
+    options.isServer = true;
+    options.waitWorkers = false;
+    options.timeout = std::chrono::hours(24);
+    store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tether_run: cannot serve the rendezvous store on "
+                 "port %d: %s\n", port, e.what());
+    return 1;
+  }
+  port = store->getPort();
+
+  const pid_t launcher = ::getpid();
+  // Starts rank `rank` of round `restart` as `child`; false (with the reason
+  // on stderr) if it could not.
+  const auto spawn = [&](Child& child, int rank, int restart) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      std::perror("tether_run: pipe");
+      return false;
+    }
+    // Built before fork(): between fork and exec a child of this
+    // multi-threaded process may only make async-signal-safe calls.
+    std::vector<std::string> env =
+        child_environment(rank, nproc, port, restart, max_restarts);
+    std::vector<char*> envp;
+    for (std::string& entry : env) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    // Forked by the main thread, which lives as long as the launcher: the
+    // parent-death signal comes when the forking thread ends.
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("tether_run: fork");
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return false;
+    }
+    if (pid == 0) {
+      // Its own process group, so stopping a worker stops what it started.
+      ::setpgid(0, 0);
+      // Dies with the launcher. If the launcher died before this line, no
+      // signal will come: the parent is no longer the launcher, so go.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) {
+        ::_exit(127);
+      }
+      ::sigprocmask(SIG_SETMASK, &signals.original, nullptr);
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      // Not the store's sockets nor the other workers' pipes.
+      ::close_range(3, ~0U, 0);
+      char** command = programs[std::min<size_t>(
+                                     rank, programs.size() - 1)].data();
+      ::execvpe(command[0], command, envp.data());
+      const char* why = std::strerror(errno);
+      const char* parts[] = {"tether_run: cannot run ", command[0], ": ", why,
+                             "\n"};
+      for (const char* part : parts) {
+        (void)!::write(STDERR_FILENO, part, std::strlen(part));
+      }
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    ::setpgid(pid, pid);
+    // Never block on output: a grandchild may hold the pipe open.
+    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    child = Child{};
+    child.rank = rank;
+    child.pid = pid;
+    child.out_fd = fds[0];
+    return true;
+  };
+
+  std::vector<Child> children(nproc);
+  int first_failure = -1;
+  int interrupted_by = 0;  // the first signal passed on
+  for (int restart = 0;; ++restart) {
+    first_failure = -1;
+    for (int rank = 0; rank < nproc; ++rank) {
+      if (!spawn(children[rank], rank, restart)) {
+        signal_workers(children, SIGKILL);
+        return 1;
+      }
+    }
+    run_round(children, signals, grace_ms, first_failure, interrupted_by);
+    if (first_failure < 0 || interrupted_by != 0 || restart == max_restarts) {
+      if (first_failure >= 0 && restart > 0) {
+        std::fprintf(stderr, "tether_run: no restart left (--max_restarts "
+                     "%d)\n", max_restarts);
+      }
+      break;
+    }
+    // torchrun's meaning: every worker starts again, in a new attempt of
+    // the same rendezvous (TORCHELASTIC_RESTART_COUNT keeps the keys of
+    // each attempt apart in the store, which lives on).
+    std::fprintf(stderr,
+                 "tether_run: restart %d of %d: rank %d %s; starting all %d "
+                 "workers again\n",
+                 restart + 1, max_restarts, first_failure,
+                 describe_exit(children[first_failure].status).c_str(), nproc);
   }
   int exit_status = 0;
   if (first_failure >= 0) {
