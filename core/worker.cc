@@ -12,6 +12,7 @@
 
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -172,6 +173,16 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
             options.peer_timeout, absl::Now() + options.init_timeout);
     if (!taken.ok()) return taken.status();
     token = *std::move(taken);
+    const char* rejoin_env = std::getenv("TETHER_REJOIN");
+    if (options.rejoin ||
+        (rejoin_env != nullptr && std::string(rejoin_env) == "1")) {
+      // The lost incarnation's claims and place in the list (only those
+      // with this very name and rank) go; the members learn of the new one
+      // by its MEMBER_JOIN.
+      if (absl::Status forgot = token->forget(group->self); !forgot.ok()) {
+        return forgot;
+      }
+    }
     if (absl::Status claimed = token->claim(); !claimed.ok()) {
       return absl::Status(
           claimed.code(),

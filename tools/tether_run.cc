@@ -1,7 +1,7 @@
 // tether_run: starts N local worker processes the way cluster launchers do.
 //
 //   tether_run --nproc 4 [--master_port P] [--grace_ms 5000]
-//              [--max_restarts K] -- PROGRAM ARGS
+//              [--max_restarts K [--elastic]] -- PROGRAM ARGS
 //   tether_run [--nproc N] -- PROG0 ARGS : PROG1 ARGS : ...
 //
 // With programs separated by a lone ":" (as mpirun's MPMD form), rank r runs
@@ -35,6 +35,11 @@
 //   TORCHELASTIC_RESTART_COUNT (0, 1, ...), under which env:// keeps the
 //   attempt's keys apart, as torchrun's workers do. The exit status is the
 //   last attempt's; a signal to tether_run is never followed by a restart.
+//   With --elastic too, a failed rank other than 0 is started again alone,
+//   in the same attempt, with TETHER_REJOIN=1 (RpcOptions::rejoin): its
+//   program rejoins the others' dynamic group under its old name while
+//   they run on. Rank 0 failing still restarts the world (in the main job
+//   it is the parameter server, the owner of the shared state).
 // - When tether_run dies without a chance to stop them (SIGKILL, a crash),
 //   each worker gets SIGKILL from the kernel (PR_SET_PDEATHSIG): none runs
 //   on without it. That reaches the worker, not processes the worker
@@ -57,6 +62,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,8 +84,9 @@ struct Child {
 // The environment of rank `rank`'s process: ours, with the launcher's
 // variables set.
 std::vector<std::string> child_environment(int rank, int nproc, int port,
-                                           int restart, int max_restarts) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
+                                           int restart, int max_restarts,
+                                           bool rejoin) {
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", std::to_string(port)},
       {"RANK", std::to_string(rank)},
@@ -89,6 +96,9 @@ std::vector<std::string> child_environment(int rank, int nproc, int port,
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(max_restarts)},
   };
+  // RpcOptions::rejoin: this rank's last process is dead (reaped here), so
+  // the new one takes its place in the running dynamic group.
+  if (rejoin) ours.emplace_back("TETHER_REJOIN", "1");
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
@@ -104,7 +114,7 @@ std::vector<std::string> child_environment(int rank, int nproc, int port,
 
 constexpr char kUsage[] =
     "usage: tether_run --nproc N [--master_port P] [--grace_ms MS] "
-    "[--max_restarts K] -- PROGRAM [ARGS...]\n"
+    "[--max_restarts K [--elastic]] -- PROGRAM [ARGS...]\n"
     "       tether_run [--nproc N] [...] -- PROG0 [ARGS...] : PROG1 [ARGS...] "
     ": ...\n"
     "\n"
@@ -130,6 +140,10 @@ constexpr char kUsage[] =
     "  tether_run: restart 1 of 2: rank 1 killed by signal 9 (Killed); ...\n"
     "A program that checkpoints resumes from its last checkpoint. The exit\n"
     "status is then the last attempt's. A signal to tether_run ends the run.\n"
+    "--elastic (with --max_restarts): a failed rank other than 0 starts again\n"
+    "alone, with TETHER_REJOIN=1, while the others run on; its program\n"
+    "rejoins their dynamic group (examples/train --elastic). Rank 0 failing\n"
+    "restarts them all. Each restart counts toward K.\n"
     "\n"
     "Programs separated by a lone ':' run per rank: rank r runs the r-th;\n"
     "without --nproc there is one rank per program, with a larger --nproc the\n"
@@ -155,6 +169,19 @@ void flush_lines(Child& child, bool all) {
     child.partial.clear();
   }
   std::fflush(stdout);
+}
+
+// Prints what is left of an ended child's output and closes its pipe.
+void drain_output(Child& child) {
+  if (child.out_fd < 0) return;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(child.out_fd, buffer, sizeof(buffer))) > 0) {
+    child.partial.append(buffer, static_cast<size_t>(n));
+  }
+  flush_lines(child, true);
+  ::close(child.out_fd);
+  child.out_fd = -1;
 }
 
 std::string describe_exit(int status) {
@@ -226,8 +253,11 @@ std::string running_ranks(const std::vector<Child>& children) {
 // their output, passing signals on, stopping the others when one fails.
 // Sets `first_failure` to the rank that failed first (if one did) and
 // `interrupted_by` to the first signal passed on (if one came).
+// With --elastic, `restart_alone` is called for a failed worker while the
+// others run on: true if it started that rank again.
 void run_round(std::vector<Child>& children, const Signals& signals,
-               int grace_ms, int& first_failure, int& interrupted_by) {
+               int grace_ms, int& first_failure, int& interrupted_by,
+               const std::function<bool(Child&)>& restart_alone) {
   int running = static_cast<int>(children.size());
   bool stopping = false;  // the workers were told to stop
   bool killed = false;    // and then killed
@@ -305,6 +335,10 @@ void run_round(std::vector<Child>& children, const Signals& signals,
       --running;
       bool ok = WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0;
       if (ok) continue;
+      if (!stopping && restart_alone && restart_alone(child)) {
+        ++running;
+        continue;
+      }
       if (!stopping) {
         first_failure = child.rank;
         std::fprintf(stderr,
@@ -321,17 +355,7 @@ void run_round(std::vector<Child>& children, const Signals& signals,
       kill_now(absl::StrCat("the grace of ", grace_ms, " ms is over").c_str());
     }
   }
-  for (Child& child : children) {
-    if (child.out_fd >= 0) {
-      char buffer[4096];
-      ssize_t n;
-      while ((n = ::read(child.out_fd, buffer, sizeof(buffer))) > 0) {
-        child.partial.append(buffer, static_cast<size_t>(n));
-      }
-      flush_lines(child, true);
-      ::close(child.out_fd);
-    }
-  }
+  for (Child& child : children) drain_output(child);
 }
 
 }  // namespace
@@ -341,6 +365,7 @@ int main(int argc, char** argv) {
   int port = 0;
   int grace_ms = 5000;
   int max_restarts = 0;
+  bool elastic = false;
   int i = 1;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
@@ -351,6 +376,10 @@ int main(int argc, char** argv) {
     if (arg == "--") {
       ++i;
       break;
+    }
+    if (arg == "--elastic") {
+      elastic = true;
+      continue;
     }
     if (i + 1 >= argc) return usage(("missing value for " + arg).c_str());
     if (arg == "--nproc") {
@@ -413,7 +442,7 @@ int main(int argc, char** argv) {
   const pid_t launcher = ::getpid();
   // Starts rank `rank` of round `restart` as `child`; false (with the reason
   // on stderr) if it could not.
-  const auto spawn = [&](Child& child, int rank, int restart) {
+  const auto spawn = [&](Child& child, int rank, int restart, bool rejoin) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("tether_run: pipe");
@@ -422,7 +451,7 @@ int main(int argc, char** argv) {
     // Built before fork(): between fork and exec a child of this
     // multi-threaded process may only make async-signal-safe calls.
     std::vector<std::string> env =
-        child_environment(rank, nproc, port, restart, max_restarts);
+        child_environment(rank, nproc, port, restart, max_restarts, rejoin);
     std::vector<char*> envp;
     for (std::string& entry : env) envp.push_back(entry.data());
     envp.push_back(nullptr);
@@ -473,17 +502,37 @@ int main(int argc, char** argv) {
   std::vector<Child> children(nproc);
   int first_failure = -1;
   int interrupted_by = 0;  // the first signal passed on
-  for (int restart = 0;; ++restart) {
+  int restarts = 0;        // of the world and of single ranks
+  int attempt = 0;         // of the world
+  // --elastic: a failed rank other than 0 starts again alone, in the same
+  // attempt, and rejoins the running group (its program runs in a dynamic
+  // group); rank 0 serves the shared state, so losing it restarts the world.
+  std::function<bool(Child&)> restart_alone;
+  if (elastic) {
+    restart_alone = [&](Child& child) {
+      if (child.rank == 0 || restarts == max_restarts) return false;
+      ++restarts;
+      std::fprintf(stderr,
+                   "tether_run: restart %d of %d: rank %d %s; starting rank "
+                   "%d alone again, to rejoin the others\n",
+                   restarts, max_restarts, child.rank,
+                   describe_exit(child.status).c_str(), child.rank);
+      drain_output(child);
+      return spawn(child, child.rank, attempt, /*rejoin=*/true);
+    };
+  }
+  for (;; ++attempt) {
     first_failure = -1;
     for (int rank = 0; rank < nproc; ++rank) {
-      if (!spawn(children[rank], rank, restart)) {
+      if (!spawn(children[rank], rank, attempt, /*rejoin=*/false)) {
         signal_workers(children, SIGKILL);
         return 1;
       }
     }
-    run_round(children, signals, grace_ms, first_failure, interrupted_by);
-    if (first_failure < 0 || interrupted_by != 0 || restart == max_restarts) {
-      if (first_failure >= 0 && restart > 0) {
+    run_round(children, signals, grace_ms, first_failure, interrupted_by,
+              restart_alone);
+    if (first_failure < 0 || interrupted_by != 0 || restarts == max_restarts) {
+      if (first_failure >= 0 && restarts > 0) {
         std::fprintf(stderr, "tether_run: no restart left (--max_restarts "
                      "%d)\n", max_restarts);
       }
@@ -492,10 +541,11 @@ int main(int argc, char** argv) {
     // torchrun's meaning: every worker starts again, in a new attempt of
     // the same rendezvous (TORCHELASTIC_RESTART_COUNT keeps the keys of
     // each attempt apart in the store, which lives on).
+    ++restarts;
     std::fprintf(stderr,
                  "tether_run: restart %d of %d: rank %d %s; starting all %d "
                  "workers again\n",
-                 restart + 1, max_restarts, first_failure,
+                 restarts, max_restarts, first_failure,
                  describe_exit(children[first_failure].status).c_str(), nproc);
   }
   int exit_status = 0;
