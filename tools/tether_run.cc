@@ -119,6 +119,7 @@ constexpr char kUsage[] =
     ": ...\n"
     "\n"
     "Starts N worker processes on this machine the way cluster launchers do.\n"
+    "Options take their value after a space or an '=' (--nproc=4).\n"
     "Each gets MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, LOCAL_RANK,\n"
     "WORLD_SIZE and TORCHELASTIC_USE_AGENT_STORE=True: tether_run serves the\n"
     "rendezvous store on MASTER_PORT itself (a free port unless --master_port\n"
@@ -381,17 +382,26 @@ int main(int argc, char** argv) {
       elastic = true;
       continue;
     }
-    if (i + 1 >= argc) return usage(("missing value for " + arg).c_str());
+    // "--name VALUE" or, as torchrun takes them too, "--name=VALUE".
+    std::string value;
+    if (const size_t eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return usage(("missing value for " + arg).c_str());
+    }
     if (arg == "--nproc") {
-      if (!absl::SimpleAtoi(argv[++i], &nproc)) return usage("bad --nproc");
+      if (!absl::SimpleAtoi(value, &nproc)) return usage("bad --nproc");
     } else if (arg == "--master_port") {
-      if (!absl::SimpleAtoi(argv[++i], &port)) return usage("bad --master_port");
+      if (!absl::SimpleAtoi(value, &port)) return usage("bad --master_port");
     } else if (arg == "--max_restarts") {
-      if (!absl::SimpleAtoi(argv[++i], &max_restarts) || max_restarts < 0) {
+      if (!absl::SimpleAtoi(value, &max_restarts) || max_restarts < 0) {
         return usage("bad --max_restarts");
       }
     } else if (arg == "--grace_ms") {
-      if (!absl::SimpleAtoi(argv[++i], &grace_ms) || grace_ms < 0) {
+      if (!absl::SimpleAtoi(value, &grace_ms) || grace_ms < 0) {
         return usage("bad --grace_ms");
       }
     } else {

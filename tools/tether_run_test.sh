@@ -179,7 +179,7 @@ for restart in 1 2; do
 done
 
 # Failing in every attempt: K restarts, then the last attempt's status.
-"$run" --nproc 2 --grace_ms 1000 --max_restarts 1 -- sh -c \
+"$run" --nproc=2 --grace_ms=1000 --max_restarts=1 -- sh -c \
   'if [ "$RANK" = 0 ]; then exit $((5 + TORCHELASTIC_RESTART_COUNT)); fi; exec sleep 60' \
   >"$tmp/out" 2>&1
 status=$?
