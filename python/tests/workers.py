@@ -129,3 +129,8 @@ def with_callee(backend, allowed):
     rpc.shutdown()
     [(rc, out)] = finish([proc])
     assert rc == 0, out
+
+
+if __name__ == "__main__":
+    # `python3 workers.py`: prints a free port (free_port), for shell tests.
+    print(free_port())
