@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job restarted by its launcher after a trainer is killed:
 #
-#   run_training_restart_test.sh tether_run TETHER_RUN TRAIN BACKEND
-#   run_training_restart_test.sh torchrun   -          TRAIN BACKEND
+#   run_training_restart_test.sh tether_run|torchrun TETHER_RUN TRAIN BACKEND WORKERS_PY
+#
+# (tether_run runs the uninterrupted job in both cases; WORKERS_PY picks
+# torchrun's port, python/tests/workers.py.)
 #
 # 1. The job (a parameter server and one trainer) runs uninterrupted, each
 #    step's loss to a log.
@@ -16,9 +18,10 @@
 # run's to the last digit, the final loss with it.
 set -euo pipefail
 launcher="$1"
-tether_run="$(readlink -f "$2" 2>/dev/null || true)"
+tether_run="$(readlink -f "$2")"
 train="$(readlink -f "$3")"
 backend="$4"
+workers_py="$5"
 steps=60
 every=10
 kill_at="${KILL_AT:-$((every + 1 + RANDOM % (steps - every - 5)))}"
@@ -35,9 +38,10 @@ launcher_command() {
       cmd=("$tether_run" --nproc 2 --max_restarts "$1" -- "$train")
       ;;
     torchrun)
-      # A free port for torchrun's agent, which serves the store.
+      # A free port for torchrun's agent, which serves the store, chosen
+      # where no server binding port 0 can take it first.
       local port
-      port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+      port="$(/usr/bin/python3 "$workers_py")"
       # --redirects 1 --tee 1: torch 1.13's torchrun on Python 3.11 cannot
       # parse its default (run_training_launcher_test.sh). Its agent looks
       # at the workers every --monitor_interval seconds (5 by default).
@@ -48,7 +52,7 @@ launcher_command() {
            --max_restarts "$1" --monitor_interval 0.5
            --redirects 1 --tee 1 --no_python "$train")
       ;;
-    *) echo "usage: $0 tether_run|torchrun TETHER_RUN TRAIN BACKEND" >&2; exit 2 ;;
+    *) echo "usage: $0 tether_run|torchrun TETHER_RUN TRAIN BACKEND WORKERS_PY" >&2; exit 2 ;;
   esac
 }
 
