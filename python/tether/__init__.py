@@ -9,7 +9,13 @@ import re
 
 import torch  # LibTorch's Python bindings, before tether._C
 
-from tether import _build
+try:
+    from tether import _build
+except ImportError as e:
+    raise ImportError(
+        "tether/_build.py is missing beside %s: Bazel writes it with the "
+        "extension (a checkout: scripts/python_setup.sh; docs/python.md, "
+        "Installing)" % __file__) from e
 
 
 def _check_torch():

@@ -25,11 +25,16 @@ import sys
 import time
 import zipfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON_DIR = os.path.dirname(HERE)
-REPO = os.path.dirname(PYTHON_DIR)
+# The source tree: Bazel's runfiles (where sh_test puts this file as
+# python/wheel_test), or the checkout this file is in.
+if "TEST_SRCDIR" in os.environ:
+    REPO = os.path.join(os.environ["TEST_SRCDIR"],
+                        os.environ.get("TEST_WORKSPACE", "tether"))
+else:
+    REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples", "python")
-sys.path.insert(0, os.path.join(PYTHON_DIR, "tests"))
+sys.path.insert(0, os.path.join(REPO, "python", "tests"))
 from examples_test import check_pipeline  # noqa: E402
 from seeds_test import check_remote_rref, check_split_model  # noqa: E402
 
