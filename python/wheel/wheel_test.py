@@ -37,6 +37,7 @@ EXAMPLES = os.path.join(REPO, "examples", "python")
 sys.path.insert(0, os.path.join(REPO, "python", "tests"))
 from examples_test import check_pipeline  # noqa: E402
 from seeds_test import check_remote_rref, check_split_model  # noqa: E402
+from workers import free_port  # noqa: E402
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 TIMEOUT = 150
@@ -208,13 +209,6 @@ def run_example(venv):
                       env={"MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": str(free_port())})
     check_pipeline(out)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_launcher(venv):
