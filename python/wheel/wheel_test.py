@@ -11,7 +11,8 @@ its versions agree (pip show, importlib.metadata, tether.__version__, the
 C++ library's and tether/version.bzl's), that its files load with what the
 system has (ldd), that the import refuses another torch, runs the three seed
 programs of examples/python/ under the installed tether-run and one example,
-and `python -m tether.run`; then uninstalls it and checks that it is gone.
+type-checks the seeds with mypy against the installed stubs, and runs
+`python -m tether.run`; then uninstalls it and checks that it is gone.
 Prints how long the venv, the install and each step took.
 """
 import base64
@@ -211,6 +212,24 @@ def run_example(venv):
     check_pipeline(out)
 
 
+def check_types(venv):
+    """mypy finds the installed stubs (py.typed, PEP 561): the seed programs
+    type-check, and a call the stubs do not allow is an error. torch is read
+    as Any (its own types take minutes)."""
+    config = os.path.join(venv.work, "mypy.ini")
+    with open(config, "w") as f:
+        f.write("[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n")
+    wrong = os.path.join(venv.work, "wrong_types.py")
+    with open(wrong, "w") as f:
+        f.write("import tether.rpc as rpc\nrpc.init_rpc(0)\n")
+    mypy = [venv.python, "-m", "mypy", "--config-file", config,
+            "--cache-dir", os.path.join(venv.work, "mypy_cache")]
+    venv.run(mypy + [name for name, _, _ in SEEDS])
+    rc, out = venv.run(mypy + [wrong], check=False)
+    assert rc == 1 and 'Argument 1 to "init_rpc" has incompatible type ' \
+        '"int"; expected "str"' in out, out
+
+
 def check_launcher(venv):
     """tether-run and python -m tether.run are the launcher, flags and
     all."""
@@ -263,6 +282,7 @@ def main():
         timed("tether-run: %s" % name, run_seed, venv, name, world_size,
               check)
     timed("example: pipeline.py", run_example, venv)
+    timed("mypy: the installed stubs", check_types, venv)
     timed("tether-run / python -m tether.run", check_launcher, venv)
     timed("pip uninstall", uninstall, venv, package)
     print("wheel_test: OK")
