@@ -221,13 +221,13 @@ def check_types(venv):
         f.write("[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n")
     wrong = os.path.join(venv.work, "wrong_types.py")
     with open(wrong, "w") as f:
-        f.write("import tether.rpc as rpc\nrpc.init_rpc(0)\n")
+        f.write("import tether.rpc as rpc\nrpc.shutdown(timeout='soon')\n")
     mypy = [venv.python, "-m", "mypy", "--config-file", config,
             "--cache-dir", os.path.join(venv.work, "mypy_cache")]
     venv.run(mypy + [name for name, _, _ in SEEDS])
     rc, out = venv.run(mypy + [wrong], check=False)
-    assert rc == 1 and 'Argument 1 to "init_rpc" has incompatible type ' \
-        '"int"; expected "str"' in out, out
+    assert rc == 1 and 'Argument "timeout" to "shutdown" has incompatible ' \
+        'type "str"; expected "float"' in out, out
 
 
 def check_launcher(venv):

@@ -3,7 +3,7 @@
 # //python:stubs_test holds them against the package with mypy's stubtest.
 import enum
 from typing import (Any, Callable, Dict, Generic, Iterable, List, Optional,
-                    Tuple, TypeVar, Union)
+                    Tuple, TypeVar, Union, overload)
 
 import torch
 
@@ -62,7 +62,7 @@ class RpcBackendOptions:
     rpc_timeout: float
     init_method: str
     backend_settings: Dict[str, str]
-    auth_secret: Optional[str]
+    auth_secret: Union[str, bytes, None]
     allowed_modules: Tuple[str, ...]
     program_modules: bool
     init_timeout: float
@@ -71,7 +71,7 @@ class RpcBackendOptions:
     def __init__(self, num_worker_threads: int = ...,
                  rpc_timeout: float = ..., init_method: str = ...,
                  backend_settings: Optional[Dict[str, str]] = ...,
-                 auth_secret: Optional[str] = ...,
+                 auth_secret: Union[str, bytes, None] = ...,
                  allowed_modules: Iterable[str] = ...,
                  init_timeout: float = ...,
                  device_maps: Optional[Dict[str, Any]] = ...,
@@ -87,10 +87,15 @@ TensorPipeRpcBackendOptions = RpcBackendOptions
 _To = Union[str, int, WorkerInfo]
 
 
+@overload
 def init_rpc(name: str, backend: Union[BackendType, str, None] = ...,
-             rank: int = ..., world_size: Optional[int] = ...,
+             rank: Optional[int] = ..., world_size: Optional[int] = ...,
              rpc_backend_options: Optional[RpcBackendOptions] = ...,
              master_endpoint: Optional[str] = ...) -> None: ...
+# Paddle's positional form: (name, rank, world_size, master_endpoint).
+@overload
+def init_rpc(name: str, rank: int, world_size: int,
+             master_endpoint: Optional[str] = ..., /) -> None: ...
 def shutdown(graceful: bool = ..., timeout: float = ...) -> None: ...
 def get_worker_info(worker_name: Union[str, int, None] = ...) -> WorkerInfo: ...
 def get_current_worker_info() -> WorkerInfo: ...
