@@ -99,7 +99,7 @@ def percentile(samples, q):
     return samples[min(len(samples) - 1, int(q * len(samples)))]
 
 
-def timed_with_cpu(n, call, cpu=None):
+def timed(n, call, cpu=None):
     """p50 and p99 of n calls after a warm-up; with `cpu` (a CpuUse), both
     processes' CPU per call over them too."""
     for _ in range(max(10, n // 10)):  # warm up
@@ -154,7 +154,7 @@ def run_socket(rank, n):
             conn.sendall(message)
             conn.recv(16, socket.MSG_WAITALL)
 
-        print("JSON " + json.dumps({"tcp ping-pong": timed_with_cpu(n, round_trip)}),
+        print("JSON " + json.dumps({"tcp ping-pong": timed(n, round_trip)}),
               flush=True)
 
 
@@ -185,25 +185,26 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
         result = {}
         cpu = CpuUse(rpc, "w1")
 
-        def timed(n, call):
-            return timed_with_cpu(n, call, cpu)
+        def measured(n, call):
+            return timed(n, call, cpu)
+
         if "rpc_sync builtin" in workloads:
-            result["rpc_sync builtin"] = timed(
+            result["rpc_sync builtin"] = measured(
                 n, lambda: rpc.rpc_sync("w1", torch.add, args=(t, 1)))
         if "rpc_sync python" in workloads:
-            result["rpc_sync python"] = timed(
+            result["rpc_sync python"] = measured(
                 n, lambda: rpc.rpc_sync("w1", py_add, args=(t, 1)))
         if "rpc_sync object" in workloads:
             import numpy
             obs = Observation(numpy.arange(4, dtype=numpy.float32), 7,
                               torch.ones(2))
-            result["rpc_sync object"] = timed(
+            result["rpc_sync object"] = measured(
                 n, lambda: rpc.rpc_sync("w1", echo, args=(obs,)))
         if "rpc_async + wait" in workloads:
-            result["rpc_async + wait"] = timed(
+            result["rpc_async + wait"] = measured(
                 n, lambda: rpc.rpc_async("w1", torch.add, args=(t, 1)).wait())
         if "remote + to_here" in workloads:
-            result["remote + to_here"] = timed(
+            result["remote + to_here"] = measured(
                 n // 3, lambda: rpc.remote("w1", torch.add,
                                            args=(t, 1)).to_here())
         if "dist autograd step" in workloads:
@@ -217,7 +218,7 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
                     grads = dist_autograd.get_gradients(context_id)
                 assert grads[x].shape == x.shape
 
-            result["dist autograd step"] = timed(n // 3, autograd_step)
+            result["dist autograd step"] = measured(n // 3, autograd_step)
             del linear
         if "rpc_async builtin" in workloads:
             calls = 10 * n
@@ -235,8 +236,8 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
                 "cpu_us_per_call": cpu.per_call_us(calls)}
         if "echo 64 MiB" in workloads:
             big = torch.ones(64 << 20, dtype=torch.uint8)
-            echoed = timed(max(10, n // 150),
-                           lambda: rpc.rpc_sync("w1", echo, args=(big,)))
+            echoed = measured(max(10, n // 150),
+                              lambda: rpc.rpc_sync("w1", echo, args=(big,)))
             echoed["GBps"] = 2 * big.numel() / echoed["p50_us"] / 1e3
             result["echo 64 MiB"] = echoed
         # No calls for a while, after them: each process's share of a core.
