@@ -105,6 +105,15 @@ struct BackendNames {
   // create_agent() fills it with the address chosen for every backend
   // (core/host_address.h).
   const char* address_setting = nullptr;
+  // The setting that bounds how long the backend's own liveness bears a
+  // silent peer ("grpc.keepalive_timeout_ms"), or nullptr if it has none,
+  // and that setting's default. When the user leaves it out and the group's
+  // peer timeout (AgentSetup::peer_timeout) is longer than the default,
+  // create_agent() sets it to the peer timeout: no backend gives up on a
+  // peer sooner than the group does (a worker stopped for 30 s under a 60 s
+  // peer timeout is slow, not lost).
+  const char* silence_setting = nullptr;
+  absl::Duration silence_default = absl::ZeroDuration();
 };
 
 // "<display> agent of worker '<self>'": how a backend's messages open.
@@ -493,6 +502,12 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(const BackendNames& names,
     if (!host.ok()) return host.status();
     setup.settings[names.address_setting] = *std::move(host);
     setup.address_defaulted = true;
+  }
+  if (names.silence_setting != nullptr &&
+      !setup.settings.contains(names.silence_setting) &&
+      setup.peer_timeout > names.silence_default) {
+    setup.settings[names.silence_setting] = absl::StrCat(
+        absl::ToInt64Milliseconds(std::min(setup.peer_timeout, absl::Hours(24))));
   }
   auto settings = parse(setup.settings);
   if (!settings.ok()) return settings.status();

@@ -60,7 +60,8 @@
 //   grpc.keepalive_ms     interval of HTTP/2 keepalive pings on idle
 //                         connections, 0 = none (default 10000)
 //   grpc.keepalive_timeout_ms  a ping unanswered this long loses the peer
-//                         (default 5000): a silent peer is detected within
+//                         (default 5000, or the peer timeout if that is
+//                         longer): a silent peer is detected within
 //                         keepalive_ms + keepalive_timeout_ms
 //   grpc.completion_threads  completion queues of the agent's streams, each
 //                         with a thread of the agent that drives it, runs

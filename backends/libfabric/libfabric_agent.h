@@ -116,7 +116,8 @@
 //                             (default 16; fewer if the provider's receive
 //                             queue cannot hold world size x (credits + 1))
 //   libfabric.peer_timeout_ms silence after which a peer with work pending
-//                             is lost, >= 100 (default 10000)
+//                             is lost, >= 100 (default 10000, or the
+//                             peer timeout if that is longer)
 //   libfabric.init_timeout_ms how long creation waits for every rank's
 //                             address (default 60000)
 //   libfabric.accept_timeout_ms  tcp providers: how long a connection to

@@ -8,6 +8,7 @@
 // - a killed rank 0 (whose process serves the rendezvous store) is an error
 //   Status for the survivors, never an abort.
 #include <ATen/ATen.h>
+#include <absl/container/flat_hash_map.h>
 #include <absl/strings/str_cat.h>
 #include <absl/time/clock.h>
 #include <gmock/gmock.h>
@@ -34,7 +35,8 @@ using ::tether::testing::StatusIs;
 // A short peer timeout: a healthy run must outlast it many times over.
 constexpr absl::Duration kPeerTimeout = absl::Milliseconds(500);
 
-void init(int rank, int world_size, absl::Duration peer_timeout) {
+void init(int rank, int world_size, absl::Duration peer_timeout,
+          const absl::flat_hash_map<std::string, std::string>& settings = {}) {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry;
     EXPECT_THAT(backends::register_builtin_backends(*r), IsOk());
@@ -43,6 +45,9 @@ void init(int rank, int world_size, absl::Duration peer_timeout) {
   RpcOptions options;
   options.backend = ::tether::testing::backend_under_test();
   options.backend_settings = ::tether::testing::backend_settings_under_test();
+  for (const auto& [key, value] : settings) {
+    options.backend_settings.try_emplace(key, value);
+  }
   options.init_method = "env://";
   options.num_worker_threads = 4;
   options.default_timeout = absl::Seconds(60);
@@ -145,6 +150,43 @@ TEST(ShutdownScenarios, AWorkerStoppedWithinThePeerTimeoutIsWaitedFor) {
         ::_exit(0);
       }
       ::kill(self, SIGSTOP);
+    }
+    EXPECT_THAT(shutdown(), IsOk());
+  });
+}
+
+// A worker stopped mid-call for longer than a backend's own liveness would
+// bear by default (gRPC: keepalive_ms + 5 s, here 0.2 + 5 s; libfabric:
+// 10 s) but within the group's peer timeout: the backend bears it as long
+// as the group does, the calls to it are answered once it runs again, and
+// everyone shuts down cleanly.
+TEST(ShutdownScenarios, AWorkerStoppedMidCallPastABackendsOwnDefaultIsWaitedFor) {
+  constexpr absl::Duration kStopped = absl::Seconds(11);
+  ::tether::testing::run_in_processes(3, [kStopped](int rank, int world) {
+    // gRPC's keepalive pings every 200 ms, so that its 5 s default would
+    // lose the stopped worker well within the stop.
+    init(rank, world, absl::Seconds(30), {{"grpc.keepalive_ms", "200"}});
+    if (rank == 2) {
+      const pid_t self = ::getpid();
+      if (::fork() == 0) {
+        ::usleep(absl::ToInt64Microseconds(kStopped));
+        ::kill(self, SIGCONT);
+        ::_exit(0);
+      }
+      ::kill(self, SIGSTOP);
+    } else {
+      // w2 stops itself as init_rpc returns; the calls go once it has.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      const absl::Time start = absl::Now();
+      absl::StatusOr<at::IValue> sum = rpc_sync(
+          name_of(2), "aten::add.Tensor", {at::ones({4}), at::ones({4})});
+      ASSERT_THAT(sum, IsOk());
+      EXPECT_TRUE(sum->toTensor().equal(at::full({4}, 2.0)));
+      const absl::Duration took = absl::Now() - start;
+      std::printf("%s's call to the stopped w2 took %s\n",
+                  name_of(rank).c_str(), absl::FormatDuration(took).c_str());
+      // It waited for the stop (else the test showed nothing).
+      EXPECT_GT(took, kStopped / 2);
     }
     EXPECT_THAT(shutdown(), IsOk());
   });

@@ -33,7 +33,9 @@
 namespace tether::backends::grpc_internal {
 
 inline constexpr common::BackendNames kGrpcNames{
-    "grpc", "gRPC", "tether/grpc/", "grpc.address"};
+    "grpc",           "gRPC",
+    "tether/grpc/",   "grpc.address",
+    "grpc.keepalive_timeout_ms", kKeepaliveTimeout};
 
 // Everything an agent's callbacks touch. Callbacks hold it weakly: a
 // callback that fires after the agent is gone finds nothing and returns.

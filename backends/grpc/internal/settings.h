@@ -31,6 +31,10 @@ struct TlsSettings {
   bool enabled() const { return !cert_chain.empty(); }
 };
 
+// grpc.keepalive_timeout_ms's default; a longer peer timeout replaces it
+// (kGrpcNames).
+inline constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(5);
+
 struct Settings {
   // The host to listen on and publish: an IP literal (IPv6 in brackets).
   std::string host = "127.0.0.1";
@@ -38,7 +42,7 @@ struct Settings {
   TlsSettings tls;
   // 0: no keepalive pings.
   absl::Duration keepalive = absl::Seconds(10);
-  absl::Duration keepalive_timeout = absl::Seconds(5);
+  absl::Duration keepalive_timeout = kKeepaliveTimeout;
   // Completion queues, each driven by one thread of the agent. One: with
   // more, gRPC's poller hands each event to the queue's thread (twice the
   // context switches a call; docs/benchmarks.md).

@@ -60,7 +60,9 @@
 namespace tether::backends::libfabric::internal {
 
 inline constexpr common::BackendNames kLibfabricNames{
-    "libfabric", "libfabric", "tether/libfabric/", "libfabric.address"};
+    "libfabric",         "libfabric",
+    "tether/libfabric/", "libfabric.address",
+    "libfabric.peer_timeout_ms", kPeerTimeout};
 constexpr size_t kSendBuffers = 64;
 
 // Which agent's progress thread this is (nullptr: none).

@@ -22,6 +22,10 @@ enum class RendezvousMode {
 
 const char* rendezvous_mode_name(RendezvousMode mode);
 
+// libfabric.peer_timeout_ms's default; a longer peer timeout replaces it
+// (kLibfabricNames).
+inline constexpr absl::Duration kPeerTimeout = absl::Seconds(10);
+
 struct Settings {
   std::string provider = "tcp;ofi_rxm";
   std::string address = "127.0.0.1";
@@ -33,7 +37,7 @@ struct Settings {
   bool threshold_given = false;
   RendezvousMode rendezvous = RendezvousMode::kAuto;
   uint32_t credits = 16;
-  absl::Duration peer_timeout = absl::Seconds(10);
+  absl::Duration peer_timeout = kPeerTimeout;
   absl::Duration init_timeout = absl::Seconds(60);
   // tcp providers: how long a connection accepted on the endpoint's
   // listener may take to make its connection request before it is reset.
