@@ -16,7 +16,7 @@
 
 #include "core/huge_pages.h"
 #include "core/internal/blas_check.h"
-#include "core/internal/store_client.h"
+#include "core/toolkit/store_client.h"
 #include "core/ivalue_future.h"
 #include "core/join/membership.h"
 #include "core/profiling.h"

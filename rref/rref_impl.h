@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "core/future.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/timer.h"
 #include "core/message.h"
 #include "core/wire/codec.h"
 #include "core/worker.h"
