@@ -442,7 +442,7 @@ bool matches(const c10::IValue& v, const c10::Type& type) {
 
 class Encoder {
  public:
-  Encoder(RRefHook* rrefs, const Limits& limits)
+  Encoder(ReferenceHook* rrefs, const Limits& limits)
       : rrefs_(rrefs), max_depth_(effective_max_depth(limits.max_depth)) {}
 
   absl::Status value(const c10::IValue& v, pb::Value* out, const Path& path,
@@ -487,7 +487,7 @@ class Encoder {
                                                pb::PickledObject* out,
                                                const Path& path, int depth);
 
-  RRefHook* const rrefs_;
+  ReferenceHook* const rrefs_;
   const int max_depth_;
   std::vector<PendingTensor> pending_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> materialized_;
@@ -886,7 +886,7 @@ bool add_ok(int64_t a, int64_t b, int64_t* out) {
 
 class Decoder {
  public:
-  Decoder(const Message& in, const Limits& limits, RRefHook* rrefs)
+  Decoder(const Message& in, const Limits& limits, ReferenceHook* rrefs)
       : in_(in),
         rrefs_(rrefs),
         limits_(limits),
@@ -926,7 +926,7 @@ class Decoder {
       const pb::Device& d, const Path& path);
 
   const Message& in_;
-  RRefHook* const rrefs_;
+  ReferenceHook* const rrefs_;
   const Limits& limits_;
   const int max_depth_;
   int64_t values_ = 0;
@@ -1506,8 +1506,8 @@ void set_object_encoder(ObjectEncoder encoder) {
   object_encoder.store(encoder, std::memory_order_release);
 }
 
-absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs,
-                    const AutogradMeta* autograd, const Limits& limits) {
+absl::Status encode(const c10::IValue& value, Message& out, ReferenceHook* rrefs,
+                    const ContextMeta* autograd, const Limits& limits) {
   try {
     alignas(16) char block[kArenaBlockBytes];
     google::protobuf::Arena arena(arena_on(block));
@@ -1548,7 +1548,7 @@ absl::Status encode(const c10::IValue& value, Message& out, RRefHook* rrefs,
 }
 
 absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
-                                   RRefHook* rrefs, AutogradMeta* autograd) {
+                                   ReferenceHook* rrefs, ContextMeta* autograd) {
   const int64_t payload_size = static_cast<int64_t>(in.payload.size());
   if (payload_size > limits.max_payload_bytes || payload_size > INT_MAX) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -1601,7 +1601,7 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
     if (!envelope->has_root()) {
       return absl::InvalidArgumentError("envelope has no root value");
     }
-    AutogradMeta meta;
+    ContextMeta meta;
     if (envelope->has_autograd()) {
       const pb::Autograd& a = envelope->autograd();
       if (a.context_id() < 0 || a.message_id() < -1 || a.from() < 0) {
