@@ -44,6 +44,13 @@ if [ "$count" -eq 0 ]; then
 fi
 install -m 0644 "$here/cmake/tetherConfig.cmake.in" \
   "$prefix/lib/cmake/tether/tetherConfig.cmake"
-sed "s|@PREFIX@|$prefix|" "$here/cmake/tether.pc.in" >"$prefix/lib/pkgconfig/tether.pc"
+# The version: tether/version.h's, which Bazel writes from tether/version.bzl.
+version="$(sed -n 's/^#define TETHER_VERSION "\(.*\)"$/\1/p' "$prefix/include/tether/version.h")"
+if [ -z "$version" ]; then
+  echo "install: no TETHER_VERSION in $prefix/include/tether/version.h" >&2
+  exit 1
+fi
+sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" "$here/cmake/tether.pc.in" \
+  >"$prefix/lib/pkgconfig/tether.pc"
 echo "install: tether in $prefix ($count headers); CMake: find_package(tether)" \
      "with CMAKE_PREFIX_PATH=$prefix; pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig"

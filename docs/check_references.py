@@ -94,12 +94,16 @@ def target_names(build_file):
     `fuzz_test(name = "x")` also x_smoke_test,
     `backend_tests(name = "x")` only targets x_..._test,
     `unit(name = "x", test = True)` also x_test, and
-    `backend_library(name = "x")` also agent_state and settings."""
+    `backend_library(name = "x")` also agent_state and settings. The files
+    in a rule's `outs = [...]` are targets too."""
     with open(build_file, encoding="utf-8") as f:
         text = f.read()
     if re.search(r"\bname\s*=\s*[A-Za-z_]", text):
         return [re.compile(".*")]
     names = re.findall(r"\bname\s*=\s*\"([^\"]+)\"", text)
+    # Files a rule writes (a genrule's outs: //tether:version.h).
+    for outs in re.findall(r"\bouts\s*=\s*\[([^\]]*)\]", text):
+        names += re.findall(r"\"([^\"]+)\"", outs)
     names += [name + "_smoke_test" for name in macro_names(text, "fuzz_test")]
     names += [name + "_%s_test"
               for name in macro_names(text, "backend_tests")]

@@ -18,7 +18,8 @@ class CheckReferencesTest(unittest.TestCase):
                 "BUILD.bazel": "",
                 "README.md": "",
                 "core/BUILD.bazel": 'cc_library(name = "worker")\n'
-                                    '[cc_test(name = "%s_test" % b)]\n',
+                                    '[cc_test(name = "%s_test" % b)]\n'
+                                    'genrule(name = "v", outs = ["v.h"])\n',
                 "core/worker.h": "",
                 "python/BUILD.bazel": '[sh_test(name = test) for test in T]\n',
                 "tools/bench_worker.cc": "",
@@ -43,7 +44,7 @@ class CheckReferencesTest(unittest.TestCase):
             "`core/worker.h` and `core/worker.h:12`, `core/` `core/*.h`\n"
             "`bazel-bin/tools/bench_worker --quick`, `//core:worker`,\n"
             "`//core:grpc_test` `//core/...` `//...` ![plot](bench/plot.png)\n"
-            "`//python:rpc_test`\n"
+            "`//python:rpc_test` `//core:v.h`\n"
             "[map](../README.md#use) [web](https://example.org/a/b)\n"
             "```sh\ncore/worker.h --out=docs/bench\n```\n"), [])
 
@@ -55,8 +56,10 @@ class CheckReferencesTest(unittest.TestCase):
 
     def test_missing_labels_are_found(self):
         self.assertEqual(self.broken(
-            "`//core:agent` `//rref:rref_test` `//core/wire/...`\n"),
-            ["//core:agent", "//rref:rref_test", "//core/wire/..."])
+            "`//core:agent` `//rref:rref_test` `//core/wire/...`\n"
+            "`//core:w.h`\n"),
+            ["//core:agent", "//rref:rref_test", "//core/wire/...",
+             "//core:w.h"])
 
     def test_targets_of_backend_tests_bzl_macros_are_known(self):
         os.makedirs(os.path.join(self.root, "backends", "foo"))

@@ -2,8 +2,8 @@
 # The main job (examples/train: a parameter server and two trainers) under a
 # launcher users already have, which tether does not ship:
 #
-#   run_training_launcher_test.sh mpirun   TRAIN   Open MPI (openmpi-bin)
-#   run_training_launcher_test.sh torchrun TRAIN   torchrun (python3-torch)
+#   run_training_launcher_test.sh mpirun   TRAIN WORKERS_PY   Open MPI (openmpi-bin)
+#   run_training_launcher_test.sh torchrun TRAIN WORKERS_PY   torchrun (python3-torch)
 #
 # Each process reads its rank, world size and local rank from the launcher's
 # own variables (core/rendezvous.h, launcher_env). Under mpirun, rank 0
@@ -14,8 +14,9 @@ launcher="$1"
 train="$(readlink -f "$2")"
 steps=40
 
-# A port free now, for the store (mpirun) or torchrun's agent.
-port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+# A port free now, for the store (mpirun) or torchrun's agent, chosen where
+# no server binding port 0 can take it first (workers.py, free_port).
+port="$(/usr/bin/python3 "$3")"
 
 case "$launcher" in
   mpirun)
@@ -35,7 +36,7 @@ case "$launcher" in
          --redirects 1 --tee 1 --no_python "$train" --steps=$steps)
     ;;
   *)
-    echo "usage: $0 mpirun|torchrun TRAIN" >&2
+    echo "usage: $0 mpirun|torchrun TRAIN WORKERS_PY" >&2
     exit 2
     ;;
 esac

@@ -18,7 +18,8 @@
 //
 // Flags: --steps=N (200), --backend=NAME (tensorpipe), --world_size=N (must
 // match the launcher's), --optimizer=sgd|adam, --lr=X, --seed=N,
-// --peer_timeout_ms=N (RpcOptions::peer_timeout), --loss_log=FILE (each
+// --peer_timeout_ms=N (RpcOptions::peer_timeout), --progress_every=N (a line
+// every N steps; default a twentieth of the steps), --loss_log=FILE (each
 // trainer appends "<trainer> <step> <loss>" to FILE at every step, the loss
 // to 17 digits), and checkpoints:
 //
@@ -65,6 +66,7 @@ struct Flags {
   std::string backend = "tensorpipe";
   int world_size = -1;
   int peer_timeout_ms = 0;  // 0: RpcOptions' default
+  int64_t progress_every = 0;  // 0: a twentieth of the steps
   std::string loss_log;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // 0: after the last step
@@ -85,6 +87,9 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
     } else if (name == "--peer_timeout_ms") {
       ok = ok && absl::SimpleAtoi(value, &flags.peer_timeout_ms) &&
            flags.peer_timeout_ms > 0;
+    } else if (name == "--progress_every") {
+      ok = ok && absl::SimpleAtoi(value, &flags.progress_every) &&
+           flags.progress_every > 0;
     } else if (name == "--world_size") {
       ok = ok && absl::SimpleAtoi(value, &flags.world_size);
     } else if (name == "--optimizer") {
@@ -226,7 +231,9 @@ bool run_trainer(const Flags& flags, int rank, int world) {
       return false;
     }
   }
-  const int64_t every = std::max<int64_t>(1, flags.steps / 20);
+  const int64_t every = flags.progress_every > 0
+                            ? flags.progress_every
+                            : std::max<int64_t>(1, flags.steps / 20);
   const int64_t save_every =
       flags.checkpoint_every > 0 ? flags.checkpoint_every : flags.steps;
   const absl::Time start = absl::Now();

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Makes `import tether` work for Debian's python3 (/usr/bin/python3, which
-# has python3-torch) from a fresh checkout: installs the Debian packages,
-# builds the extension tether._C with Bazel, puts it beside the package
-# sources in python/tether/ and points Debian's site-packages at python/
-# with a .pth file (no pip, no download). Run it again after a change.
+# The developer's shortcut (users install the wheel: scripts/python_install.sh):
+# makes `import tether` work for Debian's python3 (/usr/bin/python3, which
+# has python3-torch) from the checkout itself: installs the Debian packages,
+# builds the extension tether._C, tether/_build.py and the launcher with
+# Bazel, puts them beside the package sources in python/tether/ (untracked)
+# and points Debian's site-packages at python/ with a .pth file (no pip, no
+# download). Edits of the .py files take effect at once; run it again after
+# a C++ change.
 #
 #   scripts/python_setup.sh            # optimised build (-c opt)
 #   TETHER_PY_MODE=fastbuild scripts/python_setup.sh   # reuse test builds
@@ -16,8 +19,10 @@ python=/usr/bin/python3
 scripts/setup.sh
 
 bazel build -c "${TETHER_PY_MODE:-opt}" --jobs="${TETHER_JOBS:-2}" \
-  //python:tether/_C.so
+  //python:tether/_C.so //python:tether/_build.py //tools:tether_run
 install -m 0755 "bazel-bin/python/tether/_C.so" python/tether/_C.so
+install -m 0644 "bazel-bin/python/tether/_build.py" python/tether/_build.py
+install -D -m 0755 "bazel-bin/tools/tether_run" python/tether/bin/tether_run
 
 site="$("$python" -c 'import site; print(site.getsitepackages()[0])')"
 if ! { mkdir -p "$site" && [ -w "$site" ]; }; then

@@ -37,6 +37,10 @@ packages=(
   pybind11-dev
   python3-torch
   python3-pytest
+  # The wheel: virtual environments with pip (scripts/python_install.sh,
+  # //python:wheel_test) and mypy's stubtest (//python:stubs_test).
+  python3-venv
+  python3-mypy
   "$@"
 )
 

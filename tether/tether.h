@@ -40,6 +40,7 @@
 #include "rref/remote_module.h"
 #include "rref/rref.h"
 #include "tether/checkpoint.h"
+#include "tether/version.h"  // TETHER_VERSION, tether::kVersion
 
 namespace tether {
 

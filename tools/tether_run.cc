@@ -14,19 +14,32 @@
 // with TORCHELASTIC_USE_AGENT_STORE=True: rank 0 connects to it as a client.
 // So the port is bound from before the first worker starts until the last
 // one ends (no other process can take it in between), and the store
-// outlives every worker that needs it, whichever exits first. Their output is streamed line by line,
-// prefixed by rank. When one child fails (non-zero exit or a signal) the
-// others get SIGTERM, then SIGKILL after the grace period, and tether_run
-// exits non-zero naming the first failure; it exits 0 only if all succeed.
+// outlives every worker that needs it, whichever exits first. Their output
+// is streamed line by line, prefixed by rank.
+//
+// How a run ends (docs/reliability.md, "Launchers and faults"):
+// - When a worker fails (non-zero exit or a signal), the others' process
+//   groups get SIGTERM, then SIGKILL after the grace period. tether_run's
+//   exit status is the first failed worker's: its exit code, or 128 + the
+//   signal that killed it, as a shell reports it; stderr names its rank.
+// - SIGINT, SIGTERM or SIGHUP to tether_run is passed on, as it came, to
+//   every worker's process group, SIGKILL after the grace period (at once
+//   on a second signal); the exit status is then 128 + that signal. A
+//   signal that tether_run's parent left ignored (nohup, a script's
+//   background job and SIGINT) stays ignored.
+// - When tether_run dies without a chance to stop them (SIGKILL, a crash),
+//   each worker gets SIGKILL from the kernel (PR_SET_PDEATHSIG): none runs
+//   on without it. That reaches the worker, not processes the worker
+//   started itself.
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,9 +55,8 @@
 
 namespace {
 
-volatile sig_atomic_t interrupted = 0;
-
-void on_signal(int) { interrupted = 1; }
+// The signals tether_run passes on to its workers.
+constexpr int kPassedOn[] = {SIGINT, SIGTERM, SIGHUP};
 
 struct Child {
   int rank = 0;
@@ -89,9 +101,16 @@ constexpr char kUsage[] =
     "Each gets MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, LOCAL_RANK,\n"
     "WORLD_SIZE and TORCHELASTIC_USE_AGENT_STORE=True: tether_run serves the\n"
     "rendezvous store on MASTER_PORT itself (a free port unless --master_port\n"
-    "gives one) for the workers' whole life. Output is prefixed by rank. When\n"
-    "a worker fails the others get SIGTERM, then SIGKILL after --grace_ms\n"
-    "(5000); the exit status is 0 only if every worker succeeded.\n"
+    "gives one) for the workers' whole life. Output is prefixed by rank.\n"
+    "\n"
+    "When a worker fails the others get SIGTERM, then SIGKILL after --grace_ms\n"
+    "(5000), and the exit status is the first failed worker's: its exit code,\n"
+    "or 128 + the signal that killed it; the last line on stderr names it:\n"
+    "  tether_run: failed: rank 1 first, killed by signal 9 (Killed)\n"
+    "SIGINT, SIGTERM and SIGHUP are passed on to every worker as they came,\n"
+    "SIGKILL after --grace_ms (at once on a second signal); the exit status\n"
+    "is then 128 + the signal. If tether_run itself is killed, its workers\n"
+    "are killed with it. 0 only if every worker succeeded.\n"
     "\n"
     "Programs separated by a lone ':' run per rank: rank r runs the r-th;\n"
     "without --nproc there is one rank per program, with a larger --nproc the\n"
@@ -128,6 +147,62 @@ std::string describe_exit(int status) {
   return "stopped";
 }
 
+// The exit status a shell would report for a process that ended so.
+int shell_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? absl::StrCat("SIG", abbrev)
+                           : absl::StrCat("signal ", sig);
+}
+
+// The signals the launcher takes (SIGCHLD and those of kPassedOn its parent
+// did not leave ignored), blocked in every thread and read from a signalfd
+// in the main loop: no handler, no race with poll(), and a worker's end
+// wakes the loop at once.
+struct Signals {
+  sigset_t taken;
+  sigset_t original;  // the mask to restore in the workers
+  int fd = -1;
+};
+
+bool take_signals(Signals& signals) {
+  sigemptyset(&signals.taken);
+  sigaddset(&signals.taken, SIGCHLD);
+  for (int sig : kPassedOn) {
+    struct sigaction action {};
+    if (::sigaction(sig, nullptr, &action) == 0 &&
+        action.sa_handler != SIG_IGN) {
+      sigaddset(&signals.taken, sig);
+    }
+  }
+  // Before any thread starts (the store's), so that they all block them.
+  if (::pthread_sigmask(SIG_BLOCK, &signals.taken, &signals.original) != 0) {
+    return false;
+  }
+  signals.fd = ::signalfd(-1, &signals.taken, SFD_NONBLOCK | SFD_CLOEXEC);
+  return signals.fd >= 0;
+}
+
+// Signals every running worker's process group.
+void signal_workers(std::vector<Child>& children, int sig) {
+  for (Child& child : children) {
+    if (child.running) ::kill(-child.pid, sig);
+  }
+}
+
+std::string running_ranks(const std::vector<Child>& children) {
+  std::vector<int> ranks;
+  for (const Child& child : children) {
+    if (child.running) ranks.push_back(child.rank);
+  }
+  return absl::StrJoin(ranks, ", ");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,7 +226,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--master_port") {
       if (!absl::SimpleAtoi(argv[++i], &port)) return usage("bad --master_port");
     } else if (arg == "--grace_ms") {
-      if (!absl::SimpleAtoi(argv[++i], &grace_ms)) return usage("bad --grace_ms");
+      if (!absl::SimpleAtoi(argv[++i], &grace_ms) || grace_ms < 0) {
+        return usage("bad --grace_ms");
+      }
     } else {
       return usage(("unknown option " + arg).c_str());
     }
@@ -176,6 +253,11 @@ int main(int argc, char** argv) {
     return usage("more programs than ranks (--nproc)");
   }
   if (port < 0 || port > 65535) return usage("bad --master_port");
+  Signals signals;
+  if (!take_signals(signals)) {
+    std::perror("tether_run: signals");
+    return 1;
+  }
   // The rendezvous store, served from here for the workers' whole life.
   c10::intrusive_ptr<c10d::TCPStore> store;
   try {
@@ -192,11 +274,13 @@ int main(int argc, char** argv) {
   }
   port = store->getPort();
 
+  const pid_t launcher = ::getpid();
   std::vector<Child> children(nproc);
   for (int rank = 0; rank < nproc; ++rank) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("tether_run: pipe");
+      signal_workers(children, SIGKILL);
       return 1;
     }
     // Built before fork(): between fork and exec a child of this
@@ -205,14 +289,23 @@ int main(int argc, char** argv) {
     std::vector<char*> envp;
     for (std::string& entry : env) envp.push_back(entry.data());
     envp.push_back(nullptr);
+    // Forked by the main thread, which lives as long as the launcher: the
+    // parent-death signal comes when the forking thread ends.
     pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("tether_run: fork");
+      signal_workers(children, SIGKILL);
       return 1;
     }
     if (pid == 0) {
       // Its own process group, so stopping a worker stops what it started.
       ::setpgid(0, 0);
+      // Dies with the launcher. If the launcher died before this line, no
+      // signal will come: the parent is no longer the launcher, so go.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) {
+        ::_exit(127);
+      }
+      ::sigprocmask(SIG_SETMASK, &signals.original, nullptr);
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
       // Not the store's sockets nor the other workers' pipes.
@@ -237,24 +330,60 @@ int main(int argc, char** argv) {
     children[rank].out_fd = fds[0];
   }
 
-  // Workers sit in their own process groups: pass a Ctrl-C or SIGTERM on.
-  ::signal(SIGINT, on_signal);
-  ::signal(SIGTERM, on_signal);
   int first_failure = -1;
+  int interrupted_by = 0;  // the first signal passed on
   int running = nproc;
+  bool stopping = false;  // the workers were told to stop
+  bool killed = false;    // and then killed
   std::chrono::steady_clock::time_point kill_at{};
-  bool terminating = false;
+  const auto stop = [&](int sig) {
+    signal_workers(children, sig);
+    stopping = true;
+    kill_at = std::chrono::steady_clock::now() +
+              std::chrono::milliseconds(grace_ms);
+  };
+  const auto kill_now = [&](const char* why) {
+    if (running > 0) {
+      std::fprintf(stderr, "tether_run: %s; killing rank(s) %s\n", why,
+                   running_ranks(children).c_str());
+    }
+    signal_workers(children, SIGKILL);
+    killed = true;
+  };
   while (running > 0) {
-    std::vector<pollfd> polls;
-    std::vector<Child*> owners;
+    std::vector<pollfd> polls = {{signals.fd, POLLIN, 0}};
+    std::vector<Child*> owners = {nullptr};
     for (Child& child : children) {
       if (child.out_fd >= 0) {
         polls.push_back({child.out_fd, POLLIN, 0});
         owners.push_back(&child);
       }
     }
-    ::poll(polls.data(), polls.size(), 100);
-    for (size_t p = 0; p < polls.size(); ++p) {
+    int timeout_ms = 1000;
+    if (stopping && !killed) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          kill_at - std::chrono::steady_clock::now());
+      timeout_ms = static_cast<int>(
+          std::clamp<int64_t>(left.count() + 1, 0, timeout_ms));
+    }
+    ::poll(polls.data(), polls.size(), timeout_ms);
+    signalfd_siginfo info;
+    while (::read(signals.fd, &info, sizeof(info)) == sizeof(info)) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) continue;  // reaped below
+      if (!stopping) {
+        std::fprintf(stderr,
+                     "tether_run: %s received; passing it on to the workers "
+                     "(SIGKILL after %d ms)\n",
+                     signal_name(sig).c_str(), grace_ms);
+        interrupted_by = sig;
+        stop(sig);
+      } else if (!killed) {
+        if (interrupted_by == 0) interrupted_by = sig;
+        kill_now(absl::StrCat(signal_name(sig), " received again").c_str());
+      }
+    }
+    for (size_t p = 1; p < polls.size(); ++p) {
       if (polls[p].revents == 0) continue;
       char buffer[4096];
       ssize_t n = ::read(polls[p].fd, buffer, sizeof(buffer));
@@ -276,31 +405,21 @@ int main(int argc, char** argv) {
       child.running = false;
       --running;
       bool ok = WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0;
-      if (!ok && first_failure < 0 && !terminating) {
+      if (ok) continue;
+      if (!stopping) {
         first_failure = child.rank;
-        std::fprintf(stderr, "tether_run: rank %d %s; stopping the others\n",
-                     child.rank, describe_exit(child.status).c_str());
-        for (Child& other : children) {
-          if (other.running) ::kill(-other.pid, SIGTERM);
-        }
-        terminating = true;
-        kill_at = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(grace_ms);
+        std::fprintf(stderr,
+                     "tether_run: rank %d %s; stopping the others (SIGTERM, "
+                     "SIGKILL after %d ms)\n",
+                     child.rank, describe_exit(child.status).c_str(), grace_ms);
+        stop(SIGTERM);
+      } else {
+        std::fprintf(stderr, "tether_run: rank %d then %s\n", child.rank,
+                     describe_exit(child.status).c_str());
       }
     }
-    if (interrupted && !terminating) {
-      std::fprintf(stderr, "tether_run: interrupted; stopping the workers\n");
-      for (Child& other : children) {
-        if (other.running) ::kill(-other.pid, SIGTERM);
-      }
-      terminating = true;
-      kill_at = std::chrono::steady_clock::now() +
-                std::chrono::milliseconds(grace_ms);
-    }
-    if (terminating && std::chrono::steady_clock::now() >= kill_at) {
-      for (Child& other : children) {
-        if (other.running) ::kill(-other.pid, SIGKILL);
-      }
+    if (stopping && !killed && std::chrono::steady_clock::now() >= kill_at) {
+      kill_now(absl::StrCat("the grace of ", grace_ms, " ms is over").c_str());
     }
   }
   for (Child& child : children) {
@@ -314,11 +433,17 @@ int main(int argc, char** argv) {
       ::close(child.out_fd);
     }
   }
-  if (interrupted && first_failure < 0) return 130;
+  int exit_status = 0;
   if (first_failure >= 0) {
-    std::fprintf(stderr, "tether_run: failed (rank %d %s)\n", first_failure,
-                 describe_exit(children[first_failure].status).c_str());
-    return 1;
+    const int status = children[first_failure].status;
+    std::fprintf(stderr, "tether_run: failed: rank %d first, %s\n",
+                 first_failure, describe_exit(status).c_str());
+    exit_status = shell_status(status);
+  } else if (interrupted_by != 0) {
+    exit_status = 128 + interrupted_by;
   }
-  return 0;
+  // Nothing to tear down: LibTorch's static destructors alone would keep
+  // whoever waits for the launcher 0.1 s or more after the last worker.
+  std::fflush(nullptr);
+  ::_exit(exit_status);
 }

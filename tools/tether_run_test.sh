@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# Runs the launcher for real: env variables, prefixed output, failure handling.
+# Runs the launcher for real: env variables, prefixed output, failure
+# handling, its exit status, signals to it, and its death.
 set -uo pipefail
-run="$1"
+run="$(readlink -f "$1")"
 fail() { echo "FAIL: $*"; exit 1; }
+# Job control: a background job gets its own process group and keeps SIGINT
+# (a script's background jobs otherwise start with SIGINT ignored).
+set -m
+tmp="$(mktemp -d "${TEST_TMPDIR:-/tmp}/tether_run_test.XXXXXX")"
+leftovers=()
+cleanup() {
+  for pid in "${leftovers[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
 out=$("$run" --nproc 3 -- sh -c 'echo "rank=$RANK of $WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT"') ||
   fail "three healthy workers should succeed"
@@ -11,13 +23,27 @@ for r in 0 1 2; do
 done
 
 # Rank 1 fails; rank 0 would sleep for a minute and must be stopped early.
+# The exit status is the failed worker's, and a line names it.
 start=$(date +%s)
-"$run" --nproc 2 --grace_ms 1000 -- sh -c 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60' \
-  >/tmp/tether_run_test.$$ 2>&1 && fail "a failing rank must fail the launch"
+"$run" --nproc 2 --grace_ms 1000 -- sh -c 'if [ "$RANK" = 1 ]; then exit 3; fi; exec sleep 60' \
+  >"$tmp/out" 2>&1
+status=$?
 elapsed=$(( $(date +%s) - start ))
 [ "$elapsed" -lt 30 ] || fail "the other ranks were not stopped (took ${elapsed}s)"
-grep -q "rank 1 exited with 3" /tmp/tether_run_test.$$ || fail "failure not named: $(cat /tmp/tether_run_test.$$)"
-rm -f /tmp/tether_run_test.$$
+[ "$status" -eq 3 ] || fail "exit status $status, not rank 1's 3: $(cat "$tmp/out")"
+grep -q "^tether_run: rank 1 exited with 3; stopping the others" "$tmp/out" ||
+  fail "failure not named: $(cat "$tmp/out")"
+grep -q "^tether_run: failed: rank 1 first, exited with 3$" "$tmp/out" ||
+  fail "no last line naming the first failure: $(cat "$tmp/out")"
+
+# A worker killed by a signal: 128 + the signal, as a shell reports it. The
+# others, stopped by the launcher, are not taken for the first failure.
+"$run" --nproc 3 --grace_ms 1000 -- sh -c 'if [ "$RANK" = 2 ]; then kill -KILL $$; fi; exec sleep 60' \
+  >"$tmp/out" 2>&1
+status=$?
+[ "$status" -eq 137 ] || fail "exit status $status, not 128 + 9: $(cat "$tmp/out")"
+grep -q "^tether_run: failed: rank 2 first, killed by signal 9 (Killed)$" "$tmp/out" ||
+  fail "the signal is not named: $(cat "$tmp/out")"
 
 # The launcher serves the rendezvous store on MASTER_PORT before any worker
 # starts (no race for the port) and says so as torchrun's agent does.
@@ -39,4 +65,101 @@ grep -q "^\[2\] trainer 2" <<<"$out" || fail "the last program should fill the r
 
 "$run" --nproc 0 -- true 2>/dev/null && fail "--nproc 0 must be refused"
 "$run" --nproc 2 2>/dev/null && fail "a missing program must be refused"
+
+# Starts the launcher in the background over N workers that each write their
+# pid to a fifo and then run WORKER (a shell command); sets `launcher` and
+# `workers` once every worker has started.
+start_group() {
+  local n="$1" grace="$2" worker="$3"
+  rm -f "$tmp/ready"
+  mkfifo "$tmp/ready"
+  "$run" --nproc "$n" --grace_ms "$grace" -- \
+    sh -c 'echo $$ > "$0"; '"$worker" "$tmp/ready" >"$tmp/out" 2>&1 &
+  launcher=$!
+  leftovers+=("$launcher")
+  workers=()
+  exec 3<>"$tmp/ready"
+  local pid
+  for _ in $(seq "$n"); do
+    read -r -t 60 -u 3 pid || fail "the workers did not start: $(cat "$tmp/out")"
+    workers+=("$pid")
+    leftovers+=("$pid")
+  done
+  exec 3<&-
+}
+
+# Whether PID runs (a zombie has ended).
+alive() {
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [ "$state" != Z ]
+}
+
+# Waits up to SECONDS for every worker to end; fails naming those that run.
+expect_workers_gone() {
+  local deadline=$(( $(ms) + $1 * 1000 )) why="$2" pid still=()
+  for pid in "${workers[@]}"; do
+    while alive "$pid" && [ "$(ms)" -lt "$deadline" ]; do sleep 0.01; done
+    if alive "$pid"; then still+=("$pid"); fi
+  done
+  [ "${#still[@]}" -eq 0 ] || fail "$why: worker(s) ${still[*]} still run: $(cat "$tmp/out")"
+}
+
+# Waits up to SECONDS for a line of the launcher's output matching PATTERN.
+wait_for_line() {
+  timeout "$2" bash -c 'until grep -q "$0" "$1"; do sleep 0.02; done' "$1" "$tmp/out" ||
+    fail "no line '$1' within $2 s: $(cat "$tmp/out")"
+}
+
+# SIGTERM or SIGINT to the launcher reaches every worker (passed on as it
+# came), the workers end, and the launcher exits with 128 + the signal.
+for sig in TERM INT; do
+  start_group 3 5000 'exec sleep 60'
+  sent=$(ms)
+  kill -"$sig" "$launcher"
+  wait "$launcher" 2>/dev/null
+  status=$?
+  took=$(( $(ms) - sent ))
+  expect_workers_gone 5 "after SIG$sig to the launcher"
+  want=$(( 128 + $(kill -l "$sig") ))
+  [ "$status" -eq "$want" ] || fail "SIG$sig: exit status $status, not $want: $(cat "$tmp/out")"
+  [ "$took" -lt 4000 ] || fail "SIG$sig: the launcher took $took ms, not the workers' end"
+  grep -q "^tether_run: SIG$sig received; passing it on to the workers" "$tmp/out" ||
+    fail "SIG$sig: no line says so: $(cat "$tmp/out")"
+  echo "SIG$sig to tether_run: every worker and the launcher ended in $took ms"
+done
+
+# A worker that ignores SIGTERM is killed after the grace period.
+start_group 2 1000 'trap "" TERM; exec sleep 60'
+sent=$(ms)
+kill -TERM "$launcher"
+wait "$launcher" 2>/dev/null
+status=$?
+took=$(( $(ms) - sent ))
+expect_workers_gone 5 "a worker that ignores SIGTERM"
+[ "$status" -eq 143 ] || fail "exit status $status after SIGTERM: $(cat "$tmp/out")"
+[ "$took" -ge 900 ] && [ "$took" -lt 4000 ] ||
+  fail "the grace of 1000 ms took $took ms: $(cat "$tmp/out")"
+
+# A second signal does not wait for the grace period.
+start_group 2 30000 'trap "" INT TERM; exec sleep 60'
+sent=$(ms)
+kill -INT "$launcher"
+wait_for_line "^tether_run: SIGINT received" 10
+kill -INT "$launcher"
+wait "$launcher" 2>/dev/null
+status=$?
+took=$(( $(ms) - sent ))
+expect_workers_gone 5 "after a second SIGINT"
+[ "$took" -lt 10000 ] || fail "a second SIGINT waited for the grace: $took ms"
+[ "$status" -eq 130 ] || fail "exit status $status after SIGINT: $(cat "$tmp/out")"
+
+# The launcher killed with SIGKILL: its workers do not outlive it (each dies
+# with it, by its parent-death signal).
+start_group 3 5000 'exec sleep 60'
+sent=$(ms)
+kill -KILL "$launcher"
+wait "$launcher" 2>/dev/null
+expect_workers_gone 5 "the launcher was killed with SIGKILL"
+echo "SIGKILL to tether_run: every worker ended within $(( $(ms) - sent )) ms"
+
 echo "tether_run: all checks passed"

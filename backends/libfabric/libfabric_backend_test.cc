@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -357,6 +358,63 @@ TEST_P(Provider, PeerHoldingARequestStaysAlivePastThePeerTimeout) {
               StatusIs(absl::StatusCode::kDeadlineExceeded));
   holder->release_all();
   EXPECT_THAT(pending.get(absl::Now() + kBound), IsOk());
+}
+
+// A peer whose process died is lost at the next look (every 100 ms), also
+// while it is a zombie its parent has not reaped yet (torchrun's agent
+// reaps its workers every 5 s): the call to it fails UNAVAILABLE, not at
+// the peer timeout. Rank 1 is a child of this process, which reaps it only
+// at the end; it kills itself when the call arrives. (Before, its zombie
+// passed kill(pid, 0) and the call waited out its 10 s.)
+TEST_P(Provider, APeerThatDiedIsLostWhileItIsAZombie) {
+  const std::string provider = GetParam();
+  ::tether::testing::run_in_processes(1, [&provider](int, int) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      absl::StatusOr<RendezvousResult> member =
+          ::tether::testing::meet_as_agent("env://", 1, 2);
+      if (!member.ok()) ::_exit(2);
+      absl::StatusOr<std::unique_ptr<Agent>> agent =
+          ::tether::testing::create_agent(
+              libfabric_backend(), *member,
+              {{"libfabric.provider", provider}});
+      if (!agent.ok()) ::_exit(3);
+      const absl::Status started =
+          (*agent)->start([](Message) -> Future<Message> {
+            ::raise(SIGKILL);
+            return Future<Message>();
+          });
+      if (!started.ok()) ::_exit(4);
+      for (;;) ::pause();
+    }
+    struct Reaper {
+      pid_t pid;
+      int status = 0;
+      ~Reaper() {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+      }
+    } reaper{child};
+    absl::StatusOr<RendezvousResult> member =
+        ::tether::testing::meet_as_agent("env://", 0, 2);
+    ASSERT_THAT(member, IsOk());
+    absl::StatusOr<std::unique_ptr<Agent>> agent =
+        ::tether::testing::create_agent(libfabric_backend(), *member,
+                                        {{"libfabric.provider", provider}});
+    ASSERT_THAT(agent, IsOk());
+    ASSERT_THAT((*agent)->start(echo), IsOk());
+    const absl::Time sent = absl::Now();
+    absl::StatusOr<Message> response =
+        (*agent)
+            ->send(member->workers[1], ping("die"), absl::Seconds(10))
+            .get(absl::Now() + kBound);
+    const absl::Duration took = absl::Now() - sent;
+    EXPECT_THAT(response, StatusIs(absl::StatusCode::kUnavailable,
+                                   HasSubstr("(rank 1) is lost")));
+    EXPECT_LT(took, absl::Seconds(5));
+    (*agent)->shutdown();
+  });
 }
 
 // Silence is counted by our own clock, so a process that was itself away

@@ -18,12 +18,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <string>
+#include <tensorpipe/tensorpipe.h>
+#include <tensorpipe/transport/connection.h>
+#include <tensorpipe/transport/error.h>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
+#include "backends/tensorpipe/internal/tcp_transport.h"
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "core/agent.h"
 #include "core/future.h"
@@ -328,6 +334,169 @@ TEST(TensorPipeBackend, PipesOpenedAtOnceBecomeOne) {
     pair = established_tcp_sockets() - before;
   } while (pair != one_pipe && absl::Now() < deadline);
   EXPECT_EQ(pair, one_pipe);
+}
+
+// A connection that never connects: what is asked of it waits until it is
+// closed, and then fails.
+class HeldConnection final : public ::tensorpipe::transport::Connection {
+ public:
+  void read(read_callback_fn fn) override { hold(wrap(std::move(fn))); }
+  void read(void* /*ptr*/, size_t /*length*/, read_callback_fn fn) override {
+    hold(wrap(std::move(fn)));
+  }
+  void write(const void* /*ptr*/, size_t /*length*/,
+             write_callback_fn fn) override {
+    hold(std::move(fn));
+  }
+  void read(::tensorpipe::AbstractNopHolder& /*object*/,
+            read_nop_callback_fn fn) override {
+    hold(std::move(fn));
+  }
+  void write(const ::tensorpipe::AbstractNopHolder& /*object*/,
+             write_callback_fn fn) override {
+    hold(std::move(fn));
+  }
+  void setId(std::string /*id*/) override {}
+  void close() override {
+    std::vector<std::function<void(const ::tensorpipe::Error&)>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      held.swap(held_);
+    }
+    for (auto& fn : held) {
+      fn(::tensorpipe::Error(
+          std::make_shared<::tensorpipe::transport::ConnectionClosedError>(),
+          __FILE__, __LINE__));
+    }
+  }
+
+ private:
+  static std::function<void(const ::tensorpipe::Error&)> wrap(
+      read_callback_fn fn) {
+    return [fn = std::move(fn)](const ::tensorpipe::Error& error) {
+      fn(error, nullptr, 0);
+    };
+  }
+  void hold(std::function<void(const ::tensorpipe::Error&)> fn) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closed_) {
+        held_.push_back(std::move(fn));
+        return;
+      }
+    }
+    close();
+    fn(::tensorpipe::Error(
+        std::make_shared<::tensorpipe::transport::ConnectionClosedError>(),
+        __FILE__, __LINE__));
+  }
+
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void(const ::tensorpipe::Error&)>> held_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// A transport whose first connection is `real`'s and whose later ones are
+// held: a pipe over it reaches its peer's listener, which accepts it, and
+// then never opens, as when its process stalls or dies while connecting.
+class FirstConnectionOnly final : public ::tensorpipe::transport::Context {
+ public:
+  explicit FirstConnectionOnly(
+      std::shared_ptr<::tensorpipe::transport::Context> real)
+      : real_(std::move(real)) {}
+  std::shared_ptr<::tensorpipe::transport::Connection> connect(
+      std::string addr) override {
+    absl::MutexLock lock(&mu_);
+    if (connects_++ == 0) return real_->connect(std::move(addr));
+    auto held = std::make_shared<HeldConnection>();
+    held_.push_back(held);
+    return held;
+  }
+  std::shared_ptr<::tensorpipe::transport::Listener> listen(
+      std::string addr) override {
+    return real_->listen(std::move(addr));
+  }
+  bool isViable() const override { return real_->isViable(); }
+  const std::string& domainDescriptor() const override {
+    return real_->domainDescriptor();
+  }
+  bool canCommunicateWithRemote(
+      const std::string& remote_domain_descriptor) const override {
+    return real_->canCommunicateWithRemote(remote_domain_descriptor);
+  }
+  void setId(std::string id) override { real_->setId(std::move(id)); }
+  void close() override {
+    std::vector<std::shared_ptr<HeldConnection>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held.swap(held_);
+    }
+    for (auto& connection : held) connection->close();
+    real_->close();
+  }
+  void join() override { real_->join(); }
+  // Waits up to `timeout` until `n` connections were asked for.
+  bool wait_for_connects(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return connects_ >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+
+ private:
+  const std::shared_ptr<::tensorpipe::transport::Context> real_;
+  absl::Mutex mu_;
+  int connects_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::shared_ptr<HeldConnection>> held_ ABSL_GUARDED_BY(mu_);
+};
+
+// A pipe a peer opened carries our requests only once a frame has come on
+// it. Before, it may still be opening: TensorPipe's listener waits for the
+// peer's channel connections and reads nothing on the pipe, so when the
+// peer dies then, the pipe never fails, and a request put on it waited for
+// its timeout (one run in ten of a worker killed just after its group
+// formed). Here a stand-in for agent0 (a TensorPipe context on tether's
+// tcp transport) opens a pipe to agent1 that never opens, and goes away;
+// agent1's call to agent0 must be answered, by the real agent0.
+TEST(TensorPipeBackend, ARequestDoesNotWaitOnAPeersPipeStillOpening) {
+  AgentGroup group(tensorpipe_backend(), 2, {});
+  ASSERT_TRUE(group.ok()) << group.error(0) << group.error(1);
+  group.start_all(echo);
+  std::vector<uint8_t> bytes = group.store().get("tether/tensorpipe/1");
+  const std::string text(bytes.begin(), bytes.end());
+  const size_t at = text.find("tcp=");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string address = text.substr(at + 4, text.find('\n', at) - at - 4);
+
+  const std::string agent0 = group[0].self().name;
+  const std::string agent1 = group[1].self().name;
+  backends::internal::TcpTransportOptions options;
+  options.self = agent0;
+  options.members = {agent0, agent1};
+  auto transport = std::make_shared<FirstConnectionOnly>(
+      backends::internal::create_tcp_transport(options));
+  auto stand_in = std::make_shared<::tensorpipe::Context>(
+      ::tensorpipe::ContextOptions().name(agent0));
+  stand_in->registerTransport(0, "tcp", transport);
+  stand_in->registerChannel(0, "basic", ::tensorpipe::channel::basic::create());
+  std::shared_ptr<::tensorpipe::Pipe> pipe = stand_in->connect(
+      absl::StrCat("tcp://", address),
+      ::tensorpipe::PipeOptions().remoteName(agent1));
+  // agent1 accepted the pipe before it answered with the connections to
+  // open, which are held.
+  ASSERT_TRUE(transport->wait_for_connects(2, kBound));
+  Future<Message> call =
+      group[1].send(group[0].self(), ping("call"), absl::Seconds(10));
+  pipe->close();
+  stand_in->close();
+  stand_in->join();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Message> response = call.get(absl::Now() + kBound);
+  EXPECT_THAT(response, IsOk());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 // tensorpipe fails a listener when an accepted connection dies before its

@@ -119,13 +119,23 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
   };
   // A worker leaving a failed join says it has read why. Rank 0, whose
   // process usually serves the store, then waits (at most kFailedGrace)
-  // until every other worker has read it too or is itself lost, so that
-  // none finds the store gone instead of the reason.
-  auto leave_failed = [&](absl::Status why) {
+  // until every other worker in the join (arrived in `round`) has read it
+  // too or is itself lost, so that none finds the store gone instead of the
+  // reason. A worker not in the join yet is still at work, maybe for long:
+  // rank 0 does not wait for it, and its own join, if it comes, names rank
+  // 0 lost. (Waiting for it kept a parameter server that found a trainer
+  // lost, and with it the other trainers, 5 s longer.)
+  auto leave_failed = [&](Round& round, absl::Status why) {
     store_->set(seen_key(rank_), {1});
     if (rank_ != 0) return why;
     const absl::Time until = absl::Now() + kFailedGrace;
-    std::vector<int> waiting = others;
+    std::vector<int> waiting;
+    const std::vector<int> absent = round.missing("arrived", others);
+    for (int r : others) {
+      if (!std::binary_search(absent.begin(), absent.end(), r)) {
+        waiting.push_back(r);
+      }
+    }
     absl::Time next_probe = absl::Now() + kLastBackoff * 4;
     while (!waiting.empty() && absl::Now() < until) {
       std::vector<int> still;
@@ -143,11 +153,11 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
   };
   // Publishes why this worker's join fails, for the others (the first
   // reason stays), and returns it.
-  auto fail_group = [&](const absl::Status& why) {
+  auto fail_group = [&](Round& round, const absl::Status& why) {
     store_->compareSet(failed_key, {},
                        std::vector<uint8_t>(why.message().begin(),
                                             why.message().end()));
-    return leave_failed(why);
+    return leave_failed(round, why);
   };
   // Waits until every worker has arrived at phase `name` of `round`,
   // checking meanwhile that the group has not failed and that the workers
@@ -163,7 +173,7 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
         next_failed_check = now + kLastBackoff * 4;
         if (store_->check({failed_key})) {
           std::vector<uint8_t> why = store_->get(failed_key);
-          return leave_failed(absl::UnavailableError(
+          return leave_failed(round, absl::UnavailableError(
               absl::StrCat("join failed: ", std::string(why.begin(), why.end()))));
         }
       }
@@ -171,7 +181,7 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
         std::vector<int> missing = round.missing(name, others);
         if (!missing.empty()) {
           if (absl::Status alive = hooks.check_alive(missing); !alive.ok()) {
-            return fail_group(absl::Status(
+            return fail_group(round, absl::Status(
                 alive.code(), absl::StrCat("worker ", rank_, " found: ",
                                            alive.message())));
           }

@@ -370,6 +370,28 @@ TEST(StoreJoin, OneWorkersFindingEndsEveryonesJoin) {
   }
 }
 
+// Rank 0 (a parameter server waiting in shutdown) finds rank 2 lost while
+// rank 1 is still at work: it leaves at once instead of waiting for rank 1
+// to read why (it may never join), and rank 1, when it joins, reads why.
+TEST(StoreJoin, RankZeroDoesNotWaitForAWorkerStillAtWork) {
+  Group group(3);
+  group.agent(0).set_lost({2});
+  const absl::Time start = absl::Now();
+  group.join({0}, absl::InfiniteDuration());
+  group.wait();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_THAT(group.result(0),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("worker 'w2' (rank 2) is lost")));
+  // The probes come every 20 ms; rank 0 waited 5 s for rank 1 before.
+  EXPECT_LT(took, absl::Seconds(3)) << "rank 0 waited for a worker at work";
+  group.join({1}, absl::InfiniteDuration());
+  group.wait();
+  EXPECT_THAT(group.result(1),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("worker 'w2' (rank 2) is lost")));
+}
+
 // A store that fails, as one served by a lost rank 0 does.
 class DeadStore : public c10d::Store {
  public:

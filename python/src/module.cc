@@ -20,6 +20,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/python/python_ivalue.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -45,6 +46,7 @@
 #include "python/src/script.h"
 #include "python/src/training.h"
 #include "rref/rref.h"
+#include "tether/version.h"
 
 namespace tether::python {
 namespace {
@@ -569,6 +571,11 @@ PYBIND11_MODULE(_C, m) {
   using namespace tether;          // NOLINT
   using namespace tether::python;  // NOLINT
   m.doc() = "tether's C++ core, for tether.rpc (internal)";
+  // The C++ library's version, and the LibTorch this was compiled against
+  // (tether/__init__.py checks the running torch against the same number,
+  // which Bazel wrote into tether/_build.py, before loading this module).
+  m.attr("__version__") = kVersion;
+  m.attr("_torch_version") = TORCH_VERSION;
   py::module_::import("torch");
   register_object_encoder();
   // THP_MEM_ALLOC_ENABLE=1: tensors made from here on, before init_rpc too,

@@ -1,6 +1,7 @@
 """Starts real worker processes on loopback for the Python tests."""
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,10 +13,36 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 BACKENDS = ["tensorpipe", "grpc", "libfabric"]
 
 
-def free_port():
+def _bind(port):
+    """The loopback TCP port a socket bound to `port` gets, or None."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return None
         return s.getsockname()[1]
+
+
+def free_port():
+    """A loopback TCP port nothing is bound to now, for a rendezvous store
+    that names its port before the process serving it binds it.
+
+    Chosen at random below the kernel's ephemeral range: servers binding
+    port 0 and outgoing connections take theirs from that range, so none of
+    them can take this port between the pick and the bind."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            end = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        end = 32768
+    first = 10000
+    if end - first >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(100):
+            port = _bind(rng.randrange(first, end))
+            if port:
+                return port
+    return _bind(0)
 
 
 def group_env(rank, world_size, port, backend, extra=None):
@@ -102,3 +129,8 @@ def with_callee(backend, allowed):
     rpc.shutdown()
     [(rc, out)] = finish([proc])
     assert rc == 0, out
+
+
+if __name__ == "__main__":
+    # `python3 workers.py`: prints a free port (free_port), for shell tests.
+    print(free_port())

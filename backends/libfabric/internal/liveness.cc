@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 namespace tether::backends::libfabric::internal {
 
@@ -13,6 +15,38 @@ namespace {
 
 // How often the guard of the provider's TCP listener looks for strangers.
 constexpr absl::Duration kGuardInterval = absl::Milliseconds(500);
+
+// Whether process `pid` of this host has ended: gone, or dead and not yet
+// reaped by its parent (a zombie; torchrun's agent reaps its workers only
+// every 5 s). kill(pid, 0) alone takes a zombie for alive, and a call to a
+// killed peer then waited for the peer timeout. (A main thread that ended
+// while other threads run also shows as a zombie; its process has more
+// than one thread left.)
+bool process_ended(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%lld/stat",
+                static_cast<long long>(pid));
+  std::FILE* file = std::fopen(path, "re");
+  if (file == nullptr) return false;
+  char stat[1024];
+  const size_t n = std::fread(stat, 1, sizeof(stat) - 1, file);
+  std::fclose(file);
+  stat[n] = '\0';
+  // "pid (comm) state ppid ... num_threads ...": comm may hold spaces and
+  // parentheses; num_threads is the 17th field after the state.
+  const char* close = std::strrchr(stat, ')');
+  if (close == nullptr) return false;
+  char state = 0;
+  long threads = 0;
+  if (std::sscanf(close + 1,
+                  " %c %*d %*d %*d %*d %*d %*u %*lu %*lu %*lu %*lu %*lu "
+                  "%*lu %*ld %*ld %*ld %*ld %ld",
+                  &state, &threads) != 2) {
+    return false;
+  }
+  return (state == 'Z' || state == 'X') && threads <= 1;
+}
 
 }  // namespace
 
@@ -100,8 +134,7 @@ void State::housekeeping(absl::Time now) {
     if (peer.expecting_since == absl::InfiniteFuture()) {
       peer.expecting_since = now;
     }
-    if (peer.same_host && peer.pid > 0 && ::kill(peer.pid, 0) != 0 &&
-        errno == ESRCH) {
+    if (peer.same_host && peer.pid > 0 && process_ended(peer.pid)) {
       fail_peer(peer.rank,
                 absl::UnavailableError(absl::StrCat(
                     describe(peer.rank), " is lost: its process (pid ",

@@ -77,7 +77,12 @@ void AgentState::on_accept(
     return;
   }
   accept_next(listener);
-  if (!auth_) on_pipe_from(pipe, pipe->getRemoteName());
+  if (!auth_) {
+    // Our requests may go on it once its first frame has come (see
+    // opening_).
+    absl::MutexLock lock(&mu_);
+    if (!closed_ && server_pipes_.contains(pipe)) opening_.insert(pipe.get());
+  }
   read_requests(std::move(pipe));
 }
 
@@ -195,6 +200,12 @@ void AgentState::on_request_descriptor(
     drop_server_pipe(pipe);
     return;
   }
+  bool opened = false;
+  {
+    absl::MutexLock lock(&mu_);
+    opened = opening_.erase(pipe.get()) > 0;
+  }
+  if (opened) on_pipe_from(pipe, pipe->getRemoteName());
   absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
       internal::allocate_frame(descriptor, limits_);
   if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest &&
@@ -271,6 +282,7 @@ void AgentState::drop_server_pipe(
     absl::MutexLock lock(&mu_);
     server_pipes_.erase(pipe);
     server_auth_.erase(pipe.get());
+    opening_.erase(pipe.get());
     auto it = adopted_.find(pipe.get());
     if (it != adopted_.end()) adopted = it->second;
     absl::erase_if(accepted_from_, [&pipe](const auto& entry) {
@@ -359,6 +371,7 @@ void AgentState::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
     absl::MutexLock lock(&mu_);
     server_pipes_.erase(pipe);
     server_auth_.erase(pipe.get());
+    opening_.erase(pipe.get());
     auto it = adopted_.find(pipe.get());
     if (it != adopted_.end()) adopted = it->second;
   }

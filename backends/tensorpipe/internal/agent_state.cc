@@ -407,6 +407,7 @@ void AgentState::take_resources(Resources& out) {
   client_pipes_.clear();
   adopted_.clear();
   accepted_from_.clear();
+  opening_.clear();
   // (An adopted pipe is in both: closing it twice is harmless.)
   for (const auto& pipe : server_pipes_) out.pipes.push_back(pipe);
   server_pipes_.clear();

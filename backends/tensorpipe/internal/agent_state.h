@@ -248,8 +248,9 @@ class AgentState
   std::shared_ptr<ClientPipe> adopt_locked(
       int rank, const std::shared_ptr<::tensorpipe::Pipe>& pipe)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // An accepted pipe is authenticated (or needs not be) and comes from the
-  // worker named `name`: our requests to it may go there. When both
+  // An accepted pipe is open (a frame has come on it), authenticated (or
+  // needs not be) and comes from the worker named `name`: our requests to
+  // it may go there. When both
   // workers opened a pipe at once, the one the lower rank opened carries
   // both ways and the higher rank retires its own.
   void on_pipe_from(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
@@ -330,6 +331,15 @@ class AgentState
   // them (the latest one of each).
   absl::flat_hash_map<int, std::shared_ptr<::tensorpipe::Pipe>> accepted_from_
       ABSL_GUARDED_BY(mu_);
+  // Pipes accepted without authentication whose first frame has not come
+  // yet: they may still be opening, and until a pipe is open TensorPipe
+  // reads nothing on it (its listener waits for the peer's channel
+  // connections), so a peer that dies then never fails it. Our requests
+  // go on such a pipe only once a frame has come (on_pipe_from); before,
+  // a request put on it waited for its timeout when the peer was killed
+  // while it connected. (With authentication the handshake's frames prove
+  // the same.)
+  absl::flat_hash_set<const ::tensorpipe::Pipe*> opening_ ABSL_GUARDED_BY(mu_);
   // Accepted pipes our requests go on too, with their client side.
   absl::flat_hash_map<const ::tensorpipe::Pipe*, std::shared_ptr<ClientPipe>>
       adopted_ ABSL_GUARDED_BY(mu_);
