@@ -39,7 +39,12 @@ here, like tether's negotiated variant) and, except in quick mode, uv only
 (like tether's uv).
 
 Output: the tables on stdout (Markdown) and in DIR/table.md, every number in
-DIR/results.json, DIR/latency_vs_size.png and DIR/bandwidth_vs_size.png.
+DIR/results.json, DIR/latency_vs_size.png, DIR/bandwidth_vs_size.png and
+DIR/cpu.png. Beside the latencies, every variant and peer reports CPU
+(user + system of every thread of both processes, CLOCK_PROCESS_CPUTIME_ID /
+time.process_time(), read in each process by a call) per rpc_sync and per
+rpc_async call over the measured calls, and each process's idle CPU over 5 s
+(2 s quick) with no calls, after the small calls.
 
 Scale (tools/bench_scale.py): with --scale 2,4,8,16,32,64 it
 runs instead N scale_worker processes per world size and backend variant
@@ -80,7 +85,16 @@ WORKLOADS = [
     ("echo_1MB_GBps", "echo 1 MiB", "GB/s", "higher"),
     ("echo_64MB_GBps", "echo 64 MiB", "GB/s", "higher"),
     ("dist_autograd_step_p50_us", "dist autograd step p50", "us", "lower"),
+    # CPU, user + system of every thread of both processes, per measured
+    # call; and each process's share of a core with no calls, after them.
+    ("builtin_rpc_sync_cpu_us_per_call", "rpc_sync CPU per call", "us",
+     "lower"),
+    ("builtin_rpc_async_cpu_us_per_call", "rpc_async CPU per call", "us",
+     "lower"),
+    ("idle_cpu_percent_caller", "idle CPU, caller", "% of a core", "lower"),
+    ("idle_cpu_percent_callee", "idle CPU, callee", "% of a core", "lower"),
 ]
+CPU_KEYS = [k for k, *_ in WORKLOADS if "cpu" in k]
 
 # (label, backend, settings, extra environment).
 VARIANTS = [
@@ -160,6 +174,9 @@ PEER_TARGETS = [
     ("remote_to_here_p50_us", 5),
     ("echo_64MB_GBps", 1.5),
     ("dist_autograd_step_p50_us", 5),
+    # CPU per call at most the peer's.
+    ("builtin_rpc_sync_cpu_us_per_call", 1),
+    ("builtin_rpc_async_cpu_us_per_call", 1),
 ]
 # Not a target: the autograd step's compute in rank 0 without RPC, measured
 # alternating with the steps (bench_worker and peer_bench both report it).
@@ -257,7 +274,7 @@ def run_two_process(args, argv, timeout, env=None):
 SMOKE_COUNTS = ["--sync_calls=20", "--async_calls=256", "--remote_calls=10",
                 "--autograd_steps=3", "--sweep_bytes=1", "--sweep_min_iters=2",
                 "--sweep_max_iters=2", "--stream_bytes=1048576",
-                "--memcpy_iters=2"]
+                "--memcpy_iters=2", "--idle_ms=200"]
 
 
 def common_args(args):
@@ -712,7 +729,45 @@ def plot(results, out_dir):
         paths += bench_scale.plot_scale(results["scale"], out_dir)
     if results.get("variants") is not None:
         paths += plot_sweeps(results, out_dir)
+        paths += plot_cpu(results, out_dir)
     return paths
+
+
+def plot_cpu(results, out_dir):
+    """cpu.png: CPU per call and idle CPU, per variant and peer."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [("tether " + label, r) for label, r in results["variants"].items()
+            if ok(r) and r.get(CPU_KEYS[0]) is not None]
+    rows += [("torch.distributed.rpc " + label[5:].strip(), r)
+             for label, r in results["peers"].items()
+             if ok(r) and r.get(CPU_KEYS[0]) is not None]
+    if not rows:
+        return []
+    labels = dict((k, l) for k, l, _, _ in WORKLOADS)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 1.5 + 0.35 * len(rows)),
+                             dpi=80, sharey=True)
+    for ax, keys, xlabel in (
+            (axes[0], CPU_KEYS[:2], "CPU per call, both processes (us)"),
+            (axes[1], CPU_KEYS[2:], "idle CPU per process (% of a core)")):
+        height = 0.8 / len(keys)
+        for i, key in enumerate(keys):
+            ax.barh([n + i * height for n in range(len(rows))],
+                    [r.get(key) or 0 for _, r in rows], height=height,
+                    label=labels[key])
+        ax.set_xlabel(xlabel)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_yticks([n + 0.4 - 0.2 for n in range(len(rows))])
+    axes[0].set_yticklabels([name for name, _ in rows], fontsize=7)
+    axes[0].invert_yaxis()
+    fig.tight_layout()
+    path = os.path.join(out_dir, "cpu.png")
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
 
 
 def plot_sweeps(results, out_dir):

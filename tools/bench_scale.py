@@ -42,6 +42,7 @@ PER_RANK = [
     ("shutdown_s", "shutdown_s", 1),
     ("cpu_s_at_main", "cpu_s_at_main", 1),
     ("shared_libraries", "shared_libraries", 1),
+    ("shared_libraries_up", "shared_libraries_up", 1),
 ]
 
 
@@ -256,16 +257,19 @@ def pair(record, key):
 def scale_table(scale):
     rows = ["| variant | N | launch to all up s | init s med / max | "
             "cold round s med / max | warm round s med / max | fds med / max "
-            "| VmHWM MB med / max | load | status |",
-            "|" + "---|" * 10]
+            "| VmHWM MB med / max | libraries once up | load | status |",
+            "|" + "---|" * 11]
     for label, per_n in scale["variants"].items():
         for n, r in sorted(per_n.items(), key=lambda kv: int(kv[0])):
             status = r["status"]
-            rows.append("| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s |"
+            rows.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f "
+                        "| %s |"
                         % (label, n, fmt(r.get("launch_to_all_up_s")),
                            pair(r, "init_s"), pair(r, "cold_round_s"),
                            pair(r, "warm_round_s"), pair(r, "fds"),
-                           pair(r, "vmhwm_MB"), r["loadavg_at_start"],
+                           pair(r, "vmhwm_MB"),
+                           fmt(r.get("shared_libraries_up_median")),
+                           r["loadavg_at_start"],
                            status if len(status) < 200 else
                            status[:197] + "..."))
     bare = ["| N | launch to all at main s | wall to all exited s | CPU s at "

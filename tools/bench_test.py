@@ -230,6 +230,12 @@ class SmokeTest(unittest.TestCase):
         self.assertEqual(negotiated["status"], "ok", negotiated)
         for key, *_ in bench.WORKLOADS:
             self.assertIn(key, negotiated)
+        # Every call costs some CPU in the two processes; idle, a share of
+        # a core between none and all of it.
+        for key in bench.CPU_KEYS[:2]:
+            self.assertGreater(negotiated[key], 0, key)
+        for key in bench.CPU_KEYS[2:]:
+            self.assertTrue(0 <= negotiated[key] <= 100, (key, negotiated))
         self.assertEqual([r["bytes"] for r in negotiated["sweep"]],
                          [8, 64, 256, 1024, 4096])
         # Not registered in this build, or registered: either way reported.

@@ -18,6 +18,11 @@
 //   builtin_rpc_sync_p50_us, builtin_rpc_sync_p99_us  rpc_sync of
 //       aten::add.Scalar on a 2-element float tensor and 1.0
 //   builtin_rpc_async_calls_per_s   the same call, 64 in flight
+//   builtin_rpc_sync_cpu_us_per_call, builtin_rpc_async_cpu_us_per_call
+//       CPU time (user + system, every thread of both processes) over the
+//       measured calls, per call
+//   idle_cpu_percent_caller, idle_cpu_percent_callee  each process's CPU
+//       over --idle_ms with no calls, after the small calls, in % of a core
 //   remote_to_here_p50_us           remote() of that call, then to_here()
 //   echo_1MB_GBps, echo_64MB_GBps   a uint8 tensor through an identity
 //       operator and back (bytes counted both ways, per-call p50)
@@ -44,6 +49,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
+#include <absl/time/clock.h>
 
 #include <cmath>
 #include <cstdio>
@@ -90,6 +96,8 @@ std::vector<Count> default_counts() {
       // --raw only.
       {"stream_bytes", int64_t{1} << 30, int64_t{256} << 20},
       {"memcpy_iters", 20, 5},
+      // The idle stretch after the small calls, in milliseconds.
+      {"idle_ms", 5000, 2000},
   };
 }
 
@@ -178,10 +186,24 @@ absl::Status run_workloads(Worker& worker, const Flags& flags, JsonObject& out) 
     return s;
   };
 
+  // CPU per call: both processes, all threads, over the measured calls.
+  CpuUse cpu(worker, peer);
+  auto cpu_per_call = [&](const char* key, int calls) -> absl::Status {
+    absl::StatusOr<std::pair<double, double>> used = cpu.seconds();
+    if (!used.ok()) return used.status();
+    out.number(key, (used->first + used->second) / calls * 1e6);
+    return absl::OkStatus();
+  };
+
   const int sync_calls = static_cast<int>(flags.count("sync_calls"));
   std::vector<double> samples;
-  absl::Status s = time_calls(warmup_of(sync_calls, 100), sync_calls,
+  absl::Status s = time_calls(warmup_of(sync_calls, 100), 0,
                               [&] { return add_sync(worker, peer, x); }, samples);
+  if (s.ok()) s = cpu.start();
+  if (s.ok()) {
+    s = time_calls(0, sync_calls, [&] { return add_sync(worker, peer, x); }, samples);
+  }
+  if (s.ok()) s = cpu_per_call("builtin_rpc_sync_cpu_us_per_call", sync_calls);
   if (s = step("rpc_sync", s); !s.ok()) return s;
   const Summary sync = summarize(std::move(samples));
   out.number("builtin_rpc_sync_p50_us", sync.p50_us);
@@ -190,11 +212,27 @@ absl::Status run_workloads(Worker& worker, const Flags& flags, JsonObject& out) 
   const int async_calls = static_cast<int>(flags.count("async_calls"));
   s = add_async_window(worker, peer, x, std::max(4 * kAsyncWindow, async_calls / 10),
                        kAsyncWindow);
+  if (s.ok()) s = cpu.start();
   const Clock::time_point start = Clock::now();
   if (s.ok()) s = add_async_window(worker, peer, x, async_calls, kAsyncWindow);
   const double async_us = micros_since(start);
+  if (s.ok()) s = cpu_per_call("builtin_rpc_async_cpu_us_per_call", async_calls);
   if (s = step("rpc_async", s); !s.ok()) return s;
   out.number("builtin_rpc_async_calls_per_s", async_calls / (async_us * 1e-6));
+
+  // Idle: no calls for a while after the calls; each process's share of a core.
+  const double idle_s = static_cast<double>(flags.count("idle_ms")) / 1e3;
+  s = cpu.start();
+  if (s.ok()) {
+    absl::SleepFor(absl::Seconds(idle_s));
+    absl::StatusOr<std::pair<double, double>> used = cpu.seconds();
+    s = used.status();
+    if (s.ok()) {
+      out.number("idle_cpu_percent_caller", 100 * used->first / idle_s);
+      out.number("idle_cpu_percent_callee", 100 * used->second / idle_s);
+    }
+  }
+  if (s = step("idle", s); !s.ok()) return s;
 
   const int remote_calls = static_cast<int>(flags.count("remote_calls"));
   samples.clear();

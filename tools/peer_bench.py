@@ -18,6 +18,12 @@ CLI shows the peer as not available instead of failing.
 Workloads (rank 0 -> rank 1), as tools/bench_worker.cc runs them:
   builtin_rpc_sync_p50_us / _p99_us  rpc_sync(torch.add, (2-float tensor, 1.0))
   builtin_rpc_async_calls_per_s      the same call, 64 in flight
+  builtin_rpc_sync_cpu_us_per_call,  CPU time (user + system, every thread
+  builtin_rpc_async_cpu_us_per_call  of both processes) over the measured
+                                     calls, per call
+  idle_cpu_percent_caller, _callee   each process's CPU over --idle_ms with
+                                     no calls, after the small calls, in %
+                                     of a core
   remote_to_here_p50_us              rpc.remote(...).to_here() of that call
   echo_1MB_GBps, echo_64MB_GBps      a uint8 tensor through a TorchScript
                                      identity, bytes counted both ways
@@ -37,6 +43,8 @@ import subprocess
 import sys
 import time
 
+from cpu_use import CpuUse  # beside this script
+
 # Only the children (--rank) load torch; see load_torch().
 torch = dist_autograd = rpc = None
 NOT_AVAILABLE = 3  # a child's exit status: no usable torch.distributed.rpc
@@ -51,6 +59,7 @@ PRESETS = {
     "sweep_bytes": (1 << 30, 64 << 20),
     "sweep_min_iters": (10, 3),
     "sweep_max_iters": (1000, 100),
+    "idle_ms": (5000, 2000),
 }
 ASYNC_WINDOW = 64
 # 8 B, then powers of 4 from 64 B to 64 MiB (1 MiB and 64 MiB included).
@@ -114,8 +123,13 @@ def timed_alternating(fn_a, fn_b, iterations, warmup):
 def run_rank0(args):
     x = torch.ones(2)
     out = {}
+    cpu = CpuUse(rpc, "w1")
+    warmup = max(100, args.sync_calls // 10)
+    timed(lambda: rpc.rpc_sync("w1", torch.add, args=(x, 1.0)), 0, warmup)
+    cpu.start()
     sync = timed(lambda: rpc.rpc_sync("w1", torch.add, args=(x, 1.0)),
-                 args.sync_calls, max(100, args.sync_calls // 10))
+                 args.sync_calls, 0)
+    out["builtin_rpc_sync_cpu_us_per_call"] = cpu.per_call_us(args.sync_calls)
     out["builtin_rpc_sync_p50_us"] = percentile(sync, 0.5)
     out["builtin_rpc_sync_p99_us"] = percentile(sync, 0.99)
 
@@ -128,10 +142,17 @@ def run_rank0(args):
         while window:
             window.popleft().wait()
     async_run(max(ASYNC_WINDOW * 4, args.async_calls // 10))
+    cpu.start()
     start = time.perf_counter()
     async_run(args.async_calls)
     out["builtin_rpc_async_calls_per_s"] = (
         args.async_calls / (time.perf_counter() - start))
+    out["builtin_rpc_async_cpu_us_per_call"] = cpu.per_call_us(
+        args.async_calls)
+
+    # Idle: no calls for a while; each process's share of a core.
+    (out["idle_cpu_percent_caller"],
+     out["idle_cpu_percent_callee"]) = cpu.idle_percent(args.idle_ms / 1e3)
 
     remote = timed(
         lambda: rpc.remote("w1", torch.add, args=(x, 1.0)).to_here(),

@@ -6,7 +6,7 @@ process; only the module differs (tether.rpc or torch.distributed.rpc).
 
     /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
         [--transports shm,tcp] [--rounds 3] [--workloads sync,async]
-        [--busy_poll_us 100]
+        [--busy_poll_us 100] [--idle_s 5] [--out results.json]
 
 --rounds runs tether and the peer alternately that many times each
 (tether, peer, tether, peer, ...) and reports each side's median over its
@@ -25,6 +25,12 @@ the two processes that does not poll: a plain Python TCP ping-pong of 16
 bytes each way (blocking sockets, TCP_NODELAY, no RPC), each side asleep
 in recv() until the other's bytes come, in each round, and prints it
 under the table beside 1/5 of the peer's rpc_sync builtin.
+
+CPU: beside each workload, the CPU time (user + system, every thread of
+both processes; tools/cpu_use.py) per call over its measured calls; and,
+after all of them, each process's idle CPU over --idle_s seconds (5; 2 with
+--quick) with no calls, in % of a core. --out FILE writes every round's
+numbers as JSON.
 
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:
@@ -63,6 +69,8 @@ import subprocess
 import sys
 import time
 
+from cpu_use import CpuUse  # beside this script
+
 rpc = None
 
 
@@ -91,16 +99,23 @@ def percentile(samples, q):
     return samples[min(len(samples) - 1, int(q * len(samples)))]
 
 
-def timed(n, call):
+def timed(n, call, cpu=None):
+    """p50 and p99 of n calls after a warm-up; with `cpu` (a CpuUse), both
+    processes' CPU per call over them too."""
     for _ in range(max(10, n // 10)):  # warm up
         call()
     samples = []
+    if cpu:
+        cpu.start()
     for _ in range(n):
         start = time.perf_counter_ns()
         call()
         samples.append((time.perf_counter_ns() - start) / 1000.0)
-    return {"p50_us": percentile(samples, 0.5),
-            "p99_us": percentile(samples, 0.99)}
+    result = {"p50_us": percentile(samples, 0.5),
+              "p99_us": percentile(samples, 0.99)}
+    if cpu:
+        result["cpu_us_per_call"] = cpu.per_call_us(n)
+    return result
 
 
 WORKLOADS = ["rpc_sync builtin", "rpc_sync python", "rpc_sync object",
@@ -143,7 +158,8 @@ def run_socket(rank, n):
               flush=True)
 
 
-def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
+def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
+        idle_s=5.0):
     global rpc
     if impl == "socket":
         run_socket(rank, n)
@@ -167,23 +183,28 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
     if rank == 0:
         t = torch.ones(2)
         result = {}
+        cpu = CpuUse(rpc, "w1")
+
+        def measured(n, call):
+            return timed(n, call, cpu)
+
         if "rpc_sync builtin" in workloads:
-            result["rpc_sync builtin"] = timed(
+            result["rpc_sync builtin"] = measured(
                 n, lambda: rpc.rpc_sync("w1", torch.add, args=(t, 1)))
         if "rpc_sync python" in workloads:
-            result["rpc_sync python"] = timed(
+            result["rpc_sync python"] = measured(
                 n, lambda: rpc.rpc_sync("w1", py_add, args=(t, 1)))
         if "rpc_sync object" in workloads:
             import numpy
             obs = Observation(numpy.arange(4, dtype=numpy.float32), 7,
                               torch.ones(2))
-            result["rpc_sync object"] = timed(
+            result["rpc_sync object"] = measured(
                 n, lambda: rpc.rpc_sync("w1", echo, args=(obs,)))
         if "rpc_async + wait" in workloads:
-            result["rpc_async + wait"] = timed(
+            result["rpc_async + wait"] = measured(
                 n, lambda: rpc.rpc_async("w1", torch.add, args=(t, 1)).wait())
         if "remote + to_here" in workloads:
-            result["remote + to_here"] = timed(
+            result["remote + to_here"] = measured(
                 n // 3, lambda: rpc.remote("w1", torch.add,
                                            args=(t, 1)).to_here())
         if "dist autograd step" in workloads:
@@ -197,11 +218,12 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
                     grads = dist_autograd.get_gradients(context_id)
                 assert grads[x].shape == x.shape
 
-            result["dist autograd step"] = timed(n // 3, autograd_step)
+            result["dist autograd step"] = measured(n // 3, autograd_step)
             del linear
         if "rpc_async builtin" in workloads:
             calls = 10 * n
             pending = collections.deque()
+            cpu.start()
             start = time.perf_counter()
             for _ in range(calls):
                 pending.append(rpc.rpc_async("w1", torch.add, args=(t, 1)))
@@ -210,13 +232,17 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0):
             while pending:
                 pending.popleft().wait()
             result["rpc_async builtin"] = {
-                "calls_per_s": calls / (time.perf_counter() - start)}
+                "calls_per_s": calls / (time.perf_counter() - start),
+                "cpu_us_per_call": cpu.per_call_us(calls)}
         if "echo 64 MiB" in workloads:
             big = torch.ones(64 << 20, dtype=torch.uint8)
-            echoed = timed(max(10, n // 150),
-                           lambda: rpc.rpc_sync("w1", echo, args=(big,)))
+            echoed = measured(max(10, n // 150),
+                              lambda: rpc.rpc_sync("w1", echo, args=(big,)))
             echoed["GBps"] = 2 * big.numel() / echoed["p50_us"] / 1e3
             result["echo 64 MiB"] = echoed
+        # No calls for a while, after them: each process's share of a core.
+        result["idle"] = dict(zip(("caller_percent", "callee_percent"),
+                                  cpu.idle_percent(idle_s)), seconds=idle_s)
         print("JSON " + json.dumps(result), flush=True)
     rpc.shutdown()
 
@@ -227,13 +253,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def measure(impl, n, backend, transports, workloads, busy_poll_us=0):
+def measure(impl, n, backend, transports, workloads, busy_poll_us=0,
+            idle_s=5.0):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--impl", impl,
          "--rank", str(rank), "--n", str(n), "--backend", backend,
          "--transports", transports, "--workloads", ",".join(workloads),
-         "--busy_poll_us", str(busy_poll_us)],
+         "--busy_poll_us", str(busy_poll_us), "--idle_s", str(idle_s)],
         env=env, stdout=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -249,21 +276,31 @@ def median(values):
 
 
 def row(name, tether, peer):
+    def both(key):
+        return (median([r[name][key] for r in tether]),
+                median([r[name][key] for r in peer]))
+    ca, cb = both("cpu_us_per_call")
+    cpu = "| %.1f | %.1f | %.2fx |" % (ca, cb, cb / ca)
     if name == "echo 64 MiB":
-        a = median([r[name]["GBps"] for r in tether])
-        b = median([r[name]["GBps"] for r in peer])
-        return "| %s, GB/s | %.2f | %.2f | %.2fx |" % (name, a, b, a / b)
+        a, b = both("GBps")
+        return "| %s, GB/s | %.2f | %.2f | %.2fx %s" % (name, a, b, a / b, cpu)
     if name == "rpc_async builtin":
-        a = median([r[name]["calls_per_s"] for r in tether])
-        b = median([r[name]["calls_per_s"] for r in peer])
-        return ("| %s, 64 in flight, calls/s | %.0f | %.0f | %.2fx |"
-                % (name, a, b, a / b))
-    a = median([r[name]["p50_us"] for r in tether])
-    b = median([r[name]["p50_us"] for r in peer])
-    a99 = median([r[name]["p99_us"] for r in tether])
-    b99 = median([r[name]["p99_us"] for r in peer])
-    return ("| %s p50 (p99), us | %.1f (%.1f) | %.1f (%.1f) | %.2fx |"
-            % (name, a, a99, b, b99, b / a))
+        a, b = both("calls_per_s")
+        return ("| %s, 64 in flight, calls/s | %.0f | %.0f | %.2fx %s"
+                % (name, a, b, a / b, cpu))
+    a, b = both("p50_us")
+    a99, b99 = both("p99_us")
+    return ("| %s p50 (p99), us | %.1f (%.1f) | %.1f (%.1f) | %.2fx %s"
+            % (name, a, a99, b, b99, b / a, cpu))
+
+
+def idle_row(tether, peer):
+    def one(side):
+        return tuple(median([r["idle"][key] for r in side])
+                     for key in ("caller_percent", "callee_percent"))
+    return ("Idle CPU over %s s after the calls, %% of a core, caller and "
+            "callee: tether %.2f and %.2f, peer %.2f and %.2f."
+            % ((tether[0]["idle"]["seconds"],) + one(tether) + one(peer)))
 
 
 def main():
@@ -277,7 +314,13 @@ def main():
     parser.add_argument("--rank", type=int)
     parser.add_argument("--n", type=int)
     parser.add_argument("--busy_poll_us", type=int, default=0)
+    parser.add_argument("--idle_s", type=float, default=None)
+    parser.add_argument("--out", default="",
+                        help="also write every round's numbers to this JSON "
+                        "file")
     args = parser.parse_args()
+    if args.idle_s is None:
+        args.idle_s = 2.0 if args.quick else 5.0
     words = [w for w in args.workloads.split(",") if w]
     workloads = [w for w in WORKLOADS
                  if not words or any(word in w for word in words)]
@@ -286,15 +329,16 @@ def main():
                  % (args.workloads, ", ".join(WORKLOADS)))
     if args.impl:
         run(args.impl, args.rank, args.n, args.backend, args.transports,
-            workloads, args.busy_poll_us)
+            workloads, args.busy_poll_us, args.idle_s)
         return
     n = 300 if args.quick else 3000
     floor = "rpc_sync builtin" in workloads
     tether, peer, sockets = [], [], []
     for r in range(args.rounds):
         tether.append(measure("tether", n, args.backend, args.transports,
-                              workloads, args.busy_poll_us))
-        peer.append(measure("peer", n, args.backend, "", workloads))
+                              workloads, args.busy_poll_us, args.idle_s))
+        peer.append(measure("peer", n, args.backend, "", workloads,
+                            idle_s=args.idle_s))
         if floor:
             sockets.append(measure("socket", n, args.backend, "", []))
         if args.rounds > 1:
@@ -302,14 +346,22 @@ def main():
                 {"tether": tether[-1], "peer": peer[-1],
                  "socket": sockets[-1] if floor else None})), flush=True)
     huge = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")
-    print("| workload | tether (%s%s%s%s) | peer (tensorpipe) | better by |"
+    print("| workload | tether (%s%s%s%s) | peer (tensorpipe) | better by "
+          "| CPU per call, us: tether | peer | tether's less by |"
           % (args.backend, " " + args.transports if args.transports else "",
              ", busy poll %d us" % args.busy_poll_us
              if args.busy_poll_us else "",
              ", huge pages" if huge else ""))
-    print("| --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in workloads:
         print(row(name, tether, peer))
+    print("\n" + idle_row(tether, peer))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(["tools/py_bench.py"] + sys.argv[1:]),
+                       "load_average": os.getloadavg(),
+                       "tether": tether, "peer": peer, "socket": sockets},
+                      f, indent=1)
     if floor:
         ping = median([r["tcp ping-pong"]["p50_us"] for r in sockets])
         ping99 = median([r["tcp ping-pong"]["p99_us"] for r in sockets])

@@ -19,7 +19,9 @@
 //                all; the first connections are made here
 //   warm rounds  the same, --warm_rounds times (3); their median
 // and prints one line `JSON {...}`: its init time, the round times, its
-// open fds (/proc/self/fd; by kind too: fds_tcp, fds_tcp_listen, ...) and
+// open fds (/proc/self/fd; by kind too: fds_tcp, fds_tcp_listen, ...), the
+// shared libraries mapped at main() and once up (shared_libraries,
+// shared_libraries_up) and
 // memory (VmHWM, VmRSS from
 // /proc/self/status) after the warm rounds and at main(), its threads,
 // the CPU time it had used when main() began (the dynamic loader's share
@@ -271,6 +273,9 @@ absl::Status run(const Flags& flags, const LauncherEnv& env, JsonObject& out) {
   out.number("init_s", absl::ToDoubleSeconds(up - init_start));
   out.raw("up_unix", unix_seconds(up));
   out.integer("fds_up", open_fds());
+  // What choosing the backend loaded (libfabric and its providers' libraries
+  // are opened only when it is chosen; gRPC's are linked).
+  out.integer("shared_libraries_up", shared_libraries());
   out.integer("rss_up_kb", proc_status("VmRSS"));
 
   auto step = [&](absl::string_view what, absl::Status s) -> absl::Status {

@@ -5,6 +5,8 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <time.h>
+
 #include <deque>
 #include <tuple>
 #include <utility>
@@ -15,6 +17,8 @@ namespace tether::bench {
 namespace {
 
 at::Tensor identity(const at::Tensor& x) { return x; }
+
+double cpu_seconds() { return process_cpu_seconds(); }
 
 std::pair<at::Tensor, at::Tensor> linear_parameters(int64_t in, int64_t out,
                                                     int64_t seed) {
@@ -35,12 +39,14 @@ struct Linear : torch::CustomClassHolder {
 
 TORCH_LIBRARY(tether_bench, m) {
   m.def("identity(Tensor x) -> Tensor", &identity);
+  m.def("cpu_seconds() -> float", &cpu_seconds);
   m.class_<Linear>("Linear")
       .def(torch::init<int64_t, int64_t, int64_t>())
       .def("forward", &Linear::forward);
 }
 
 constexpr char kAdd[] = "aten::add.Scalar";
+constexpr char kCpuSeconds[] = "tether_bench::cpu_seconds";
 
 }  // namespace
 
@@ -72,6 +78,37 @@ absl::Status add_remote_to_here(Worker& worker, const To& to,
   absl::StatusOr<RRef> r = remote(worker, to, kAdd, {x, 1.0});
   if (!r.ok()) return r.status();
   return r->to_here().status();
+}
+
+double process_cpu_seconds() {
+  timespec t{};
+  // Cannot fail for this clock on Linux.
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+absl::StatusOr<double> cpu_seconds_of(Worker& worker, const To& to) {
+  absl::StatusOr<c10::IValue> r = worker.rpc_sync(to, kCpuSeconds, {});
+  if (!r.ok()) return r.status();
+  if (!r->isDouble()) {
+    return absl::InternalError(absl::StrCat("cpu_seconds returned a ", r->tagKind()));
+  }
+  return r->toDouble();
+}
+
+absl::Status CpuUse::start() {
+  absl::StatusOr<double> peer = cpu_seconds_of(worker_, to_);
+  if (!peer.ok()) return peer.status();
+  peer_ = *peer;
+  self_ = process_cpu_seconds();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<double, double>> CpuUse::seconds() {
+  const double self = process_cpu_seconds() - self_;
+  absl::StatusOr<double> peer = cpu_seconds_of(worker_, to_);
+  if (!peer.ok()) return peer.status();
+  return std::make_pair(self, *peer - peer_);
 }
 
 at::Tensor payload_of(int64_t bytes) {

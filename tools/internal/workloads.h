@@ -4,7 +4,8 @@
 // both measure the same thing.
 //
 // Linking //tools/internal:workloads registers the operators they call
-// (TORCH_LIBRARY tether_bench): identity(Tensor x) -> Tensor and the module
+// (TORCH_LIBRARY tether_bench): identity(Tensor x) -> Tensor,
+// cpu_seconds() -> float (the callee's CPU time, process_cpu_seconds) and the module
 // class __torch__.torch.classes.tether_bench.Linear(int in, int out, int
 // seed) with forward(Tensor x) -> Tensor (x W^T + b, W and b requiring
 // grad). Every worker of a group must link them.
@@ -16,6 +17,8 @@
 #include <ATen/core/Tensor.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
+
+#include <utility>
 
 #include "core/worker.h"
 #include "rref/rref.h"
@@ -50,6 +53,31 @@ at::Tensor small_tensor();
 // `payload` sent to `to`'s identity operator and back (its size checked).
 [[nodiscard]] absl::Status echo(Worker& worker, const To& to,
                                 const at::Tensor& payload);
+
+// The CPU time this process has used, user and system, all its threads
+// (CLOCK_PROCESS_CPUTIME_ID), in seconds.
+double process_cpu_seconds();
+
+// process_cpu_seconds() of the process of `to`, by one rpc_sync.
+[[nodiscard]] absl::StatusOr<double> cpu_seconds_of(Worker& worker,
+                                                    const To& to);
+
+// CPU used, both ends together, over a stretch of the bench: read
+// `start()` before, `seconds()` after (both ask `to` by one call, which
+// stays outside the stretch on this side and at its edge on the other).
+class CpuUse {
+ public:
+  CpuUse(Worker& worker, const To& to) : worker_(worker), to_(to) {}
+  [[nodiscard]] absl::Status start();
+  // CPU seconds since start(): {this process, the process of `to`}.
+  [[nodiscard]] absl::StatusOr<std::pair<double, double>> seconds();
+
+ private:
+  Worker& worker_;
+  To to_;
+  double self_ = 0;
+  double peer_ = 0;
+};
 
 // A uint8 tensor of `bytes` elements.
 at::Tensor payload_of(int64_t bytes);
