@@ -24,6 +24,7 @@
 #include <string>
 #include <utility>
 
+#include "autograd/messages.h"
 #include "core/rpc.h"
 #include "core/wire/codec.h"
 
@@ -296,7 +297,7 @@ Future<bool> all_of(const std::vector<Future<bool>>& futures) {
 
 // The autograd layer of one Worker: its contexts, the hook every message
 // goes through, and the BACKWARD and CLEANUP handlers.
-class AutogradState final : public AutogradHook,
+class AutogradState final : public ContextHook,
                             public std::enable_shared_from_this<AutogradState> {
  public:
   explicit AutogradState(Worker& worker)
@@ -379,7 +380,7 @@ class AutogradState final : public AutogradHook,
                      describe(self_), ": never entered, or released)"));
   }
 
-  // ---- AutogradHook
+  // ---- ContextHook
 
   int64_t current_context() const override { return thread_context; }
 
@@ -387,7 +388,7 @@ class AutogradState final : public AutogradHook,
     return std::exchange(thread_context, context);
   }
 
-  absl::StatusOr<wire::AutogradMeta> on_send(
+  absl::StatusOr<wire::ContextMeta> on_send(
       int64_t context, const WorkerInfo& to,
       const c10::IValue& value) override {
     std::shared_ptr<ContextRecord> record = find(context);
@@ -398,7 +399,7 @@ class AutogradState final : public AutogradHook,
     }
     std::vector<at::Tensor> tensors;
     collect_grad_tensors(value, tensors);
-    wire::AutogradMeta meta;
+    wire::ContextMeta meta;
     meta.context_id = context;
     meta.from = self_.id;
     absl::MutexLock lock(&record->mu);
@@ -420,7 +421,7 @@ class AutogradState final : public AutogradHook,
     return meta;
   }
 
-  absl::Status on_receive(const wire::AutogradMeta& meta,
+  absl::Status on_receive(const wire::ContextMeta& meta,
                           c10::IValue& value) override {
     std::shared_ptr<ContextRecord> record = find_or_join(meta.context_id);
     if (record == nullptr) return absl::OkStatus();  // released here already
@@ -736,7 +737,7 @@ class AutogradState final : public AutogradHook,
         return;
       }
       Message request;
-      request.type = MessageType::kAutogradBackward;
+      request.type = kAutogradBackward;
       absl::Status encoded = worker.encode(
           c10::ivalue::Tuple::create(
               {c10::IValue(recv.context()), c10::IValue(recv.message()),
@@ -791,7 +792,7 @@ class AutogradState final : public AutogradHook,
   absl::StatusOr<std::vector<ReturnedGrads>> decode_returned(
       const Message& response, const std::string& peer) {
     std::vector<ReturnedGrads> out;
-    if (response.type != MessageType::kAutogradBackwardRet) return out;
+    if (response.type != kAutogradBackwardRet) return out;
     absl::StatusOr<c10::IValue> payload = absl::CancelledError("shut down");
     with_worker([&](Worker& w) { payload = w.decode(response); });
     if (!payload.ok()) return payload.status();
@@ -874,7 +875,7 @@ class AutogradState final : public AutogradHook,
       }
     }
     Message response;
-    response.type = MessageType::kAutogradBackwardRet;
+    response.type = kAutogradBackwardRet;
     absl::Status encoded = absl::CancelledError("the worker is shut down");
     with_worker([&](Worker& worker) {
       encoded = worker.encode(
@@ -913,7 +914,7 @@ class AutogradState final : public AutogradHook,
         absl::StatusOr<WorkerInfo> to = worker.get_worker_info(To(peer));
         if (!to.ok()) continue;
         Message request;
-        request.type = MessageType::kAutogradCleanup;
+        request.type = kAutogradCleanup;
         absl::Status encoded = worker.encode(
             c10::ivalue::Tuple::create(
                 {c10::IValue(id), c10::IValue(int64_t{self_.id})}),
@@ -1048,6 +1049,8 @@ class AutogradExtension final : public WorkerExtension {
     return absl::OkStatus();
   }
 
+  ContextHook* context_hook() override { return state_.get(); }
+
   const std::shared_ptr<AutogradState>& state() const { return state_; }
 
  private:
@@ -1111,13 +1114,12 @@ ExtensionFactory autograd_extension() {
     auto extension = std::make_unique<internal::AutogradExtension>(worker);
     std::weak_ptr<AutogradState> weak = extension->state();
     absl::Status added =
-        worker.register_handler(MessageType::kAutogradBackward,
+        worker.register_handler(kAutogradBackward,
                                 route_to(weak, &AutogradState::on_backward));
     if (!added.ok()) return added;
-    added = worker.register_handler(MessageType::kAutogradCleanup,
+    added = worker.register_handler(kAutogradCleanup,
                                     route_to(weak, &AutogradState::on_cleanup));
     if (!added.ok()) return added;
-    worker.set_autograd_hook(extension->state().get());
     return extension;
   };
 }

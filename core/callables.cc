@@ -543,31 +543,33 @@ absl::StatusOr<c10::IValue> Callables::call_method(
 
 namespace {
 
-void route_rref_methods(torch::jit::Block* block) {
-  static const c10::Symbol kToHere = c10::Symbol::aten("to_here");
-  static const c10::Symbol kLocalValue = c10::Symbol::aten("local_value");
-  static const c10::Symbol kTetherToHere =
-      c10::Symbol::fromQualString("tether::to_here");
-  static const c10::Symbol kTetherLocalValue =
-      c10::Symbol::fromQualString("tether::local_value");
-  std::vector<torch::jit::Node*> routed;
-  for (torch::jit::Node* node : block->nodes()) {
-    for (torch::jit::Block* inner : node->blocks()) route_rref_methods(inner);
-    if (node->kind() == kToHere || node->kind() == kLocalValue) {
-      routed.push_back(node);
-    }
-  }
-  for (torch::jit::Node* node : routed) {
-    node->replaceWithNewSymbol(node->kind() == kToHere ? kTetherToHere
-                                                       : kTetherLocalValue);
-    node->destroy();
-  }
+struct GraphRewrites {
+  absl::Mutex mu;
+  std::vector<GraphRewrite> rewrites ABSL_GUARDED_BY(mu);
+};
+
+GraphRewrites& graph_rewrites() {
+  static auto* rewrites = new GraphRewrites();
+  return *rewrites;
 }
 
 }  // namespace
 
-void route_rref_methods(torch::jit::Graph& graph) {
-  route_rref_methods(graph.block());
+bool register_graph_rewrite(GraphRewrite rewrite) {
+  GraphRewrites& all = graph_rewrites();
+  absl::MutexLock lock(&all.mu);
+  all.rewrites.push_back(rewrite);
+  return true;
+}
+
+void rewrite_graph(torch::jit::Graph& graph) {
+  std::vector<GraphRewrite> rewrites;
+  {
+    GraphRewrites& all = graph_rewrites();
+    absl::MutexLock lock(&all.mu);
+    rewrites = all.rewrites;
+  }
+  for (GraphRewrite rewrite : rewrites) rewrite(graph);
 }
 
 absl::Status Callables::add_script(const std::string& source) {
@@ -578,7 +580,7 @@ absl::Status Callables::add_script(const std::string& source) {
       if (torch::jit::GraphFunction* graph_fn =
               torch::jit::tryToGraphFunction(*fn)) {
         graph_fn->ensure_defined();
-        route_rref_methods(*graph_fn->graph());
+        rewrite_graph(*graph_fn->graph());
       }
     }
   } catch (const std::exception& e) {

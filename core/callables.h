@@ -71,15 +71,20 @@ c10::IValue kwargs_to_wire(Kwargs kwargs);
 // Whether `value` has a shape kwargs_to_wire() gives.
 bool is_wire_kwargs(const c10::IValue& value);
 
-// TorchScript compiles an RRef's to_here() and local_value() to the
-// operators aten::to_here and aten::local_value. Where the peer's
-// libtorch_python defines them (every Python process), they cast the RRef
-// to the peer's own classes, which a tether RRef is not. This points such
-// nodes of `graph` (its nested blocks too, not the functions it calls) at
-// tether's operators of the same names, tether::to_here and
-// tether::local_value, which rref/ registers (rref/script_operators.cc).
-// add_script() does it to every function it compiles.
-void route_rref_methods(torch::jit::Graph& graph);
+// A rewrite of the TorchScript graphs tether runs, registered by a layer
+// above core, process-wide as the operators it points at (e.g. nodes of
+// LibTorch's operators pointed at a layer's own operators of the same
+// names). It changes `graph` in place: its nested blocks too, not the
+// functions it calls.
+using GraphRewrite = void (*)(torch::jit::Graph& graph);
+// Adds `rewrite` to those rewrite_graph() applies; returns true, so that a
+// layer registers it at static initialisation
+// (`const bool kAdded = register_graph_rewrite(...)`).
+bool register_graph_rewrite(GraphRewrite rewrite);
+// Applies every registered rewrite to `graph`, in the order registered.
+// add_script() does it to every function it compiles; a front end that runs
+// scripted functions of its own does it to their graphs.
+void rewrite_graph(torch::jit::Graph& graph);
 
 // Runs TorchScript function `fn` on `args` and `kwargs` after checking them
 // against its schema (an argument declared RRef[T] takes any RRef: see

@@ -28,7 +28,7 @@
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 
-#include "core/internal/check.h"
+#include "core/toolkit/check.h"
 
 #include <atomic>
 #include <chrono>

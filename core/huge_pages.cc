@@ -9,7 +9,7 @@
 
 #include <cstdlib>
 
-#include "core/internal/huge_page_memory.h"
+#include "core/toolkit/huge_page_memory.h"
 
 namespace tether {
 namespace {

@@ -8,7 +8,7 @@
 // ran 1.4x to 2.1x faster with the sender's tensor on them, and memcpy
 // itself about 1.35x (docs/decisions.md, "Huge pages for large tensors").
 // tether's own receive buffers are on huge pages already
-// (core/internal/receive_buffers.h); this puts the user's tensors there.
+// (core/toolkit/receive_buffers.h); this puts the user's tensors there.
 //
 // It is what PyTorch 2.1 and later do when THP_MEM_ALLOC_ENABLE=1: every
 // allocation of LibTorch's CPU allocator of at least 2 MiB is aligned to

@@ -1,8 +1,12 @@
 #include "core/message.h"
 
 #include <absl/strings/str_cat.h>
+#include <absl/strings/string_view.h>
 
+#include <atomic>
 #include <limits>
+
+#include "core/toolkit/check.h"
 
 namespace tether {
 
@@ -41,7 +45,9 @@ Message ack() {
   return message;
 }
 
-const char* message_type_name(MessageType type) {
+namespace {
+
+const char* core_type_name(MessageType type) {
   switch (type) {
     case MessageType::kUnknown:
       return "UNKNOWN";
@@ -55,36 +61,51 @@ const char* message_type_name(MessageType type) {
       return "PING";
     case MessageType::kPong:
       return "PONG";
-    case MessageType::kRemoteCall:
-      return "REMOTE_CALL";
-    case MessageType::kRRefFetch:
-      return "RREF_FETCH";
-    case MessageType::kRRefUserDelete:
-      return "RREF_USER_DELETE";
-    case MessageType::kRRefForkRequest:
-      return "RREF_FORK_REQUEST";
-    case MessageType::kRRefChildAccept:
-      return "RREF_CHILD_ACCEPT";
     case MessageType::kAck:
       return "ACK";
-    case MessageType::kRRefMethodCall:
-      return "RREF_METHOD_CALL";
-    case MessageType::kAutogradBackward:
-      return "AUTOGRAD_BACKWARD";
-    case MessageType::kAutogradCleanup:
-      return "AUTOGRAD_CLEANUP";
     case MessageType::kMemberJoin:
       return "MEMBER_JOIN";
     case MessageType::kMemberLeave:
       return "MEMBER_LEAVE";
-    case MessageType::kAutogradBackwardRet:
-      return "AUTOGRAD_BACKWARD_RET";
     case MessageType::kProfiledRequest:
       return "PROFILED_REQUEST";
     case MessageType::kProfiledResponse:
       return "PROFILED_RESPONSE";
   }
-  return "INVALID";
+  return nullptr;
+}
+
+// The layers' names by value, registered once each and never removed: a
+// name message_type_name returns lives as long as the process. Read without
+// a lock (every message's log line may ask).
+constexpr int32_t kMaxLayerType = 256;
+std::atomic<const char*> layer_names[kMaxLayerType];
+
+}  // namespace
+
+bool register_message_type_names(
+    std::initializer_list<std::pair<MessageType, const char*>> names) {
+  for (const auto& [type, name] : names) {
+    const auto value = static_cast<int32_t>(type);
+    TETHER_CHECK(name != nullptr && core_type_name(type) == nullptr &&
+                     value >= 0 && value < kMaxLayerType,
+                 "a layer's message type without a name, named by core or "
+                 "out of range");
+    const char* expected = nullptr;
+    TETHER_CHECK(layer_names[value].compare_exchange_strong(expected, name) ||
+                     absl::string_view(expected) == name,
+                 "a message type named twice under two names");
+  }
+  return true;
+}
+
+const char* message_type_name(MessageType type) {
+  if (const char* name = core_type_name(type)) return name;
+  const auto value = static_cast<int32_t>(type);
+  const char* name = value >= 0 && value < kMaxLayerType
+                         ? layer_names[value].load(std::memory_order_acquire)
+                         : nullptr;
+  return name != nullptr ? name : "INVALID";
 }
 
 }  // namespace tether

@@ -20,13 +20,20 @@
 #include <c10/core/Storage.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tether {
 
 // What a message is. Requests and responses are matched by Message::id.
-// Values are part of the wire format: never renumber, only add.
+// Values are part of the wire format: never renumber, only add. The values
+// this enum does not name belong to the layers above core: each defines
+// its own types as MessageType{N} (6 to 10, 12 to 14 and 17 are taken; a
+// new type takes the next free value from 20) and names them with
+// register_message_type_names, so that core moves and names them without
+// knowing what they mean (core/worker_extension.h).
 enum class MessageType : int32_t {
   kUnknown = 0,
   // A call of an operator or TorchScript function; payload is the tuple
@@ -41,25 +48,12 @@ enum class MessageType : int32_t {
   // the agent's thread) and agent-level test traffic: any payload.
   kPing = 4,
   kPong = 5,
-  // The RRef protocol (rref/). Payloads are tuples; see rref/rref_impl.h.
-  kRemoteCall = 6,       // run a function, keep its result as an OwnerRRef
-  kRRefFetch = 7,        // a user asks the owner for the value
-  kRRefUserDelete = 8,   // a user tells the owner it is gone
-  kRRefForkRequest = 9,  // a new user asks the owner to register it
-  kRRefChildAccept = 10, // the owner confirmed a child: its parent may let go
-  kAck = 11,             // the empty response of the control messages
-  kRRefMethodCall = 12,  // run a method of the object an RRef holds
-  // Distributed autograd (autograd/). Payloads are tuples; see autograd.cc.
-  kAutogradBackward = 13,  // gradients for a send node: run a pass from it
-  kAutogradCleanup = 14,   // a context was left: forget it, tell its peers
+  // The empty response of control messages (ack()).
+  kAck = 11,
   // Dynamic membership (core/join/membership.h): a worker tells each member
   // that it joined or is leaving; payload "rank:name"; answered with kAck.
   kMemberJoin = 15,
   kMemberLeave = 16,
-  // The response to kAutogradBackward when its pass has gradients for the
-  // requester's own recv nodes (autograd/): they ride back in it instead of
-  // a BACKWARD of their own. Otherwise that response is kAck.
-  kAutogradBackwardRet = 17,
   // A request sent while the caller runs LibTorch's legacy profiler
   // (core/profiling.h): it wraps the request as it would travel otherwise;
   // the callee runs it under a profiler of its own and answers with a
@@ -69,8 +63,17 @@ enum class MessageType : int32_t {
   kProfiledResponse = 19,
 };
 
-// Returns a short name for logs and error messages ("CALL", ...).
+// Returns a short name for logs and error messages ("CALL", ...): a layer's
+// types by the names it registered, "INVALID" for a value nobody named.
 const char* message_type_name(MessageType type);
+
+// Names a layer's own message types (e.g. {MessageType{7}, "FETCH"}) for
+// message_type_name. Process-wide and idempotent; naming a value core
+// names, or one a layer named otherwise, is a bug (a crash naming it).
+// Returns true, so that a layer's header can name its types when it is
+// first used: `inline const bool kNamed = register_message_type_names(...)`.
+bool register_message_type_names(
+    std::initializer_list<std::pair<MessageType, const char*>> names);
 
 // What a worker accepts in one message from a peer (RpcOptions::limits,
 // passed to its agent as AgentSetup::limits). A backend checks an incoming
@@ -104,9 +107,9 @@ struct Message {
   std::vector<c10::Storage> storages;
 };
 
-// The response of a request that answers with nothing but its success (the
-// RRef protocol's control messages, a distributed autograd step or
-// cleanup, a membership change): type ACK, no payload, no storages.
+// The response of a request that answers with nothing but its success (a
+// layer's control messages, a membership change): type ACK, no payload, no
+// storages.
 Message ack();
 
 }  // namespace tether

@@ -12,7 +12,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "core/internal/store_client.h"
+#include "core/toolkit/store_client.h"
 
 #include <algorithm>
 #include <chrono>
@@ -63,7 +63,7 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_tcp_store(
   }
   if (rank != 0 || launcher_serves) {
     // Not LibTorch's TCPStore client: its watch thread aborts the process or
-    // spins when the server's process dies (core/internal/store_client.h).
+    // spins when the server's process dies (core/toolkit/store_client.h).
     absl::StatusOr<c10::intrusive_ptr<internal::TcpStoreClient>> client =
         internal::TcpStoreClient::connect(host, port, timeout);
     if (!client.ok()) return client.status();

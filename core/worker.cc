@@ -18,7 +18,7 @@
 
 #include "core/huge_pages.h"
 #include "core/internal/blas_check.h"
-#include "core/internal/store_client.h"
+#include "core/toolkit/store_client.h"
 #include "core/ivalue_future.h"
 #include "core/join/membership.h"
 #include "core/profiling.h"
@@ -242,6 +242,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     absl::StatusOr<std::unique_ptr<WorkerExtension>> extension =
         factory(*worker);
     if (!extension.ok()) return unclaim(extension.status());
+    if (absl::Status hooked = worker->take_hooks(**extension); !hooked.ok()) {
+      return unclaim(hooked);
+    }
     worker->extensions_.push_back(*std::move(extension));
   }
   if (absl::Status started = worker->start_collectives(); !started.ok()) {
@@ -305,9 +308,18 @@ absl::Status Worker::register_handler(MessageType type,
   return absl::OkStatus();
 }
 
-void Worker::set_rref_hook(wire::RRefHook* hook) {
-  TETHER_CHECK(building_, "set_rref_hook after the worker started");
-  rref_hook_ = hook;
+absl::Status Worker::take_hooks(WorkerExtension& extension) {
+  wire::ReferenceHook* references = extension.reference_hook();
+  ContextHook* contexts = extension.context_hook();
+  if ((references != nullptr && reference_hook_ != nullptr) ||
+      (contexts != nullptr && context_hook_ != nullptr)) {
+    return absl::InvalidArgumentError(
+        "two extensions of one worker give a reference hook or a context "
+        "hook (at most one each)");
+  }
+  if (references != nullptr) reference_hook_ = references;
+  if (contexts != nullptr) context_hook_ = contexts;
+  return absl::OkStatus();
 }
 
 absl::Status Worker::add_callable_provider(
@@ -316,14 +328,9 @@ absl::Status Worker::add_callable_provider(
   return callables_.add_provider(std::move(prefix), std::move(provider));
 }
 
-void Worker::set_autograd_hook(AutogradHook* hook) {
-  TETHER_CHECK(building_, "set_autograd_hook after the worker started");
-  autograd_hook_ = hook;
-}
-
 Worker::ServingContext::ServingContext(const Worker& worker,
-                                       const wire::AutogradMeta& request)
-    : hook_(request.in_context() ? worker.autograd_hook() : nullptr) {
+                                       const wire::ContextMeta& request)
+    : hook_(request.in_context() ? worker.context_hook_ : nullptr) {
   if (hook_ != nullptr) {
     previous_ = hook_->exchange_current_context(request.context_id);
   }
@@ -333,9 +340,10 @@ Worker::ServingContext::~ServingContext() {
   if (hook_ != nullptr) hook_->exchange_current_context(previous_);
 }
 
-void Worker::set_call_gate(CallGate gate) {
+void Worker::set_call_gate(CallGate gate, CallGateWaits waits) {
   TETHER_CHECK(building_, "set_call_gate after the worker started");
   call_gate_ = std::move(gate);
+  call_gate_waits_ = std::move(waits);
 }
 
 absl::Status Worker::check_limits(const Message& message) const {
@@ -350,7 +358,7 @@ absl::Status Worker::check_limits(const Message& message) const {
 
 absl::Status Worker::encode(const c10::IValue& value, Message& out) {
   if (absl::Status s =
-          wire::encode(value, out, rref_hook_, nullptr, options_.limits);
+          wire::encode(value, out, reference_hook_, nullptr, options_.limits);
       !s.ok()) {
     return s;
   }
@@ -359,18 +367,18 @@ absl::Status Worker::encode(const c10::IValue& value, Message& out) {
 
 absl::Status Worker::encode_request(const c10::IValue& value,
                                     const WorkerInfo& to, Message& out) {
-  wire::AutogradMeta meta;
-  if (autograd_hook_ != nullptr) {
-    const int64_t context = autograd_hook_->current_context();
+  wire::ContextMeta meta;
+  if (context_hook_ != nullptr) {
+    const int64_t context = context_hook_->current_context();
     if (context >= 0) {
-      absl::StatusOr<wire::AutogradMeta> sent =
-          autograd_hook_->on_send(context, to, value);
+      absl::StatusOr<wire::ContextMeta> sent =
+          context_hook_->on_send(context, to, value);
       if (!sent.ok()) return sent.status();
       meta = *sent;
     }
   }
   if (absl::Status s =
-          wire::encode(value, out, rref_hook_, &meta, options_.limits);
+          wire::encode(value, out, reference_hook_, &meta, options_.limits);
       !s.ok()) {
     return s;
   }
@@ -378,19 +386,19 @@ absl::Status Worker::encode_request(const c10::IValue& value,
 }
 
 absl::Status Worker::encode_response(const c10::IValue& value,
-                                     const wire::AutogradMeta& request,
+                                     const wire::ContextMeta& request,
                                      Message& out) {
-  wire::AutogradMeta meta;
-  if (autograd_hook_ != nullptr && request.in_context()) {
+  wire::ContextMeta meta;
+  if (context_hook_ != nullptr && request.in_context()) {
     absl::StatusOr<WorkerInfo> to = get_worker_info(To(request.from));
     if (!to.ok()) return to.status();
-    absl::StatusOr<wire::AutogradMeta> sent =
-        autograd_hook_->on_send(request.context_id, *to, value);
+    absl::StatusOr<wire::ContextMeta> sent =
+        context_hook_->on_send(request.context_id, *to, value);
     if (!sent.ok()) return sent.status();
     meta = *sent;
   }
   if (absl::Status s =
-          wire::encode(value, out, rref_hook_, &meta, options_.limits);
+          wire::encode(value, out, reference_hook_, &meta, options_.limits);
       !s.ok()) {
     return s;
   }
@@ -398,18 +406,18 @@ absl::Status Worker::encode_response(const c10::IValue& value,
 }
 
 absl::StatusOr<c10::IValue> Worker::decode(const Message& in,
-                                           wire::AutogradMeta* autograd) {
-  wire::AutogradMeta meta;
+                                           wire::ContextMeta* context) {
+  wire::ContextMeta meta;
   absl::StatusOr<c10::IValue> value =
-      wire::decode(in, options_.limits, rref_hook_, &meta);
+      wire::decode(in, options_.limits, reference_hook_, &meta);
   if (!value.ok()) return value;
-  if (meta.in_context() && autograd_hook_ != nullptr) {
-    if (absl::Status received = autograd_hook_->on_receive(meta, *value);
+  if (meta.in_context() && context_hook_ != nullptr) {
+    if (absl::Status received = context_hook_->on_receive(meta, *value);
         !received.ok()) {
       return received;
     }
   }
-  if (autograd != nullptr) *autograd = meta;
+  if (context != nullptr) *context = meta;
   return value;
 }
 
@@ -720,31 +728,6 @@ namespace {
 // thread), most of a small call's round trip.
 constexpr int64_t kInlineCallBytes = 64 * 1024;
 
-
-bool contains_rref(const c10::IValue& v) {
-  if (v.isRRef()) return true;
-  if (v.isTuple()) {
-    for (const c10::IValue& e : v.toTupleRef().elements()) {
-      if (contains_rref(e)) return true;
-    }
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (contains_rref(e)) return true;
-    }
-  } else if (v.isGenericDict()) {
-    for (const auto& entry : v.toGenericDict()) {
-      if (contains_rref(entry.key()) || contains_rref(entry.value())) {
-        return true;
-      }
-    }
-  } else if (const wire::Pickled* pickled = wire::Pickled::of(v)) {
-    for (const c10::IValue& e : pickled->objects) {
-      if (contains_rref(e)) return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 
 bool Worker::decodes_on_arrival(const Message& request) {
@@ -755,10 +738,9 @@ bool Worker::decodes_on_arrival(const Message& request) {
   return bytes <= kInlineCallBytes;
 }
 
-bool Worker::runs_on_arrival(absl::string_view fn, const c10::IValue& call,
-                             const wire::AutogradMeta& autograd) {
-  return !autograd.in_context() && absl::StartsWith(fn, "aten::") &&
-         !contains_rref(call);
+bool Worker::runs_on_arrival(absl::string_view fn,
+                             const wire::ContextMeta& context) {
+  return !context.in_context() && absl::StartsWith(fn, "aten::");
 }
 
 Future<Message> Worker::serve_on_pool(std::function<Future<Message>()> serve) {
@@ -933,7 +915,8 @@ Future<Message> Worker::serve_request(Message request,
     }
     // A builtin operator on small tensors runs here, on the agent's thread;
     // anything else on the pool (runs_on_arrival()).
-    if (runs_on_arrival(call->fn, call->value, call->autograd)) {
+    if (runs_on_arrival(call->fn, call->context) &&
+        !(call_gate_waits_ && call_gate_waits_(call->value))) {
       return run_call(*call);
     }
     run_on_pool([this, promise, call] {
@@ -973,7 +956,7 @@ Future<Message> Worker::process_request(const Message& request) {
 std::optional<Message> Worker::decode_call(const Message& request,
                                            DecodedCall& out) {
   const WorkerInfo& self = agent_->self();
-  absl::StatusOr<c10::IValue> call = decode(request, &out.autograd);
+  absl::StatusOr<c10::IValue> call = decode(request, &out.context);
   if (!call.ok()) {
     return exception_message(absl::Status(
         call.status().code(),
@@ -1006,8 +989,8 @@ std::optional<Message> Worker::decode_call(const Message& request,
 Future<Message> Worker::run_call(DecodedCall& call) {
   const WorkerInfo& self = agent_->self();
   const std::string& fn = call.fn;
-  const wire::AutogradMeta& autograd = call.autograd;
-  ServingContext serving(*this, autograd);
+  const wire::ContextMeta& context = call.context;
+  ServingContext serving(*this, context);
   CallPass pass;
   if (call_gate_) {
     absl::StatusOr<CallPass> ready = call_gate_(call.value);
@@ -1022,14 +1005,14 @@ Future<Message> Worker::run_call(DecodedCall& call) {
   absl::StatusOr<c10::IValue> result =
       callables_.call(fn, std::move(call.args), call.kwargs);
   if (!result.ok() || !result->isFuture()) {
-    return Future<Message>::ready(response_to(fn, result, autograd));
+    return Future<Message>::ready(response_to(fn, result, context));
   }
   // The function answers later: the response is made on the thread that
   // completes its future, and until then no thread of this worker waits.
   Promise<Message> response;
   std::shared_ptr<Lifeline> lifeline = lifeline_;
   settle(*std::move(result))
-      .on_complete([lifeline, response, fn, autograd, pass](
+      .on_complete([lifeline, response, fn, context, pass](
                        const absl::StatusOr<c10::IValue>& value) {
         Message message;
         {
@@ -1038,7 +1021,7 @@ Future<Message> Worker::run_call(DecodedCall& call) {
             message = exception_message(absl::CancelledError(absl::StrCat(
                 "the worker that ran '", fn, "' shut down before it answered")));
           } else {
-            message = lifeline->worker->response_to(fn, value, autograd);
+            message = lifeline->worker->response_to(fn, value, context);
           }
         }
         response.set(std::move(message));
@@ -1048,7 +1031,7 @@ Future<Message> Worker::run_call(DecodedCall& call) {
 
 Message Worker::response_to(const std::string& fn,
                             const absl::StatusOr<c10::IValue>& result,
-                            const wire::AutogradMeta& autograd) {
+                            const wire::ContextMeta& context) {
   const WorkerInfo& self = agent_->self();
   if (!result.ok()) {
     return exception_message(absl::Status(
@@ -1058,7 +1041,7 @@ Message Worker::response_to(const std::string& fn,
   }
   Message response;
   response.type = MessageType::kCallRet;
-  if (absl::Status encoded = encode_response(*result, autograd, response);
+  if (absl::Status encoded = encode_response(*result, context, response);
       !encoded.ok()) {
     return exception_message(absl::Status(
         encoded.code(),

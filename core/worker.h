@@ -41,6 +41,7 @@
 #include "core/native_function.h"
 #include "core/rendezvous.h"  // kDynamicGroup, for callers of create()
 #include "core/wire/codec.h"
+#include "core/worker_extension.h"
 
 namespace at {
 class ThreadLocalState;
@@ -152,87 +153,6 @@ class To {
  private:
   std::variant<std::string, int, WorkerInfo> target_;
 };
-
-class Worker;
-
-// A layer above core (RRefs, distributed autograd) living inside a Worker.
-// Made by its ExtensionFactory while the Worker is built, before it serves,
-// so the layer's message handlers are in place for the first message.
-class WorkerExtension {
- public:
-  virtual ~WorkerExtension() = default;
-  // Graceful shutdown: called before the group's drain barrier (e.g. to
-  // release references the application still holds) ...
-  [[nodiscard]] virtual absl::Status before_graceful_join() {
-    return absl::OkStatus();
-  }
-  // Once every worker of the group has begun its graceful shutdown (the
-  // peer's barrier before it deletes its users' references), before the
-  // group drains: what it sends is drained too. A dynamic group's leaver
-  // calls it before it leaves.
-  virtual void on_group_joined() {}
-  // ... and after the drain, when nothing is in flight any more (e.g. a
-  // leak check).
-  [[nodiscard]] virtual absl::Status after_graceful_join() {
-    return absl::OkStatus();
-  }
-};
-
-// The distributed autograd layer's side of every call and response
-// (autograd/ implements it; core knows no autograd protocol). The Worker
-// calls it on the thread that encodes or decodes a message.
-class AutogradHook {
- public:
-  virtual ~AutogradHook() = default;
-  // The autograd context of the calling thread, or -1.
-  virtual int64_t current_context() const = 0;
-  // Makes `context` (-1: none) current on this thread; returns the previous.
-  virtual int64_t exchange_current_context(int64_t context) = 0;
-  // `value` leaves for `to` within `context`: records what the layer needs
-  // (a send node for the tensors that require grad) and returns the
-  // metadata the message carries.
-  [[nodiscard]] virtual absl::StatusOr<wire::AutogradMeta> on_send(
-      int64_t context, const WorkerInfo& to, const c10::IValue& value) = 0;
-  // `value` arrived with `meta` (in a context): e.g. gives its tensors that
-  // require grad a recv node as their grad_fn.
-  [[nodiscard]] virtual absl::Status on_receive(const wire::AutogradMeta& meta,
-                                                c10::IValue& value) = 0;
-};
-
-// How the Worker treats the requests a layer's handler serves (see
-// Worker::register_handler). Core knows no layer's message types: each
-// layer says this of its own when it registers them.
-struct HandlerTraits {
-  // Sending one counts against RpcOptions::max_calls_in_flight, as a CALL
-  // does: it runs a user function on the callee (or waits for one's value).
-  bool counts_as_call = false;
-  // Sent from a thread that runs LibTorch's legacy profiler, it is profiled
-  // on its callee, as a CALL is (core/profiling.h): it runs user code there.
-  bool profiled = false;
-  // The handler is called on the agent's thread the request arrived on, not
-  // on the pool: it must not block, and hands what may block or take long
-  // to Worker::serve_on_pool() itself (a pool hop is a thread wake-up each
-  // way). Profiled requests still go to the pool.
-  bool serve_on_arrival = false;
-};
-
-// A RequestHandler that calls `method` on the layer object `weak` points to,
-// or fails with CANCELLED once that object is gone (the worker shut down).
-template <typename T>
-RequestHandler route_to(std::weak_ptr<T> weak,
-                        Future<Message> (T::*method)(Message)) {
-  return [weak = std::move(weak), method](Message request) -> Future<Message> {
-    std::shared_ptr<T> self = weak.lock();
-    if (self == nullptr) {
-      return Future<Message>::ready(
-          absl::CancelledError("the worker is shut down"));
-    }
-    return ((*self).*method)(std::move(request));
-  };
-}
-
-using ExtensionFactory =
-    std::function<absl::StatusOr<std::unique_ptr<WorkerExtension>>(Worker&)>;
 
 class Worker {
  public:
@@ -367,7 +287,7 @@ class Worker {
   // The Worker serving the request that runs on this thread, or null.
   static Worker* serving();
 
-  // ---- For layers above core (rref/, autograd/), not for user code. ----
+  // ---- For layers above core (core/worker_extension.h), not users. ----
 
   // The extension of type T, or null.
   template <typename T>
@@ -386,29 +306,20 @@ class Worker {
                                               RequestHandler handler,
                                               HandlerTraits traits = {});
 
-  // The RRef layer's side of the codec, for every message this worker
-  // encodes or decodes. Only while an ExtensionFactory runs.
-  void set_rref_hook(wire::RRefHook* hook);
-  wire::RRefHook* rref_hook() const { return rref_hook_; }
-
-  // The autograd layer's side of every request and response this worker
-  // encodes or decodes with encode_request, encode_response and decode.
-  // Only while an ExtensionFactory runs.
-  void set_autograd_hook(AutogradHook* hook);
-  AutogradHook* autograd_hook() const { return autograd_hook_; }
-
   // Runs after a CALL's arguments are decoded and before the function runs,
-  // on the pool thread (a call with RRef arguments always runs there); an
-  // error fails the call with it. Otherwise it returns a pass the worker
-  // holds until the call has answered (a function that answers later:
-  // until then). The RRef layer waits here until the owner has confirmed
-  // every RRef among the arguments, and its pass keeps them in use (a
-  // graceful shutdown does not let go of them meanwhile).
-  // `call` is the decoded (name, args, kwargs) tuple.
+  // on the pool thread (a call for which `waits(call)` is true always runs
+  // there); an error fails the call with it. Otherwise it returns a pass
+  // the worker holds until the call has answered (a function that answers
+  // later: until then). A layer of references waits
+  // here until the owner has confirmed every reference among the
+  // arguments, and its pass keeps them in use (a graceful shutdown does not
+  // let go of them meanwhile). `call` is the decoded (name, args, kwargs)
+  // tuple. Only while an ExtensionFactory runs.
   using CallPass = std::shared_ptr<void>;
   using CallGate =
       std::function<absl::StatusOr<CallPass>(const c10::IValue& call)>;
-  void set_call_gate(CallGate gate);
+  using CallGateWaits = std::function<bool(const c10::IValue& call)>;
+  void set_call_gate(CallGate gate, CallGateWaits waits);
 
   // Names under `prefix` (e.g. "py::") are served by `provider`, a layer
   // above core with its own policy (the Python front end). Such calls run
@@ -428,49 +339,48 @@ class Worker {
   // (InfiniteDuration).
   absl::Duration resolve_timeout(absl::Duration timeout) const;
 
-  // Encodes `value` with this worker's RRef hook (a control message: no
-  // autograd metadata).
+  // Encodes `value` with this worker's reference hook (a control message:
+  // no context).
   [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out);
-  // Encodes a request to `to`: inside an autograd context (of this thread),
-  // the message belongs to it.
+  // Encodes a request to `to`: inside a context (of this thread, by the
+  // context hook), the message belongs to it.
   [[nodiscard]] absl::Status encode_request(const c10::IValue& value,
                                             const WorkerInfo& to, Message& out);
   // Encodes the response to a request that came with `request` metadata:
   // if that request was in a context, so is the response.
   [[nodiscard]] absl::Status encode_response(const c10::IValue& value,
-                                             const wire::AutogradMeta& request,
+                                             const wire::ContextMeta& request,
                                              Message& out);
-  // Decodes with the RRef hook; a message in an autograd context goes
-  // through the autograd hook, and `autograd` (if given) receives its
-  // metadata.
+  // Decodes with the reference hook; a message in a context goes through
+  // the context hook, and `context` (if given) receives its metadata.
   [[nodiscard]] absl::StatusOr<c10::IValue> decode(
-      const Message& in, wire::AutogradMeta* autograd = nullptr);
+      const Message& in, wire::ContextMeta* context = nullptr);
 
-  // Serves a request in the autograd context it came with: while it lives,
+  // Serves a request in the context it came with: while it lives,
   // that context is current on this thread (nested calls belong to it).
   class ServingContext {
    public:
-    ServingContext(const Worker& worker, const wire::AutogradMeta& request);
+    ServingContext(const Worker& worker, const wire::ContextMeta& request);
     ~ServingContext();
     ServingContext(const ServingContext&) = delete;
     ServingContext& operator=(const ServingContext&) = delete;
 
    private:
-    AutogradHook* hook_;
+    ContextHook* hook_;
     int64_t previous_ = -1;
   };
 
   // Whether `request` may be decoded on the agent's thread it arrived on:
   // at most 64 KiB of payload and storages.
   static bool decodes_on_arrival(const Message& request);
-  // Whether a call of `fn`, decoded on arrival as `call` (searched for
-  // RRefs) with `autograd`, may run there too: a builtin operator (aten::)
-  // outside an autograd context and without RRef arguments, which is cheap
-  // and never blocks. Anything else (a user function, TorchScript, a call
-  // that waits for its RRef arguments' confirmation, a step of distributed
-  // autograd) runs on the pool.
-  static bool runs_on_arrival(absl::string_view fn, const c10::IValue& call,
-                              const wire::AutogradMeta& autograd);
+  // Whether a call of `fn`, decoded on arrival with `context`, may run
+  // there too: a builtin operator (aten::) outside a context, which is
+  // cheap and never blocks. Anything else (a user function, TorchScript, a
+  // step of distributed autograd) runs on the pool, and so does a call the
+  // call gate may wait for (set_call_gate's `waits`, which the Worker asks
+  // too; a layer that serves calls of its own asks its own gate).
+  static bool runs_on_arrival(absl::string_view fn,
+                              const wire::ContextMeta& context);
   // For a handler registered with HandlerTraits::serve_on_arrival: runs
   // `serve` on the pool, as a request's handler (an error becomes an
   // EXCEPTION answer there too), and gives its answer. Called from a
@@ -519,10 +429,13 @@ class Worker {
                                absl::Duration timeout);
   // RESOURCE_EXHAUSTED if `message` is over options_.limits.
   absl::Status check_limits(const Message& message) const;
+  // Takes the hooks `extension` gives (WorkerExtension::reference_hook,
+  // context_hook); INVALID_ARGUMENT if another extension gave one already.
+  absl::Status take_hooks(WorkerExtension& extension);
   // A CALL, decoded: the (name, args, kwargs) tuple and its parts.
   struct DecodedCall {
     c10::IValue value;
-    wire::AutogradMeta autograd;
+    wire::ContextMeta context;
     std::string fn;
     std::vector<c10::IValue> args;
     Kwargs kwargs;
@@ -536,7 +449,7 @@ class Worker {
   // The response to `fn`'s `result`, or the EXCEPTION naming this worker.
   Message response_to(const std::string& fn,
                       const absl::StatusOr<c10::IValue>& result,
-                      const wire::AutogradMeta& autograd);
+                      const wire::ContextMeta& context);
 
   // Lets a function's future, which may complete after this Worker is
   // gone, find out whether it still is (set to null by the destructor).
@@ -596,9 +509,12 @@ class Worker {
   // and with HandlerTraits::profiled.
   absl::flat_hash_set<MessageType> counted_as_calls_;
   absl::flat_hash_set<MessageType> profiled_types_;
-  wire::RRefHook* rref_hook_ = nullptr;
-  AutogradHook* autograd_hook_ = nullptr;
+  // Given by the extensions (WorkerExtension::reference_hook and
+  // context_hook), at most one each.
+  wire::ReferenceHook* reference_hook_ = nullptr;
+  ContextHook* context_hook_ = nullptr;
   CallGate call_gate_;
+  CallGateWaits call_gate_waits_;
   bool building_ = true;
   std::shared_ptr<Lifeline> lifeline_;
   // all_gather's calls this worker leads (core/collective.cc).

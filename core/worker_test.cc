@@ -718,6 +718,13 @@ TEST(WorkerLimits, HandlersSayWhetherTheirRequestsCountAsCalls) {
   options.max_calls_in_flight = 1;
   // The handlers answer when the test says so: no thread waits meanwhile.
   Promise<Message> answer;
+  // Two message types of a layer of this test's own, named as a layer names
+  // its types.
+  constexpr MessageType kCounted{40};
+  constexpr MessageType kNotCounted{41};
+  ASSERT_TRUE(register_message_type_names(
+      {{kCounted, "TEST_COUNTED"}, {kNotCounted, "TEST_NOT_COUNTED"}}));
+  EXPECT_STREQ(message_type_name(kCounted), "TEST_COUNTED");
   ExtensionFactory handlers =
       [answer](Worker& worker)
       -> absl::StatusOr<std::unique_ptr<WorkerExtension>> {
@@ -725,9 +732,9 @@ TEST(WorkerLimits, HandlersSayWhetherTheirRequestsCountAsCalls) {
     HandlerTraits call;
     call.counts_as_call = true;
     TETHER_RETURN_IF_ERROR(
-        worker.register_handler(MessageType::kAutogradBackward, later, call));
+        worker.register_handler(kCounted, later, call));
     TETHER_RETURN_IF_ERROR(
-        worker.register_handler(MessageType::kRRefFetch, later));
+        worker.register_handler(kNotCounted, later));
     return std::make_unique<WorkerExtension>();
   };
   std::vector<absl::StatusOr<std::unique_ptr<Worker>>> workers(2);
@@ -748,11 +755,11 @@ TEST(WorkerLimits, HandlersSayWhetherTheirRequestsCountAsCalls) {
     message.type = type;
     return message;
   };
-  Future<Message> counted = a.send(*b, request(MessageType::kAutogradBackward));
-  EXPECT_THAT(a.send(*b, request(MessageType::kAutogradBackward)).get(),
+  Future<Message> counted = a.send(*b, request(kCounted));
+  EXPECT_THAT(a.send(*b, request(kCounted)).get(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("max_calls_in_flight")));
-  Future<Message> not_counted = a.send(*b, request(MessageType::kRRefFetch));
+  Future<Message> not_counted = a.send(*b, request(kNotCounted));
   answer.set(ack());
   EXPECT_THAT(counted.get(absl::Now() + kBound), IsOk());
   EXPECT_THAT(not_counted.get(absl::Now() + kBound), IsOk());

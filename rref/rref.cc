@@ -139,7 +139,7 @@ absl::StatusOr<c10::IValue> RRef::to_here(absl::Duration timeout) const {
   }
   const std::shared_ptr<ContextState>& context = impl()->context();
   Message request;
-  request.type = MessageType::kRRefFetch;
+  request.type = rref::kRRefFetch;
   Future<Message> response;
   bool alive = context->with_worker([&](Worker& worker) {
     const absl::Duration bound = worker.resolve_timeout(timeout);
@@ -231,7 +231,7 @@ absl::StatusOr<RRef> remote_call(Worker& caller, const To& to,
          c10::IValue(id.local), c10::IValue(int64_t{fork.worker}),
          c10::IValue(fork.local)});
     Message request;
-    request.type = MessageType::kRemoteCall;
+    request.type = rref::kRemoteCall;
     absl::Status encoded = worker.encode_request(call, *target, request);
     if (!encoded.ok()) {
       made = absl::Status(
@@ -276,7 +276,7 @@ absl::StatusOr<Message> method_call_message(Worker& worker, const RRef& rref,
        c10::ivalue::Tuple::create(std::move(args)),
        kwargs_to_wire(std::move(kwargs))});
   Message request;
-  request.type = MessageType::kRRefMethodCall;
+  request.type = rref::kRRefMethodCall;
   absl::Status encoded = worker.encode_request(call, rref.owner(), request);
   if (!encoded.ok()) {
     return absl::Status(encoded.code(),
@@ -372,16 +372,16 @@ ExtensionFactory rref_extension(RRefOptions options) {
       bool serve_on_arrival;
     };
     const Handler handlers[] = {
-        {MessageType::kRemoteCall, &ContextState::on_remote_call, true, true,
+        {rref::kRemoteCall, &ContextState::on_remote_call, true, true,
          true},
-        {MessageType::kRRefFetch, &ContextState::on_fetch, true, false, true},
-        {MessageType::kRRefUserDelete, &ContextState::on_user_delete, false,
+        {rref::kRRefFetch, &ContextState::on_fetch, true, false, true},
+        {rref::kRRefUserDelete, &ContextState::on_user_delete, false,
          false, true},
-        {MessageType::kRRefForkRequest, &ContextState::on_fork_request, false,
+        {rref::kRRefForkRequest, &ContextState::on_fork_request, false,
          false, false},
-        {MessageType::kRRefChildAccept, &ContextState::on_child_accept, false,
+        {rref::kRRefChildAccept, &ContextState::on_child_accept, false,
          false, false},
-        {MessageType::kRRefMethodCall, &ContextState::on_method_call, true,
+        {rref::kRRefMethodCall, &ContextState::on_method_call, true,
          true, false},
     };
     for (const Handler& handler : handlers) {
@@ -393,12 +393,13 @@ ExtensionFactory rref_extension(RRefOptions options) {
           handler.type, route_to(weak, handler.method), traits);
       if (!added.ok()) return added;
     }
-    worker.set_rref_hook(state.get());
-    worker.set_call_gate([weak](const c10::IValue& call) {
-      auto self = weak.lock();
-      if (self == nullptr) return absl::StatusOr<Worker::CallPass>(nullptr);
-      return self->admit(call);
-    });
+    worker.set_call_gate(
+        [weak](const c10::IValue& call) {
+          auto self = weak.lock();
+          if (self == nullptr) return absl::StatusOr<Worker::CallPass>(nullptr);
+          return self->admit(call);
+        },
+        &rref::contains_rref);
     return extension;
   };
 }

@@ -279,7 +279,7 @@ absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> ContextState::adopt(
       (void)delete_fork(id, fork);
     } else {
       // Back from a user: that user may let go of its child.
-      send_control(*parent, MessageType::kRRefChildAccept,
+      send_control(*parent, rref::kRRefChildAccept,
                    ids({fork.worker, fork.local}));
     }
     return c10::intrusive_ptr<c10::RRefInterface>(local);
@@ -296,7 +296,7 @@ absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> ContextState::adopt(
   }
   std::weak_ptr<ContextState> weak = weak_from_this();
   WorkerInfo parent_info = *parent;
-  send_control(*owner, MessageType::kRRefForkRequest,
+  send_control(*owner, rref::kRRefForkRequest,
                ids({id.worker, id.local, fork.worker, fork.local}),
                [weak, fork, parent_info](absl::Status status) {
                  auto self = weak.lock();
@@ -304,7 +304,7 @@ absl::StatusOr<c10::intrusive_ptr<c10::RRefInterface>> ContextState::adopt(
                  self->finish_pending_user(fork, status);
                  if (status.ok()) {
                    self->send_control(parent_info,
-                                      MessageType::kRRefChildAccept,
+                                      rref::kRRefChildAccept,
                                       ids({fork.worker, fork.local}));
                  }
                });
@@ -357,7 +357,7 @@ ContextState::take_settled(const ForkId& fork) {
 }
 
 void ContextState::tell_deleted(const ForkId& fork, const LiveUser& user) {
-  send_control(user.owner, MessageType::kRRefUserDelete,
+  send_control(user.owner, rref::kRRefUserDelete,
                ids({user.id.worker, user.id.local, fork.worker, fork.local}));
 }
 
@@ -534,7 +534,7 @@ Future<Message> ContextState::on_remote_call(Message request) {
 }
 
 Future<Message> ContextState::remote_call(const Message& request) {
-  wire::AutogradMeta autograd;
+  wire::ContextMeta autograd;
   absl::StatusOr<c10::IValue> call = decode_with_hook(request, &autograd);
   if (!call.ok()) return Future<Message>::ready(call.status());
   if (absl::Status ok = check_call(*call, 7, "REMOTE_CALL"); !ok.ok()) {
@@ -542,7 +542,8 @@ Future<Message> ContextState::remote_call(const Message& request) {
   }
   const c10::IValue& target = call->toTupleRef().elements()[0];
   if (!Worker::runs_on_arrival(target.isString() ? target.toStringRef() : "",
-                               *call, autograd)) {
+                               autograd) ||
+      contains_rref(*call)) {
     return on_pool(
         [call = *std::move(call), autograd](ContextState& self) {
           return self.run_remote_call(call, autograd);
@@ -552,7 +553,7 @@ Future<Message> ContextState::remote_call(const Message& request) {
 }
 
 Future<Message> ContextState::run_remote_call(
-    const c10::IValue& call, const wire::AutogradMeta& autograd) {
+    const c10::IValue& call, const wire::ContextMeta& autograd) {
   const auto& parts = call.toTupleRef().elements();
   const RRefId id{static_cast<int32_t>(parts[3].toInt()), parts[4].toInt()};
   const ForkId fork{static_cast<int32_t>(parts[5].toInt()), parts[6].toInt()};
@@ -598,7 +599,7 @@ Future<c10::IValue> ContextState::settle_call(
 }
 
 Future<Message> ContextState::on_method_call(Message request) {
-  wire::AutogradMeta autograd;
+  wire::ContextMeta autograd;
   absl::StatusOr<c10::IValue> call = decode_with_hook(request, &autograd);
   if (!call.ok()) return Future<Message>::ready(call.status());
   if (absl::Status ok = check_call(*call, 3, "RREF_METHOD_CALL"); !ok.ok()) {
@@ -632,7 +633,7 @@ Future<Message> ContextState::on_fetch(Message request) {
 }
 
 Future<Message> ContextState::fetch(const Message& request) {
-  wire::AutogradMeta autograd;
+  wire::ContextMeta autograd;
   absl::StatusOr<c10::IValue> payload = decode_with_hook(request, &autograd);
   if (!payload.ok()) return Future<Message>::ready(payload.status());
   absl::StatusOr<std::vector<int64_t>> v = ints_of(*payload, 3, "RREF_FETCH");
@@ -801,7 +802,7 @@ void ContextState::done_using(const std::vector<ForkId>& forks) {
 }
 
 absl::StatusOr<c10::IValue> ContextState::decode_with_hook(
-    const Message& message, wire::AutogradMeta* autograd) {
+    const Message& message, wire::ContextMeta* autograd) {
   absl::StatusOr<c10::IValue> value =
       absl::CancelledError("the worker is shut down");
   with_worker([&](Worker& w) { value = w.decode(message, autograd); });
@@ -809,7 +810,7 @@ absl::StatusOr<c10::IValue> ContextState::decode_with_hook(
 }
 
 absl::Status ContextState::encode_response(const c10::IValue& value,
-                                           const wire::AutogradMeta& request,
+                                           const wire::ContextMeta& request,
                                            Message& out) {
   absl::Status encoded = absl::CancelledError("the worker is shut down");
   with_worker(
@@ -818,7 +819,7 @@ absl::Status ContextState::encode_response(const c10::IValue& value,
 }
 
 absl::StatusOr<c10::IValue> ContextState::run_call_serving(
-    const c10::IValue& call, const wire::AutogradMeta& autograd) {
+    const c10::IValue& call, const wire::ContextMeta& autograd) {
   absl::StatusOr<c10::IValue> result =
       absl::CancelledError("the worker shut down before the call ran");
   with_worker([&](Worker& w) {
@@ -889,6 +890,30 @@ absl::StatusOr<std::shared_ptr<ContextState>> context_of(Worker* worker) {
 
 absl::StatusOr<std::shared_ptr<ContextState>> current_context() {
   return context_of(current_worker());
+}
+
+bool contains_rref(const c10::IValue& v) {
+  if (v.isRRef()) return true;
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (contains_rref(e)) return true;
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (contains_rref(e)) return true;
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& entry : v.toGenericDict()) {
+      if (contains_rref(entry.key()) || contains_rref(entry.value())) {
+        return true;
+      }
+    }
+  } else if (const wire::Pickled* pickled = wire::Pickled::of(v)) {
+    for (const c10::IValue& e : pickled->objects) {
+      if (contains_rref(e)) return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace rref

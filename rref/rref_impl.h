@@ -48,10 +48,11 @@
 #include <vector>
 
 #include "core/future.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/timer.h"
 #include "core/message.h"
 #include "core/wire/codec.h"
 #include "core/worker.h"
+#include "rref/messages.h"
 #include "rref/rref.h"
 
 namespace tether::rref {
@@ -144,7 +145,7 @@ class UserRRef final : public RRefImpl {
 
 // The protocol state of one worker. Shared with every RRef it made, which
 // may outlive the worker: once closed, it does nothing.
-class ContextState : public wire::RRefHook,
+class ContextState : public wire::ReferenceHook,
                      public std::enable_shared_from_this<ContextState> {
  public:
   explicit ContextState(Worker& worker)
@@ -253,14 +254,15 @@ class ContextState : public wire::RRefHook,
 
   // Served on arrival (HandlerTraits::serve_on_arrival), as a CALL is: a
   // builtin operator on small tensors runs on the agent's thread, anything
-  // else on the pool (Worker::runs_on_arrival).
+  // else on the pool (Worker::runs_on_arrival, and never one with RRef
+  // arguments: contains_rref).
   Future<Message> on_remote_call(Message request);
   // Decodes and checks a REMOTE_CALL; runs it here, or on the pool.
   Future<Message> remote_call(const Message& request);
   // Makes (or finds) the owner of a checked REMOTE_CALL, runs it and gives
   // the owner its value.
   Future<Message> run_remote_call(const c10::IValue& call,
-                                  const wire::AutogradMeta& autograd);
+                                  const wire::ContextMeta& autograd);
   // Serves `serve` on the worker's pool (Worker::serve_on_pool); CANCELLED
   // once the worker or this state is gone.
   Future<Message> on_pool(std::function<Future<Message>(ContextState&)> serve);
@@ -302,15 +304,15 @@ class ContextState : public wire::RRefHook,
   // Decodes through the worker: RRefs with this hook, and a message in a
   // distributed autograd context through the autograd hook.
   absl::StatusOr<c10::IValue> decode_with_hook(
-      const Message& message, wire::AutogradMeta* autograd = nullptr);
+      const Message& message, wire::ContextMeta* autograd = nullptr);
 
   // The response to a request that came with `request` autograd metadata.
   absl::Status encode_response(const c10::IValue& value,
-                               const wire::AutogradMeta& request, Message& out);
+                               const wire::ContextMeta& request, Message& out);
 
   // run_call in the autograd context the request came with.
   absl::StatusOr<c10::IValue> run_call_serving(
-      const c10::IValue& call, const wire::AutogradMeta& autograd);
+      const c10::IValue& call, const wire::ContextMeta& autograd);
 
   RRefDebugInfo debug_info();
 
@@ -378,12 +380,19 @@ class RRefExtension final : public WorkerExtension {
     state_->drop_closed_users();
   }
 
+  wire::ReferenceHook* reference_hook() override { return state_.get(); }
+
   const std::shared_ptr<ContextState>& state() const { return state_; }
 
  private:
   const RRefOptions options_;
   std::shared_ptr<ContextState> state_;
 };
+
+// Whether `value` holds an RRef anywhere (containers and pickled objects
+// included): a call with one waits at the call gate for its owner's
+// confirmation, so it runs on the pool.
+bool contains_rref(const c10::IValue& value);
 
 // Calls `fn` on `rref`'s owner from the worker `rref` belongs to
 // (FAILED_PRECONDITION once that worker is shut down).

@@ -9,9 +9,9 @@
 //
 // - tether::to_here and tether::local_value serve tether's RRefs, and every
 //   TorchScript function tether runs has its aten::to_here and
-//   aten::local_value nodes pointed at them (core::route_rref_methods: at
-//   Callables::add_script, and in the Python front end before it runs a
-//   scripted function);
+//   aten::local_value nodes pointed at them (route_rref_methods, a graph
+//   rewrite of core/callables.h: at Callables::add_script, and in the
+//   Python front end before it runs a scripted function);
 // - in a process without the peer's operators (a C++ program), the five
 //   aten:: names are registered here too, with tether's implementations,
 //   so that scripts that call them compile. In a Python process they are
@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/callables.h"
 #include "rref/rref.h"
 
 namespace tether {
@@ -137,6 +138,35 @@ void register_operator(const std::string& name, const Method& method) {
       name + method.signature, torch::jit::OperationCreator(method.make),
       c10::AliasAnalysisKind::FROM_SCHEMA));
 }
+
+void route_rref_methods(torch::jit::Block* block) {
+  static const c10::Symbol kToHere = c10::Symbol::aten("to_here");
+  static const c10::Symbol kLocalValue = c10::Symbol::aten("local_value");
+  static const c10::Symbol kTetherToHere =
+      c10::Symbol::fromQualString("tether::to_here");
+  static const c10::Symbol kTetherLocalValue =
+      c10::Symbol::fromQualString("tether::local_value");
+  std::vector<torch::jit::Node*> routed;
+  for (torch::jit::Node* node : block->nodes()) {
+    for (torch::jit::Block* inner : node->blocks()) route_rref_methods(inner);
+    if (node->kind() == kToHere || node->kind() == kLocalValue) {
+      routed.push_back(node);
+    }
+  }
+  for (torch::jit::Node* node : routed) {
+    node->replaceWithNewSymbol(node->kind() == kToHere ? kTetherToHere
+                                                       : kTetherLocalValue);
+    node->destroy();
+  }
+}
+
+// Points every aten::to_here and aten::local_value node of `graph` (its
+// nested blocks too) at tether's operators of the same names.
+void route_rref_methods(torch::jit::Graph& graph) {
+  route_rref_methods(graph.block());
+}
+
+const bool kRouted = register_graph_rewrite(&route_rref_methods);
 
 const bool kRegistered = [] {
   for (const Method& method : kMethods) {

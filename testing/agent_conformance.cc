@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/internal/receive_buffers.h"
+#include "core/toolkit/receive_buffers.h"
 #include "testing/agent_checks.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
@@ -105,7 +105,7 @@ TEST_P(AgentConformance, StoragesAcrossEverySizeClassRoundTrip) {
 }
 
 // Every backend whose peers live apart receives large storages into the
-// shared cache of receive buffers (core/internal/receive_buffers.h), so
+// shared cache of receive buffers (core/toolkit/receive_buffers.h), so
 // that a stream of large tensors does not fault in fresh pages for each
 // one: of 16 large receives (8 requests, 8 responses, one process), every
 // one comes from the cache, which allocates only the few buffers in use at

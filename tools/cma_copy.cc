@@ -7,7 +7,7 @@
 // A sender process holds a source buffer, on 4 KiB pages (as LibTorch
 // allocates a tensor) or on transparent huge pages (as with
 // THP_MEM_ALLOC_ENABLE=1); a receiver process holds a destination on huge
-// pages (as tether's receive buffers are, core/internal/receive_buffers.h).
+// pages (as tether's receive buffers are, core/toolkit/receive_buffers.h).
 // Timed, median of the rounds (GB/s):
 //   - readv: the receiver reads with process_vm_readv(), as TensorPipe's
 //     `cma` channel does; the kernel pins the sender's pages first;
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "core/internal/huge_page_memory.h"
+#include "core/toolkit/huge_page_memory.h"
 
 namespace {
 

@@ -81,8 +81,8 @@
 #include "core/host_address.h"
 #include "core/auth/auth.h"
 #include "core/future.h"
-#include "core/internal/pending_requests.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/pending_requests.h"
+#include "core/toolkit/timer.h"
 #include "core/join/store_join.h"
 #include "core/message.h"
 

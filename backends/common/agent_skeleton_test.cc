@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "backends/common/refusals.h"
-#include "core/internal/serial_executor.h"
+#include "core/toolkit/serial_executor.h"
 #include "testing/agent_conformance.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"

@@ -35,7 +35,7 @@
 #include "backends/common/refusals.h"  // sent_after_shutdown, for libfabric
 #include "core/agent.h"
 #include "core/future.h"
-#include "core/internal/pending_requests.h"
+#include "core/toolkit/pending_requests.h"
 #include "core/join/store_join.h"
 #include "core/message.h"
 

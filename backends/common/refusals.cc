@@ -4,8 +4,8 @@
 
 #include <utility>
 
-#include "core/internal/check.h"
-#include "core/internal/serial_executor.h"
+#include "core/toolkit/check.h"
+#include "core/toolkit/serial_executor.h"
 
 namespace tether::backends::common {
 namespace {

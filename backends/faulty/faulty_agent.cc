@@ -22,8 +22,8 @@
 
 #include "backends/common/refusals.h"
 #include "backends/common/settings_toolkit.h"
-#include "core/internal/check.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/check.h"
+#include "core/toolkit/timer.h"
 
 namespace tether::backends {
 namespace {

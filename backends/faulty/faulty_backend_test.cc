@@ -17,6 +17,8 @@
 #include "core/backend_registry.h"
 #include "core/future.h"
 #include "core/message.h"
+// The RRef layer names its message types, which the settings below use.
+#include "rref/messages.h"
 #include "testing/agent_testing.h"
 #include "testing/status_matchers.h"
 

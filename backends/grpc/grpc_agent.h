@@ -93,7 +93,7 @@
 // storages own their memory: bytes copied out of gRPC's slices (at most
 // 64 KiB each, so a storage cannot adopt them) into blocks that storages of
 // 2 MiB and more take from the process-wide cache of the buffers of freed
-// received storages (core/internal/receive_buffers.h: up to 256 MiB). The
+// received storages (core/toolkit/receive_buffers.h: up to 256 MiB). The
 // first agent made holds gRPC initialised for the rest of the process (see
 // docs/decisions.md).
 #ifndef TETHER_BACKENDS_GRPC_GRPC_AGENT_H_

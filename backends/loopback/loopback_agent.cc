@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "backends/common/refusals.h"
-#include "core/internal/check.h"
-#include "core/internal/pending_requests.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/check.h"
+#include "core/toolkit/pending_requests.h"
+#include "core/toolkit/timer.h"
 
 namespace tether::backends {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <cstdlib>
 
-#include "core/internal/check.h"
+#include "core/toolkit/check.h"
 
 namespace tether::auth {
 namespace {

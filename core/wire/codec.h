@@ -14,7 +14,7 @@
 // COO CPU tensors (indices and values travel as dense tensors; decode checks
 // every index against the size and a coalesced claim against the order),
 // List (the element type survives), Tuple, Dict (key and value types and
-// insertion order survive), RRefs (through RRefHook), function references
+// insertion order survive), RRefs (through ReferenceHook), function references
 // (FunctionRef), dtypes, layouts and memory formats (TorchEnum) and pickled
 // objects (Pickled, or a front end's object through its ObjectEncoder).
 // Anything else is refused by encode.
@@ -165,11 +165,12 @@ struct RRefForkData {
   c10::TypePtr type;
 };
 
-// The RRef layer's side of the codec (rref/ implements it; core/wire knows
-// no protocol). Called during encode() and decode() on the calling thread.
-class RRefHook {
+// The side of the codec for references (c10 RRefs), given by the layer that
+// gives them meaning (WorkerExtension::reference_hook; core/wire knows no
+// protocol). Called during encode() and decode() on the calling thread.
+class ReferenceHook {
  public:
-  virtual ~RRefHook() = default;
+  virtual ~ReferenceHook() = default;
   // An RRef leaving in a message: records the fork and returns its form.
   [[nodiscard]] virtual absl::StatusOr<RRefForkData> fork(
       const c10::intrusive_ptr<c10::RRefInterface>& rref) = 0;
@@ -185,11 +186,12 @@ class RRefHook {
 // than any encoder makes is INVALID_ARGUMENT.
 inline constexpr int kMaxSupportedDepth = 256;
 
-// A message's place in distributed autograd (autograd/ gives it meaning):
-// the context it belongs to, the id pairing the sender's send node with the
+// A message's place in a context of a layer above (ContextHook,
+// core/worker_extension.h; distributed autograd gives it meaning): the
+// context it belongs to, the id pairing the sender's send node with the
 // receiver's recv node (-1 when the message carries no tensor that requires
 // grad), and the sending worker's id. context_id -1: not in a context.
-struct AutogradMeta {
+struct ContextMeta {
   int64_t context_id = -1;
   int64_t message_id = -1;
   int32_t from = -1;
@@ -206,8 +208,8 @@ struct AutogradMeta {
 // than limits.max_depth is RESOURCE_EXHAUSTED, as decode would find it (the
 // other limits are the receiver's, checked by decode and the agents).
 [[nodiscard]] absl::Status encode(const c10::IValue& value, Message& out,
-                                  RRefHook* rrefs = nullptr,
-                                  const AutogradMeta* autograd = nullptr,
+                                  ReferenceHook* rrefs = nullptr,
+                                  const ContextMeta* autograd = nullptr,
                                   const Limits& limits = Limits());
 
 // Decodes what encode produced. Never crashes on any input: malformed,
@@ -220,7 +222,7 @@ struct AutogradMeta {
 // default when the message has none).
 [[nodiscard]] absl::StatusOr<c10::IValue> decode(
     const Message& in, const Limits& limits = Limits(),
-    RRefHook* rrefs = nullptr, AutogradMeta* autograd = nullptr);
+    ReferenceHook* rrefs = nullptr, ContextMeta* autograd = nullptr);
 
 // ---- The payloads of PROFILED_REQUEST and PROFILED_RESPONSE ----
 // (core/message.h; core/profiling.h gives them meaning.) Each wraps a

@@ -78,7 +78,7 @@ class RoutedScripts {
       takes_rrefs |= mentions_rrefs(a.type());
     }
     if (!takes_rrefs && !reads_rrefs(graph->block())) return nullptr;
-    route_rref_methods(*graph);
+    rewrite_graph(*graph);
     auto routed = std::make_shared<Routed>();
     routed->unit = fn.cu_;
     routed->function = std::make_unique<torch::jit::GraphFunction>(

@@ -6,7 +6,8 @@
 // torch's own call path (ScriptFunction.__call__) takes only the peer's RRef
 // objects for an RRef[T] argument. So the callee runs such a function
 // through here: a copy of its graph, its calls inlined and those nodes
-// pointed at tether's operators (core::route_rref_methods), on arguments
+// pointed at tether's operators (a graph rewrite the RRef layer registers: rewrite_graph,
+// core/callables.h), on arguments
 // converted by torch (tether's RRefs by tether), with the GIL released while
 // it runs.
 //

@@ -9,7 +9,14 @@ dependency on them is not checked either.
 What is checked, for every target of a layer's BUILD.bazel files that is
 not a test (not a *_test rule, not testonly):
   - its deps (labels "//pkg/...:name", select() branches included);
-  - the #include "..." lines of its srcs and hdrs.
+  - the #include "..." lines of its srcs and hdrs;
+  - in core's, the code (comments aside) names nothing of a layer above:
+    no message type of the RRef or autograd layers (kRRef..., kRemoteCall,
+    kAutograd...), no hook of theirs (RRefHook, AutogradHook,
+    set_rref_hook, ...), none of the RRef layer's operators or helpers
+    (tether::to_here, contains_rref, route_rref_methods) and none of the
+    layers' namespaces (rref::, autograd::, optim::). Those layers come in
+    through core/worker_extension.h.
 
 The BUILD files are read with Python's ast module (Starlark is Python's
 syntax), never with bazel query. Usage:
@@ -28,6 +35,21 @@ LAYERS = ["core", "backends", "rref", "autograd", "optim", "tether", "python"]
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+# What core's code must not name (see the module's docstring), and why.
+_CORE_MUST_NOT_NAME = [
+    (re.compile(r"\bk(?:RRef\w*|RemoteCall|Autograd\w*)\b"),
+     "a message type of a layer above"),
+    (re.compile(r"\b(?:RRef|Autograd)Hook\b|\b(?:set_)?(?:rref|autograd)_hook\b"),
+     "a hook of a layer above"),
+    (re.compile(r"\btether::(?:to_here|local_value)\b|\bcontains_rref\b|"
+                r"\broute_rref_methods\b"),
+     "an operator or helper of the RRef layer"),
+    # (LibTorch's torch::autograd:: is not tether's layer.)
+    (re.compile(r"(?:(?<![:\w])|(?<=tether::))(?:rref|autograd|optim)::"),
+     "a namespace of a layer above"),
+]
+_LINE_COMMENT = re.compile(r"//.*$")
+_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _FILE_ATTRS = ("srcs", "hdrs", "textual_hdrs")
 
 
@@ -154,6 +176,9 @@ def check(root):
                             continue
                         violations.extend(_check_includes(
                             path, f"{package}/{src}", layer, name))
+                        if layer == "core":
+                            violations.extend(_check_core_names(
+                                path, f"{package}/{src}", name))
     return sorted(set(violations))
 
 
@@ -169,6 +194,25 @@ def _check_includes(path, rel, layer, target):
                 found.append((rel, number, (
                     f"{layer} source (target :{target}) includes "
                     f"\"{match.group(1)}\", of the layer {included} above it")))
+    return found
+
+
+def _check_core_names(path, rel, target):
+    """Where core's code (comments aside, strings included) names a layer
+    above core."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    # Blank out block comments, keeping their newlines (and so line numbers).
+    text = _BLOCK_COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        code = _LINE_COMMENT.sub("", line)
+        for pattern, what in _CORE_MUST_NOT_NAME:
+            for match in pattern.finditer(code):
+                found.append((rel, number, (
+                    f"core source (target :{target}) names "
+                    f"\"{match.group(0)}\", {what} (layers come in through "
+                    "core/worker_extension.h)")))
     return found
 
 

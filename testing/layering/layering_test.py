@@ -87,6 +87,42 @@ class Checker(unittest.TestCase):
             'core source (target :worker) includes "backends/builtin.h", '
             "of the layer backends above it")])
 
+    def test_core_naming_a_layer_is_caught(self):
+        write(self.root, "core/worker.h", """
+            #pragma once
+            enum class MessageType { kCall = 1, kRRefFetch = 7 };
+            void set_autograd_hook(AutogradHook* hook);
+            """)
+        write(self.root, "core/worker.cc", """
+            #include "core/worker.h"
+            const char* kOp = "tether::to_here";
+            bool f(const Value& v) { return rref::contains_rref(v); }
+            """)
+        self.assertEqual(
+            [(p, l, m.split(" names ")[1].split(",")[0])
+             for p, l, m in layering.check(self.root)],
+            [("core/worker.cc", 3, '"tether::to_here"'),
+             ("core/worker.cc", 4, '"contains_rref"'),
+             ("core/worker.cc", 4, '"rref::"'),
+             ("core/worker.h", 3, '"kRRefFetch"'),
+             ("core/worker.h", 4, '"AutogradHook"'),
+             ("core/worker.h", 4, '"set_autograd_hook"')])
+
+    def test_core_comments_and_tests_may_name_layers(self):
+        write(self.root, "core/BUILD.bazel", """
+            cc_library(name = "worker", srcs = ["worker.cc"], hdrs = ["worker.h"])
+            cc_test(name = "worker_test", srcs = ["worker_test.cc"])
+            """)
+        write(self.root, "core/worker.h", """
+            #pragma once
+            // The RRef layer's kRRefFetch comes in through an extension.
+            /* as does set_autograd_hook,
+               and rref::contains_rref */
+            int RRefType = 1;  // c10's RRef kind is not a layer's name
+            """)
+        write(self.root, "core/worker_test.cc", "int x = MessageType::kRRefFetch;\n")
+        self.assertEqual(layering.check(self.root), [])
+
     def test_subpackages_belong_to_their_layer(self):
         write(self.root, "backends/grpc/BUILD.bazel", """
             cc_library(name = "grpc", hdrs = ["agent.h"], deps = ["//tether"])

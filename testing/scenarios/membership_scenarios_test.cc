@@ -33,7 +33,7 @@
 #include "autograd/autograd.h"
 #include "autograd/autograd_testing.h"
 #include "backends/builtin.h"
-#include "core/internal/store_client.h"
+#include "core/toolkit/store_client.h"
 #include "core/join/membership.h"
 #include "core/rendezvous.h"
 #include "core/rpc.h"

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/internal/huge_page_memory.h"
+#include "core/toolkit/huge_page_memory.h"
 #include "tools/internal/samples.h"
 
 namespace tether::bench {

@@ -28,7 +28,7 @@
 #include "backends/common/agent_skeleton.h"
 #include "backends/grpc/internal/link.h"
 #include "backends/grpc/internal/settings.h"
-#include "core/internal/serial_executor.h"
+#include "core/toolkit/serial_executor.h"
 
 namespace tether::backends::grpc_internal {
 

@@ -10,7 +10,7 @@
 
 #include "backends/common/bytes.h"
 #include "backends/grpc/internal/settings.h"
-#include "core/internal/receive_buffers.h"
+#include "core/toolkit/receive_buffers.h"
 
 namespace tether::backends::grpc_internal {
 namespace {

@@ -183,7 +183,7 @@ struct Received {
 class Assembler {
  public:
   // Large received storages reuse the buffers of freed ones
-  // (core/internal/receive_buffers.h). A request or response over
+  // (core/toolkit/receive_buffers.h). A request or response over
   // `max_message_bytes` or `limits` (AgentSetup::limits) is refused: it is
   // delivered as RESOURCE_EXHAUSTED naming the limit, and its bytes are
   // skipped as they come, never held.

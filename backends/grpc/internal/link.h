@@ -35,7 +35,7 @@
 #include "core/agent.h"
 #include "core/auth/auth.h"
 #include "core/auth/handshake.h"
-#include "core/internal/pending_requests.h"
+#include "core/toolkit/pending_requests.h"
 
 namespace tether::backends::grpc_internal {
 

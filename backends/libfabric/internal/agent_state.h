@@ -54,8 +54,8 @@
 #include "backends/libfabric/libfabric_agent.h"
 #include "core/agent.h"
 #include "core/auth/auth.h"
-#include "core/internal/pending_requests.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/pending_requests.h"
+#include "core/toolkit/timer.h"
 
 namespace tether::backends::libfabric::internal {
 

@@ -15,7 +15,7 @@
 #include <exception>
 
 #include "backends/libfabric/internal/shared_endpoints.h"
-#include "core/internal/check.h"
+#include "core/toolkit/check.h"
 
 namespace tether::backends::libfabric::internal {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/internal/check.h"
+#include "core/toolkit/check.h"
 
 namespace tether::backends::libfabric::internal {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <exception>
 
-#include "core/internal/receive_buffers.h"
+#include "core/toolkit/receive_buffers.h"
 
 namespace tether::backends::libfabric::internal {
 

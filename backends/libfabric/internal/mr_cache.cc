@@ -1,6 +1,6 @@
 #include "backends/libfabric/internal/mr_cache.h"
 
-#include "core/internal/check.h"
+#include "core/toolkit/check.h"
 
 namespace tether::backends::libfabric::internal {
 

@@ -35,8 +35,8 @@
 #include "backends/tensorpipe/internal/settings.h"
 #include "core/agent.h"
 #include "core/auth/handshake.h"
-#include "core/internal/serial_executor.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/serial_executor.h"
+#include "core/toolkit/timer.h"
 
 namespace tether::backends::internal {
 

@@ -28,7 +28,7 @@
 // A receive that fails after its grant (the channel closed, the peer gone)
 // cannot know whether the write is still to come. Whoever hands the channel
 // its receive buffers must therefore use buffers of
-// core/internal/receive_buffers.h's writable_receive_storage() and
+// core/toolkit/receive_buffers.h's writable_receive_storage() and
 // quarantine those of a failed read (quarantine_receive_storage()): the
 // tensorpipe backend's framing does (IncomingFrame::quarantine). A send
 // whose write is under way completes only when the write returned, so the

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "backends/common/bytes.h"
-#include "core/internal/receive_buffers.h"
+#include "core/toolkit/receive_buffers.h"
 
 namespace tether::backends::internal {
 namespace {

@@ -158,7 +158,7 @@ struct IncomingFrame {
   // malformed).
   absl::StatusOr<AuthFrame> take_auth() const;
   // After a failed read: the storages a channel was receiving are never
-  // reused (core/internal/receive_buffers.h, quarantine_receive_storage):
+  // reused (core/toolkit/receive_buffers.h, quarantine_receive_storage):
   // the peer's process may still write into them (cma_write_channel.h).
   void quarantine();
 };

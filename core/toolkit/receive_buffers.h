@@ -18,8 +18,8 @@
 //
 // Thread safety: every function may be called from any thread; storages
 // may be released on any thread.
-#ifndef TETHER_CORE_INTERNAL_RECEIVE_BUFFERS_H_
-#define TETHER_CORE_INTERNAL_RECEIVE_BUFFERS_H_
+#ifndef TETHER_CORE_TOOLKIT_RECEIVE_BUFFERS_H_
+#define TETHER_CORE_TOOLKIT_RECEIVE_BUFFERS_H_
 
 #include <c10/core/Storage.h>
 
@@ -68,4 +68,4 @@ void drop_idle_receive_buffers();
 
 }  // namespace tether::internal
 
-#endif  // TETHER_CORE_INTERNAL_RECEIVE_BUFFERS_H_
+#endif  // TETHER_CORE_TOOLKIT_RECEIVE_BUFFERS_H_

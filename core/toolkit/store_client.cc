@@ -1,4 +1,4 @@
-#include "core/internal/store_client.h"
+#include "core/toolkit/store_client.h"
 
 #include <absl/strings/str_cat.h>
 #include <absl/time/clock.h>

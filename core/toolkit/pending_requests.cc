@@ -1,4 +1,4 @@
-#include "core/internal/pending_requests.h"
+#include "core/toolkit/pending_requests.h"
 
 #include <absl/strings/str_cat.h>
 

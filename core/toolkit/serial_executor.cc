@@ -1,8 +1,8 @@
-#include "core/internal/serial_executor.h"
+#include "core/toolkit/serial_executor.h"
 
 #include <utility>
 
-#include "core/internal/check.h"
+#include "core/toolkit/check.h"
 
 namespace tether::internal {
 

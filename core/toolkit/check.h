@@ -2,8 +2,8 @@
 //
 // Bad input from the wire or the user is a Status; a broken invariant of our
 // own is a crash with file and line, so it is found and fixed.
-#ifndef TETHER_CORE_INTERNAL_CHECK_H_
-#define TETHER_CORE_INTERNAL_CHECK_H_
+#ifndef TETHER_CORE_TOOLKIT_CHECK_H_
+#define TETHER_CORE_TOOLKIT_CHECK_H_
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,4 +17,4 @@
     }                                                                     \
   } while (false)
 
-#endif  // TETHER_CORE_INTERNAL_CHECK_H_
+#endif  // TETHER_CORE_TOOLKIT_CHECK_H_

@@ -1,10 +1,10 @@
 // Memory on transparent huge pages, for the buffers and tensors that are
-// large enough to fill them (core/internal/receive_buffers.h,
+// large enough to fill them (core/toolkit/receive_buffers.h,
 // core/huge_pages.h).
 //
 // Thread safety: may be called from any thread.
-#ifndef TETHER_CORE_INTERNAL_HUGE_PAGE_MEMORY_H_
-#define TETHER_CORE_INTERNAL_HUGE_PAGE_MEMORY_H_
+#ifndef TETHER_CORE_TOOLKIT_HUGE_PAGE_MEMORY_H_
+#define TETHER_CORE_TOOLKIT_HUGE_PAGE_MEMORY_H_
 
 #include <cstddef>
 
@@ -20,4 +20,4 @@ void* allocate_on_huge_pages(size_t nbytes);
 
 }  // namespace tether::internal
 
-#endif  // TETHER_CORE_INTERNAL_HUGE_PAGE_MEMORY_H_
+#endif  // TETHER_CORE_TOOLKIT_HUGE_PAGE_MEMORY_H_

@@ -1,4 +1,4 @@
-#include "core/internal/huge_page_memory.h"
+#include "core/toolkit/huge_page_memory.h"
 
 #include <sys/mman.h>
 

@@ -1,4 +1,4 @@
-#include "core/internal/serial_executor.h"
+#include "core/toolkit/serial_executor.h"
 
 #include <absl/synchronization/notification.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "core/internal/timer.h"
+#include "core/toolkit/timer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "core/internal/pending_requests.h"
+#include "core/toolkit/pending_requests.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "core/internal/store_client.h"
+#include "core/toolkit/store_client.h"
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>

@@ -10,8 +10,8 @@
 //
 // Thread safety: post() from any thread. stop() once, from a thread other
 // than the executor's own; the destructor stops.
-#ifndef TETHER_CORE_INTERNAL_SERIAL_EXECUTOR_H_
-#define TETHER_CORE_INTERNAL_SERIAL_EXECUTOR_H_
+#ifndef TETHER_CORE_TOOLKIT_SERIAL_EXECUTOR_H_
+#define TETHER_CORE_TOOLKIT_SERIAL_EXECUTOR_H_
 
 #include <absl/base/thread_annotations.h>
 #include <absl/synchronization/mutex.h>
@@ -49,4 +49,4 @@ class SerialExecutor {
 
 }  // namespace tether::internal
 
-#endif  // TETHER_CORE_INTERNAL_SERIAL_EXECUTOR_H_
+#endif  // TETHER_CORE_TOOLKIT_SERIAL_EXECUTOR_H_

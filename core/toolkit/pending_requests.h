@@ -22,8 +22,8 @@
 // call that completes it (complete(), fail_connection(), cancel_all(), the
 // destructor), or on the timer thread when its timeout fires; never while
 // this object holds its lock, and never inside add().
-#ifndef TETHER_CORE_INTERNAL_PENDING_REQUESTS_H_
-#define TETHER_CORE_INTERNAL_PENDING_REQUESTS_H_
+#ifndef TETHER_CORE_TOOLKIT_PENDING_REQUESTS_H_
+#define TETHER_CORE_TOOLKIT_PENDING_REQUESTS_H_
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "core/future.h"
-#include "core/internal/timer.h"
+#include "core/toolkit/timer.h"
 #include "core/message.h"
 
 namespace tether::internal {
@@ -160,4 +160,4 @@ class PendingRequests {
 
 }  // namespace tether::internal
 
-#endif  // TETHER_CORE_INTERNAL_PENDING_REQUESTS_H_
+#endif  // TETHER_CORE_TOOLKIT_PENDING_REQUESTS_H_

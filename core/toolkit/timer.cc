@@ -1,4 +1,4 @@
-#include "core/internal/timer.h"
+#include "core/toolkit/timer.h"
 
 namespace tether::internal {
 namespace {

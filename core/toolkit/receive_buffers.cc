@@ -1,4 +1,4 @@
-#include "core/internal/receive_buffers.h"
+#include "core/toolkit/receive_buffers.h"
 
 #include <absl/base/thread_annotations.h>
 #include <absl/synchronization/mutex.h>
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/internal/huge_page_memory.h"
+#include "core/toolkit/huge_page_memory.h"
 
 namespace tether::internal {
 namespace {

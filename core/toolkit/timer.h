@@ -9,8 +9,8 @@
 // drops the callbacks that have not run and joins the thread; called from
 // one of the queue's own callbacks (its owner went there), it lets the
 // thread end by itself once that callback returns.
-#ifndef TETHER_CORE_INTERNAL_TIMER_H_
-#define TETHER_CORE_INTERNAL_TIMER_H_
+#ifndef TETHER_CORE_TOOLKIT_TIMER_H_
+#define TETHER_CORE_TOOLKIT_TIMER_H_
 
 #include <absl/base/thread_annotations.h>
 #include <absl/synchronization/mutex.h>
@@ -74,4 +74,4 @@ class TimerQueue {
 
 }  // namespace tether::internal
 
-#endif  // TETHER_CORE_INTERNAL_TIMER_H_
+#endif  // TETHER_CORE_TOOLKIT_TIMER_H_

@@ -24,8 +24,8 @@
 //
 // Thread safety: every method may be called from any thread; requests run
 // one at a time.
-#ifndef TETHER_CORE_INTERNAL_STORE_CLIENT_H_
-#define TETHER_CORE_INTERNAL_STORE_CLIENT_H_
+#ifndef TETHER_CORE_TOOLKIT_STORE_CLIENT_H_
+#define TETHER_CORE_TOOLKIT_STORE_CLIENT_H_
 
 #include <absl/base/thread_annotations.h>
 #include <absl/status/statusor.h>
@@ -108,4 +108,4 @@ class TcpStoreClient final : public c10d::Store {
 
 }  // namespace tether::internal
 
-#endif  // TETHER_CORE_INTERNAL_STORE_CLIENT_H_
+#endif  // TETHER_CORE_TOOLKIT_STORE_CLIENT_H_

@@ -1,4 +1,4 @@
-#include "core/internal/receive_buffers.h"
+#include "core/toolkit/receive_buffers.h"
 
 #include <gtest/gtest.h>
 #include <sys/uio.h>
