@@ -9,6 +9,7 @@
 #include <absl/strings/numbers.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/internal/store_client.h"
@@ -45,10 +46,10 @@ std::shared_ptr<c10d::Store> share(c10::intrusive_ptr<T> store) {
 }
 
 // "host:port" -> a TCPStore; rank 0 serves it unless a launcher does
-// (`launcher_serves`).
+// (`launcher_serves`); a client's keys go under `prefix` when it is given.
 absl::StatusOr<std::shared_ptr<c10d::Store>> open_tcp_store(
     absl::string_view host_port, int rank, absl::Duration timeout,
-    bool launcher_serves = false) {
+    bool launcher_serves = false, const std::string& prefix = "") {
   size_t colon = host_port.rfind(':');
   int port = 0;
   if (colon == absl::string_view::npos || colon == 0 ||
@@ -67,7 +68,9 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_tcp_store(
     absl::StatusOr<c10::intrusive_ptr<internal::TcpStoreClient>> client =
         internal::TcpStoreClient::connect(host, port, timeout);
     if (!client.ok()) return client.status();
-    return share(*std::move(client));
+    if (prefix.empty()) return share(*std::move(client));
+    return share(c10::make_intrusive<c10d::PrefixStore>(
+        prefix, c10::intrusive_ptr<c10d::Store>(*std::move(client))));
   }
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
@@ -123,8 +126,16 @@ absl::StatusOr<std::shared_ptr<c10d::Store>> open_store(
     // so with this variable: then every rank, rank 0 too, is a client.
     const bool launcher_serves =
         first_env({"TORCHELASTIC_USE_AGENT_STORE"}) == "True";
+    // The launcher's store outlives a restart of the workers, so each
+    // attempt keeps to keys of its own, as torch's env:// does under
+    // torchrun: "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/".
+    std::string prefix;
+    if (launcher_serves) {
+      std::string attempt = first_env({"TORCHELASTIC_RESTART_COUNT"});
+      prefix = absl::StrCat("/worker/attempt_", attempt.empty() ? "0" : attempt);
+    }
     return open_tcp_store(absl::StrCat(addr, ":", port), rank, timeout,
-                          launcher_serves);
+                          launcher_serves, prefix);
   }
   if (absl::StartsWith(init_method, kFileScheme)) {
     std::string path(init_method.substr(sizeof(kFileScheme) - 1));

@@ -5,12 +5,14 @@
 #include <absl/synchronization/mutex.h>
 #include <absl/time/clock.h>
 #include <ATen/ThreadLocalState.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <c10/core/thread_pool.h>
 #include <glog/logging.h>
 #include <signal.h>
 
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -151,8 +153,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   // A store request that its server leaves unanswered for the peer timeout
   // fails, as a PING does: a worker cut off from the store's host ends its
   // join within the peer timeout, not the init timeout.
-  if (auto* client =
-          dynamic_cast<internal::TcpStoreClient*>(group->store.get())) {
+  c10d::Store* store = group->store.get();
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store)) {
+    store = prefixed->getUnderlyingStore().get();
+  }
+  if (auto* client = dynamic_cast<internal::TcpStoreClient*>(store)) {
     client->set_request_timeout(options.peer_timeout);
   }
 
@@ -168,6 +173,16 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
             options.peer_timeout, absl::Now() + options.init_timeout);
     if (!taken.ok()) return taken.status();
     token = *std::move(taken);
+    const char* rejoin_env = std::getenv("TETHER_REJOIN");
+    if (options.rejoin ||
+        (rejoin_env != nullptr && std::string(rejoin_env) == "1")) {
+      // The lost incarnation's claims and place in the list (only those
+      // with this very name and rank) go; the members learn of the new one
+      // by its MEMBER_JOIN.
+      if (absl::Status forgot = token->forget(group->self); !forgot.ok()) {
+        return forgot;
+      }
+    }
     if (absl::Status claimed = token->claim(); !claimed.ok()) {
       return absl::Status(
           claimed.code(),

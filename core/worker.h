@@ -126,6 +126,14 @@ struct RpcOptions {
   // Calls (rpc_*, remote, to_here, proxy calls) this worker may have in
   // flight at once; more fail at once with RESOURCE_EXHAUSTED. 0: no bound.
   int max_calls_in_flight = 0;
+  // A dynamic group's worker that replaces its own lost incarnation (the
+  // same name and rank, known dead: its launcher reaped it, as tether_run
+  // --elastic does before it starts the rank again). Its join takes over
+  // the claims the lost one left, and each member drops the lost one's
+  // connections and takes the new one in its place. false: the
+  // environment variable TETHER_REJOIN=1 sets it. A worker with the name
+  // still alive is not to be given it: they would take each other's place.
+  bool rejoin = false;
 };
 
 // Who to call: a worker's name, its rank, or its WorkerInfo.

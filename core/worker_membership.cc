@@ -263,6 +263,15 @@ Future<Message> Worker::handle_membership(Message request) {
   if (request.type == MessageType::kMemberJoin) {
     // The agent reads the joiner's address from the store: on the pool.
     pool_->run([this, promise, info] {
+      bool known;
+      {
+        absl::MutexLock lock(&members_mu_);
+        known = std::find(members_.begin(), members_.end(), info) !=
+                members_.end();
+      }
+      // The same name and rank joining again: a rejoin (RpcOptions::rejoin)
+      // in place of a lost incarnation, whose connections go first.
+      if (known) agent_->remove_peer(info);
       absl::Status added = agent_->add_peer(info);
       if (added.ok()) {
         absl::MutexLock lock(&members_mu_);

@@ -5,7 +5,9 @@
 #include <torch/optim.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <mutex>
+#include <set>
 
 #include "autograd/autograd.h"
 #include "core/rpc.h"
@@ -131,6 +133,29 @@ c10::IValue get_model(int64_t vocab, int64_t embed, int64_t hidden,
   return *model;
 }
 
+// The trainers that said they are done (trainer_done), for
+// wait_for_trainers.
+struct Finished {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::set<int64_t> ranks;
+};
+
+Finished& finished() {
+  static auto* f = new Finished();  // never destroyed: handlers may run late
+  return *f;
+}
+
+// trainer_done(int rank) -> int: trainer `rank` has trained its last step;
+// returns how many have.
+int64_t trainer_done(int64_t rank) {
+  Finished& f = finished();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.ranks.insert(rank);
+  f.changed.notify_all();
+  return static_cast<int64_t>(f.ranks.size());
+}
+
 TORCH_LIBRARY(tether_examples, m) {
   m.class_<EmbeddingTable>("EmbeddingTable")
       .def("forward", &EmbeddingTable::forward)
@@ -144,6 +169,7 @@ TORCH_LIBRARY(tether_examples, m) {
       .def("load_state_dict", &Decoder::load_state_dict);
   m.def("get_model(int vocab, int embed, int hidden, int seed) -> Any",
         &get_model);
+  m.def("trainer_done(int rank) -> int", &trainer_done);
 }
 
 optim::Options optimizer_options(const ModelConfig& c) {
@@ -161,6 +187,18 @@ at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& tokens,
 }
 
 }  // namespace
+
+void wait_for_trainers(int64_t trainers) {
+  Finished& f = finished();
+  std::unique_lock<std::mutex> lock(f.mu);
+  f.changed.wait(lock, [&] {
+    return static_cast<int64_t>(f.ranks.size()) >= trainers;
+  });
+}
+
+absl::Status report_done(const std::string& ps, int64_t rank) {
+  return rpc_sync(ps, kTrainerDone, {rank}).status();
+}
 
 DataStream::DataStream(const ModelConfig& config, int trainer)
     : config_(config),

@@ -47,6 +47,7 @@ struct ModelConfig {
 
 // The parameter server's model, as the trainers see it.
 inline constexpr char kGetModel[] = "tether_examples::get_model";
+inline constexpr char kTrainerDone[] = "tether_examples::trainer_done";
 
 // The batches one trainer trains on, in order: token sequences of a fixed
 // random Markov chain, drawn with the trainer's own generator (seeded by
@@ -112,6 +113,13 @@ class Trainer {
 // The losses of `steps` steps of trainer 1's batches, trained in this
 // process with LibTorch alone (torch::optim, local autograd).
 std::vector<double> reference_losses(const ModelConfig& config, int64_t steps);
+
+// An elastic run's end (examples/train --elastic), whose group has no
+// graceful barrier to wait in: each trainer reports it is done to the
+// parameter server, which waits for `trainers` of them (each rank counted
+// once, a rejoined trainer too).
+absl::Status report_done(const std::string& ps, int64_t rank);
+void wait_for_trainers(int64_t trainers);
 
 }  // namespace tether::examples
 

@@ -70,6 +70,7 @@ struct Flags {
   std::string loss_log;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // 0: after the last step
+  bool elastic = false;
   ModelConfig model;
 };
 
@@ -80,7 +81,10 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
     const std::string name = arg.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
     bool ok = eq != std::string::npos;
-    if (name == "--steps") {
+    if (arg == "--elastic") {
+      flags.elastic = true;
+      ok = true;
+    } else if (name == "--steps") {
       ok = ok && absl::SimpleAtoi(value, &flags.steps) && flags.steps > 0;
     } else if (name == "--backend") {
       flags.backend = value;
@@ -150,48 +154,82 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
 }
 
 // What a trainer saves in its checkpoints, and loads to resume: the
-// parameter server's modules (trainer 1 has them saved; every trainer
-// saves its share of the optimizer there), the LSTM, the data stream's
-// position and generator, the default generator, and the losses so far.
+// parameter server's modules (`modules`: trainer 1 has them saved), and
+// this trainer's own items (`own`): its share of the optimizer (saved on
+// the parameter server), the LSTM, the data stream's position and
+// generator, the default generator, and the losses so far. `members` save
+// and load together, in `dir`.
 absl::StatusOr<tether::Checkpoint> make_checkpoint(
-    const Flags& flags, int rank, int world,
-    const tether::examples::Trainer& trainer,
+    const std::string& dir, std::vector<std::string> members, bool modules,
+    bool own, const tether::examples::Trainer& trainer,
     tether::examples::DataStream& data, std::vector<double>& losses) {
   tether::CheckpointOptions options;
-  options.dir = flags.checkpoint_dir;
-  for (int r = 1; r < world; ++r) {
-    options.members.push_back(absl::StrCat("trainer", r));
-  }
+  options.dir = dir;
+  options.members = std::move(members);
   options.keep = 2;
   absl::StatusOr<tether::Checkpoint> checkpoint =
       tether::Checkpoint::create(options);
   if (!checkpoint.ok()) return checkpoint.status();
   std::vector<absl::Status> added;
-  if (rank == 1) {
+  if (modules) {
     added.push_back(checkpoint->add_remote("embedding", trainer.embedding()));
     added.push_back(checkpoint->add_remote("decoder", trainer.decoder()));
   }
-  added.push_back(checkpoint->add_module("lstm", trainer.lstm().ptr()));
-  added.push_back(checkpoint->add_optimizer("optimizer", trainer.optimizer()));
-  added.push_back(checkpoint->add_generator("data", data.generator()));
-  added.push_back(checkpoint->add_value(
-      "data_position", [&data] { return c10::IValue(data.position()); },
-      [&data](const c10::IValue& v) {
-        data.set_position(v.toInt());
-        return absl::OkStatus();
-      }));
-  added.push_back(checkpoint->add_generator(
-      "rng", at::detail::getDefaultCPUGenerator()));
-  added.push_back(checkpoint->add_value(
-      "losses", [&losses] { return c10::IValue(c10::List<double>(losses)); },
-      [&losses](const c10::IValue& v) {
-        losses = v.toDoubleVector();
-        return absl::OkStatus();
-      }));
+  if (own) {
+    added.push_back(checkpoint->add_module("lstm", trainer.lstm().ptr()));
+    added.push_back(
+        checkpoint->add_optimizer("optimizer", trainer.optimizer()));
+    added.push_back(checkpoint->add_generator("data", data.generator()));
+    added.push_back(checkpoint->add_value(
+        "data_position", [&data] { return c10::IValue(data.position()); },
+        [&data](const c10::IValue& v) {
+          data.set_position(v.toInt());
+          return absl::OkStatus();
+        }));
+    added.push_back(checkpoint->add_generator(
+        "rng", at::detail::getDefaultCPUGenerator()));
+    added.push_back(checkpoint->add_value(
+        "losses", [&losses] { return c10::IValue(c10::List<double>(losses)); },
+        [&losses](const c10::IValue& v) {
+          losses = v.toDoubleVector();
+          return absl::OkStatus();
+        }));
+  }
   for (const absl::Status& s : added) {
     if (!s.ok()) return s;
   }
   return checkpoint;
+}
+
+// Where an elastic run's checkpoints go: each trainer's own in
+// DIR/trainer<r> (it saves and loads them alone, so it can rejoin while
+// the others run on), the parameter server's modules in DIR/ps (saved by
+// trainer 1, loaded only when the whole job starts again).
+std::string elastic_dir(const Flags& flags, const std::string& whose) {
+  return absl::StrCat(flags.checkpoint_dir, "/", whose);
+}
+
+// This process replaces its own lost incarnation in a running group:
+// tether_run --elastic says so (RpcOptions::rejoin).
+bool rejoining() {
+  const char* rejoin = std::getenv("TETHER_REJOIN");
+  return rejoin != nullptr && std::string(rejoin) == "1";
+}
+
+// An elastic trainer may start before the parameter server has joined:
+// waits until it is in the group, at most `bound`.
+absl::Status wait_for_member(const std::string& name, absl::Duration bound) {
+  const absl::Time deadline = absl::Now() + bound;
+  for (;;) {
+    absl::StatusOr<tether::WorkerInfo> info = tether::get_worker_info(name);
+    if (info.ok()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "worker '", name, "' did not join the group within ",
+          absl::FormatDuration(bound), ": ", info.status().message()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 // Trains and reports; false if anything failed.
@@ -201,25 +239,53 @@ bool run_trainer(const Flags& flags, int rank, int world) {
     std::fprintf(stderr, "%s: %s\n", who.c_str(), status.ToString().c_str());
     return false;
   };
+  if (flags.elastic) {
+    if (absl::Status up = wait_for_member("ps", absl::Seconds(60)); !up.ok()) {
+      return fail(up);
+    }
+  }
   absl::StatusOr<tether::examples::Trainer> trainer =
       tether::examples::Trainer::create(flags.model, "ps");
   if (!trainer.ok()) return fail(trainer.status());
   tether::examples::DataStream data(flags.model, rank);
   std::vector<double> losses;
   int64_t first = 1;
+  // A static run's trainers save together; an elastic run's each alone,
+  // and trainer 1 the parameter server's modules beside its own.
   std::optional<tether::Checkpoint> checkpoint;
+  std::optional<tether::Checkpoint> modules;
+  const bool rejoin = flags.elastic && rejoining();
   if (!flags.checkpoint_dir.empty()) {
+    std::vector<std::string> trainers;
+    for (int r = 1; r < world; ++r) trainers.push_back(absl::StrCat("trainer", r));
     absl::StatusOr<tether::Checkpoint> made =
-        make_checkpoint(flags, rank, world, *trainer, data, losses);
+        flags.elastic
+            ? make_checkpoint(elastic_dir(flags, who), {who}, false, true,
+                              *trainer, data, losses)
+            : make_checkpoint(flags.checkpoint_dir, trainers, rank == 1, true,
+                              *trainer, data, losses);
     if (!made.ok()) return fail(made.status());
     checkpoint = *std::move(made);
+    if (flags.elastic && rank == 1) {
+      made = make_checkpoint(elastic_dir(flags, "ps"), {who}, true, false,
+                             *trainer, data, losses);
+      if (!made.ok()) return fail(made.status());
+      modules = *std::move(made);
+      // Rejoining, it continues with the parameters the server holds now.
+      if (!rejoin) {
+        absl::StatusOr<std::optional<int64_t>> loaded = modules->load();
+        if (!loaded.ok()) return fail(loaded.status());
+      }
+    }
     absl::StatusOr<std::optional<int64_t>> resumed = checkpoint->load();
     if (!resumed.ok()) return fail(resumed.status());
     if (resumed->has_value()) {
       first = **resumed + 1;
-      std::printf("%s: resumed from the checkpoint of step %lld in %s\n",
-                  who.c_str(), static_cast<long long>(**resumed),
+      std::printf("%s: %s from the checkpoint of step %lld in %s\n",
+                  who.c_str(), rejoin ? "rejoined, resumed" : "resumed",
+                  static_cast<long long>(**resumed),
                   flags.checkpoint_dir.c_str());
+      std::fflush(stdout);
     }
   }
   FILE* loss_log = nullptr;
@@ -247,8 +313,9 @@ bool run_trainer(const Flags& flags, int rank, int world) {
     }
     losses.push_back(*loss);
     if (loss_log != nullptr) {
-      std::fprintf(loss_log, "%s %lld %.17g\n", who.c_str(),
-                   static_cast<long long>(step), *loss);
+      std::fprintf(loss_log, "%s %lld %.17g %.6f\n", who.c_str(),
+                   static_cast<long long>(step), *loss,
+                   absl::ToUnixMicros(absl::Now()) / 1e6);
       std::fflush(loss_log);
     }
     if (step % every == 0 || step == flags.steps) {
@@ -259,6 +326,10 @@ bool run_trainer(const Flags& flags, int rank, int world) {
         (step % save_every == 0 || step == flags.steps)) {
       absl::StatusOr<tether::SavedCheckpoint> saved = checkpoint->save(step);
       if (!saved.ok()) return fail(saved.status());
+      if (modules.has_value()) {
+        absl::StatusOr<tether::SavedCheckpoint> shared = modules->save(step);
+        if (!shared.ok()) return fail(shared.status());
+      }
       if (rank == 1) {
         std::printf("%s checkpoint: step %lld, %lld files, %.1f KiB in "
                     "%.1f ms (%s)\n",
@@ -271,6 +342,12 @@ bool run_trainer(const Flags& flags, int rank, int world) {
     }
   }
   if (loss_log != nullptr) std::fclose(loss_log);
+  if (flags.elastic) {
+    if (absl::Status done = tether::examples::report_done("ps", rank);
+        !done.ok()) {
+      return fail(done);
+    }
+  }
   const int64_t ran = flags.steps - first + 1;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (ran <= 0) {
@@ -289,7 +366,8 @@ bool run_trainer(const Flags& flags, int rank, int world) {
       first_loss, last_loss, window, world - 1, flags.backend.c_str());
   bool good = last_loss < first_loss;
   if (!good) std::fprintf(stderr, "%s: the loss did not go down\n", who.c_str());
-  if (world == 2 && losses.size() == static_cast<size_t>(flags.steps)) {
+  if (world == 2 && !flags.elastic &&
+      losses.size() == static_cast<size_t>(flags.steps)) {
     // One trainer: the same training in this process with LibTorch alone
     // (a resumed run's earlier losses come from its checkpoint).
     const absl::Time local_start = absl::Now();
@@ -345,10 +423,18 @@ int main(int argc, char** argv) {
   }
   if (rank == 0 && !flags.checkpoint_dir.empty()) {
     // The parameter server writes its modules and optimizers' parts there.
-    if (absl::Status s = tether::serve_checkpoints(flags.checkpoint_dir);
-        !s.ok()) {
-      std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
-      return 1;
+    std::vector<std::string> dirs = {flags.checkpoint_dir};
+    if (flags.elastic) {
+      dirs = {elastic_dir(flags, "ps")};
+      for (int r = 1; r < world; ++r) {
+        dirs.push_back(elastic_dir(flags, absl::StrCat("trainer", r)));
+      }
+    }
+    for (const std::string& dir : dirs) {
+      if (absl::Status s = tether::serve_checkpoints(dir); !s.ok()) {
+        std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
+        return 1;
+      }
     }
   }
   tether::RpcOptions options;
@@ -357,8 +443,11 @@ int main(int argc, char** argv) {
     options.peer_timeout = absl::Milliseconds(flags.peer_timeout_ms);
   }
   const std::string name = rank == 0 ? "ps" : absl::StrCat("trainer", rank);
+  // Elastic: a dynamic group, which a restarted trainer rejoins while the
+  // others run on.
   if (absl::Status up = tether::init_rpc(
-          name, rank, world, options, registry,
+          name, rank, flags.elastic ? tether::kDynamicGroup : world, options,
+          registry,
           {tether::rref_extension(), tether::autograd::autograd_extension()});
       !up.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), up.ToString().c_str());
@@ -373,6 +462,10 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("ps: serving the embedding table and decoder to %d trainer(s)\n",
                 world - 1);
+    std::fflush(stdout);
+    // An elastic group's shutdown is a leave, not a barrier: the parameter
+    // server waits for every trainer to say it is done.
+    if (flags.elastic) tether::examples::wait_for_trainers(world - 1);
   } else {
     good = run_trainer(flags, rank, world);
   }

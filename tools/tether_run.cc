@@ -1,6 +1,7 @@
 // tether_run: starts N local worker processes the way cluster launchers do.
 //
-//   tether_run --nproc 4 [--master_port P] [--grace_ms 5000] -- PROGRAM ARGS
+//   tether_run --nproc 4 [--master_port P] [--grace_ms 5000]
+//              [--max_restarts K [--elastic]] -- PROGRAM ARGS
 //   tether_run [--nproc N] -- PROG0 ARGS : PROG1 ARGS : ...
 //
 // With programs separated by a lone ":" (as mpirun's MPMD form), rank r runs
@@ -27,6 +28,18 @@
 //   on a second signal); the exit status is then 128 + that signal. A
 //   signal that tether_run's parent left ignored (nohup, a script's
 //   background job and SIGINT) stays ignored.
+// - With --max_restarts K (torchrun's flag and meaning), once the workers
+//   of a failed attempt have all ended, every worker starts again, at most
+//   K times, with a line on stderr per restart (which rank failed, how,
+//   restart i of K). The store lives on; each attempt's workers get
+//   TORCHELASTIC_RESTART_COUNT (0, 1, ...), under which env:// keeps the
+//   attempt's keys apart, as torchrun's workers do. The exit status is the
+//   last attempt's; a signal to tether_run is never followed by a restart.
+//   With --elastic too, a failed rank other than 0 is started again alone,
+//   in the same attempt, with TETHER_REJOIN=1 (RpcOptions::rejoin): its
+//   program rejoins the others' dynamic group under its old name while
+//   they run on. Rank 0 failing still restarts the world (in the main job
+//   it is the parameter server, the owner of the shared state).
 // - When tether_run dies without a chance to stop them (SIGKILL, a crash),
 //   each worker gets SIGKILL from the kernel (PR_SET_PDEATHSIG): none runs
 //   on without it. That reaches the worker, not processes the worker
@@ -49,6 +62,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,15 +83,22 @@ struct Child {
 
 // The environment of rank `rank`'s process: ours, with the launcher's
 // variables set.
-std::vector<std::string> child_environment(int rank, int nproc, int port) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
+std::vector<std::string> child_environment(int rank, int nproc, int port,
+                                           int restart, int max_restarts,
+                                           bool rejoin) {
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", std::to_string(port)},
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(nproc)},
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(max_restarts)},
   };
+  // RpcOptions::rejoin: this rank's last process is dead (reaped here), so
+  // the new one takes its place in the running dynamic group.
+  if (rejoin) ours.emplace_back("TETHER_REJOIN", "1");
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
@@ -92,12 +113,13 @@ std::vector<std::string> child_environment(int rank, int nproc, int port) {
 }
 
 constexpr char kUsage[] =
-    "usage: tether_run --nproc N [--master_port P] [--grace_ms MS] -- "
-    "PROGRAM [ARGS...]\n"
+    "usage: tether_run --nproc N [--master_port P] [--grace_ms MS] "
+    "[--max_restarts K [--elastic]] -- PROGRAM [ARGS...]\n"
     "       tether_run [--nproc N] [...] -- PROG0 [ARGS...] : PROG1 [ARGS...] "
     ": ...\n"
     "\n"
     "Starts N worker processes on this machine the way cluster launchers do.\n"
+    "Options take their value after a space or an '=' (--nproc=4).\n"
     "Each gets MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, LOCAL_RANK,\n"
     "WORLD_SIZE and TORCHELASTIC_USE_AGENT_STORE=True: tether_run serves the\n"
     "rendezvous store on MASTER_PORT itself (a free port unless --master_port\n"
@@ -111,6 +133,18 @@ constexpr char kUsage[] =
     "SIGKILL after --grace_ms (at once on a second signal); the exit status\n"
     "is then 128 + the signal. If tether_run itself is killed, its workers\n"
     "are killed with it. 0 only if every worker succeeded.\n"
+    "\n"
+    "--max_restarts K (0): as torchrun's, when a worker fails and the others\n"
+    "have ended, all are started again, at most K times, with the same\n"
+    "store and TORCHELASTIC_RESTART_COUNT=1, 2, ... (env:// keeps each\n"
+    "attempt's keys apart); a line on stderr says so:\n"
+    "  tether_run: restart 1 of 2: rank 1 killed by signal 9 (Killed); ...\n"
+    "A program that checkpoints resumes from its last checkpoint. The exit\n"
+    "status is then the last attempt's. A signal to tether_run ends the run.\n"
+    "--elastic (with --max_restarts): a failed rank other than 0 starts again\n"
+    "alone, with TETHER_REJOIN=1, while the others run on; its program\n"
+    "rejoins their dynamic group (examples/train --elastic). Rank 0 failing\n"
+    "restarts them all. Each restart counts toward K.\n"
     "\n"
     "Programs separated by a lone ':' run per rank: rank r runs the r-th;\n"
     "without --nproc there is one rank per program, with a larger --nproc the\n"
@@ -136,6 +170,19 @@ void flush_lines(Child& child, bool all) {
     child.partial.clear();
   }
   std::fflush(stdout);
+}
+
+// Prints what is left of an ended child's output and closes its pipe.
+void drain_output(Child& child) {
+  if (child.out_fd < 0) return;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(child.out_fd, buffer, sizeof(buffer))) > 0) {
+    child.partial.append(buffer, static_cast<size_t>(n));
+  }
+  flush_lines(child, true);
+  ::close(child.out_fd);
+  child.out_fd = -1;
 }
 
 std::string describe_exit(int status) {
@@ -203,12 +250,123 @@ std::string running_ranks(const std::vector<Child>& children) {
   return absl::StrJoin(ranks, ", ");
 }
 
+// Runs one round: waits for every worker of `children` to end, streaming
+// their output, passing signals on, stopping the others when one fails.
+// Sets `first_failure` to the rank that failed first (if one did) and
+// `interrupted_by` to the first signal passed on (if one came).
+// With --elastic, `restart_alone` is called for a failed worker while the
+// others run on: true if it started that rank again.
+void run_round(std::vector<Child>& children, const Signals& signals,
+               int grace_ms, int& first_failure, int& interrupted_by,
+               const std::function<bool(Child&)>& restart_alone) {
+  int running = static_cast<int>(children.size());
+  bool stopping = false;  // the workers were told to stop
+  bool killed = false;    // and then killed
+  std::chrono::steady_clock::time_point kill_at{};
+  const auto stop = [&](int sig) {
+    signal_workers(children, sig);
+    stopping = true;
+    kill_at = std::chrono::steady_clock::now() +
+              std::chrono::milliseconds(grace_ms);
+  };
+  const auto kill_now = [&](const char* why) {
+    if (running > 0) {
+      std::fprintf(stderr, "tether_run: %s; killing rank(s) %s\n", why,
+                   running_ranks(children).c_str());
+    }
+    signal_workers(children, SIGKILL);
+    killed = true;
+  };
+  while (running > 0) {
+    std::vector<pollfd> polls = {{signals.fd, POLLIN, 0}};
+    std::vector<Child*> owners = {nullptr};
+    for (Child& child : children) {
+      if (child.out_fd >= 0) {
+        polls.push_back({child.out_fd, POLLIN, 0});
+        owners.push_back(&child);
+      }
+    }
+    int timeout_ms = 1000;
+    if (stopping && !killed) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          kill_at - std::chrono::steady_clock::now());
+      timeout_ms = static_cast<int>(
+          std::clamp<int64_t>(left.count() + 1, 0, timeout_ms));
+    }
+    ::poll(polls.data(), polls.size(), timeout_ms);
+    signalfd_siginfo info;
+    while (::read(signals.fd, &info, sizeof(info)) == sizeof(info)) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) continue;  // reaped below
+      if (!stopping) {
+        std::fprintf(stderr,
+                     "tether_run: %s received; passing it on to the workers "
+                     "(SIGKILL after %d ms)\n",
+                     signal_name(sig).c_str(), grace_ms);
+        interrupted_by = sig;
+        stop(sig);
+      } else {
+        // Also after a worker failed: a signal means no restart.
+        if (interrupted_by == 0) interrupted_by = sig;
+        if (!killed) {
+          kill_now(absl::StrCat(signal_name(sig), " received again").c_str());
+        }
+      }
+    }
+    for (size_t p = 1; p < polls.size(); ++p) {
+      if (polls[p].revents == 0) continue;
+      char buffer[4096];
+      ssize_t n = ::read(polls[p].fd, buffer, sizeof(buffer));
+      Child& child = *owners[p];
+      if (n > 0) {
+        child.partial.append(buffer, static_cast<size_t>(n));
+        flush_lines(child, false);
+      } else if (n < 0 && errno == EAGAIN) {
+        continue;
+      } else {
+        flush_lines(child, true);
+        ::close(child.out_fd);
+        child.out_fd = -1;
+      }
+    }
+    for (Child& child : children) {
+      if (!child.running) continue;
+      if (::waitpid(child.pid, &child.status, WNOHANG) != child.pid) continue;
+      child.running = false;
+      --running;
+      bool ok = WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0;
+      if (ok) continue;
+      if (!stopping && restart_alone && restart_alone(child)) {
+        ++running;
+        continue;
+      }
+      if (!stopping) {
+        first_failure = child.rank;
+        std::fprintf(stderr,
+                     "tether_run: rank %d %s; stopping the others (SIGTERM, "
+                     "SIGKILL after %d ms)\n",
+                     child.rank, describe_exit(child.status).c_str(), grace_ms);
+        stop(SIGTERM);
+      } else {
+        std::fprintf(stderr, "tether_run: rank %d then %s\n", child.rank,
+                     describe_exit(child.status).c_str());
+      }
+    }
+    if (stopping && !killed && std::chrono::steady_clock::now() >= kill_at) {
+      kill_now(absl::StrCat("the grace of ", grace_ms, " ms is over").c_str());
+    }
+  }
+  for (Child& child : children) drain_output(child);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int nproc = -1;  // -1: one rank per program
   int port = 0;
   int grace_ms = 5000;
+  int max_restarts = 0;
+  bool elastic = false;
   int i = 1;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
@@ -220,13 +378,30 @@ int main(int argc, char** argv) {
       ++i;
       break;
     }
-    if (i + 1 >= argc) return usage(("missing value for " + arg).c_str());
+    if (arg == "--elastic") {
+      elastic = true;
+      continue;
+    }
+    // "--name VALUE" or, as torchrun takes them too, "--name=VALUE".
+    std::string value;
+    if (const size_t eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return usage(("missing value for " + arg).c_str());
+    }
     if (arg == "--nproc") {
-      if (!absl::SimpleAtoi(argv[++i], &nproc)) return usage("bad --nproc");
+      if (!absl::SimpleAtoi(value, &nproc)) return usage("bad --nproc");
     } else if (arg == "--master_port") {
-      if (!absl::SimpleAtoi(argv[++i], &port)) return usage("bad --master_port");
+      if (!absl::SimpleAtoi(value, &port)) return usage("bad --master_port");
+    } else if (arg == "--max_restarts") {
+      if (!absl::SimpleAtoi(value, &max_restarts) || max_restarts < 0) {
+        return usage("bad --max_restarts");
+      }
     } else if (arg == "--grace_ms") {
-      if (!absl::SimpleAtoi(argv[++i], &grace_ms) || grace_ms < 0) {
+      if (!absl::SimpleAtoi(value, &grace_ms) || grace_ms < 0) {
         return usage("bad --grace_ms");
       }
     } else {
@@ -275,17 +450,18 @@ int main(int argc, char** argv) {
   port = store->getPort();
 
   const pid_t launcher = ::getpid();
-  std::vector<Child> children(nproc);
-  for (int rank = 0; rank < nproc; ++rank) {
+  // Starts rank `rank` of round `restart` as `child`; false (with the reason
+  // on stderr) if it could not.
+  const auto spawn = [&](Child& child, int rank, int restart, bool rejoin) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("tether_run: pipe");
-      signal_workers(children, SIGKILL);
-      return 1;
+      return false;
     }
     // Built before fork(): between fork and exec a child of this
     // multi-threaded process may only make async-signal-safe calls.
-    std::vector<std::string> env = child_environment(rank, nproc, port);
+    std::vector<std::string> env =
+        child_environment(rank, nproc, port, restart, max_restarts, rejoin);
     std::vector<char*> envp;
     for (std::string& entry : env) envp.push_back(entry.data());
     envp.push_back(nullptr);
@@ -294,8 +470,9 @@ int main(int argc, char** argv) {
     pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("tether_run: fork");
-      signal_workers(children, SIGKILL);
-      return 1;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return false;
     }
     if (pid == 0) {
       // Its own process group, so stopping a worker stops what it started.
@@ -325,113 +502,61 @@ int main(int argc, char** argv) {
     ::setpgid(pid, pid);
     // Never block on output: a grandchild may hold the pipe open.
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
-    children[rank].rank = rank;
-    children[rank].pid = pid;
-    children[rank].out_fd = fds[0];
-  }
+    child = Child{};
+    child.rank = rank;
+    child.pid = pid;
+    child.out_fd = fds[0];
+    return true;
+  };
 
+  std::vector<Child> children(nproc);
   int first_failure = -1;
   int interrupted_by = 0;  // the first signal passed on
-  int running = nproc;
-  bool stopping = false;  // the workers were told to stop
-  bool killed = false;    // and then killed
-  std::chrono::steady_clock::time_point kill_at{};
-  const auto stop = [&](int sig) {
-    signal_workers(children, sig);
-    stopping = true;
-    kill_at = std::chrono::steady_clock::now() +
-              std::chrono::milliseconds(grace_ms);
-  };
-  const auto kill_now = [&](const char* why) {
-    if (running > 0) {
-      std::fprintf(stderr, "tether_run: %s; killing rank(s) %s\n", why,
-                   running_ranks(children).c_str());
-    }
-    signal_workers(children, SIGKILL);
-    killed = true;
-  };
-  while (running > 0) {
-    std::vector<pollfd> polls = {{signals.fd, POLLIN, 0}};
-    std::vector<Child*> owners = {nullptr};
-    for (Child& child : children) {
-      if (child.out_fd >= 0) {
-        polls.push_back({child.out_fd, POLLIN, 0});
-        owners.push_back(&child);
-      }
-    }
-    int timeout_ms = 1000;
-    if (stopping && !killed) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          kill_at - std::chrono::steady_clock::now());
-      timeout_ms = static_cast<int>(
-          std::clamp<int64_t>(left.count() + 1, 0, timeout_ms));
-    }
-    ::poll(polls.data(), polls.size(), timeout_ms);
-    signalfd_siginfo info;
-    while (::read(signals.fd, &info, sizeof(info)) == sizeof(info)) {
-      const int sig = static_cast<int>(info.ssi_signo);
-      if (sig == SIGCHLD) continue;  // reaped below
-      if (!stopping) {
-        std::fprintf(stderr,
-                     "tether_run: %s received; passing it on to the workers "
-                     "(SIGKILL after %d ms)\n",
-                     signal_name(sig).c_str(), grace_ms);
-        interrupted_by = sig;
-        stop(sig);
-      } else if (!killed) {
-        if (interrupted_by == 0) interrupted_by = sig;
-        kill_now(absl::StrCat(signal_name(sig), " received again").c_str());
-      }
-    }
-    for (size_t p = 1; p < polls.size(); ++p) {
-      if (polls[p].revents == 0) continue;
-      char buffer[4096];
-      ssize_t n = ::read(polls[p].fd, buffer, sizeof(buffer));
-      Child& child = *owners[p];
-      if (n > 0) {
-        child.partial.append(buffer, static_cast<size_t>(n));
-        flush_lines(child, false);
-      } else if (n < 0 && errno == EAGAIN) {
-        continue;
-      } else {
-        flush_lines(child, true);
-        ::close(child.out_fd);
-        child.out_fd = -1;
-      }
-    }
-    for (Child& child : children) {
-      if (!child.running) continue;
-      if (::waitpid(child.pid, &child.status, WNOHANG) != child.pid) continue;
-      child.running = false;
-      --running;
-      bool ok = WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0;
-      if (ok) continue;
-      if (!stopping) {
-        first_failure = child.rank;
-        std::fprintf(stderr,
-                     "tether_run: rank %d %s; stopping the others (SIGTERM, "
-                     "SIGKILL after %d ms)\n",
-                     child.rank, describe_exit(child.status).c_str(), grace_ms);
-        stop(SIGTERM);
-      } else {
-        std::fprintf(stderr, "tether_run: rank %d then %s\n", child.rank,
-                     describe_exit(child.status).c_str());
-      }
-    }
-    if (stopping && !killed && std::chrono::steady_clock::now() >= kill_at) {
-      kill_now(absl::StrCat("the grace of ", grace_ms, " ms is over").c_str());
-    }
+  int restarts = 0;        // of the world and of single ranks
+  int attempt = 0;         // of the world
+  // --elastic: a failed rank other than 0 starts again alone, in the same
+  // attempt, and rejoins the running group (its program runs in a dynamic
+  // group); rank 0 serves the shared state, so losing it restarts the world.
+  std::function<bool(Child&)> restart_alone;
+  if (elastic) {
+    restart_alone = [&](Child& child) {
+      if (child.rank == 0 || restarts == max_restarts) return false;
+      ++restarts;
+      std::fprintf(stderr,
+                   "tether_run: restart %d of %d: rank %d %s; starting rank "
+                   "%d alone again, to rejoin the others\n",
+                   restarts, max_restarts, child.rank,
+                   describe_exit(child.status).c_str(), child.rank);
+      drain_output(child);
+      return spawn(child, child.rank, attempt, /*rejoin=*/true);
+    };
   }
-  for (Child& child : children) {
-    if (child.out_fd >= 0) {
-      char buffer[4096];
-      ssize_t n;
-      while ((n = ::read(child.out_fd, buffer, sizeof(buffer))) > 0) {
-        child.partial.append(buffer, static_cast<size_t>(n));
+  for (;; ++attempt) {
+    first_failure = -1;
+    for (int rank = 0; rank < nproc; ++rank) {
+      if (!spawn(children[rank], rank, attempt, /*rejoin=*/false)) {
+        signal_workers(children, SIGKILL);
+        return 1;
       }
-      flush_lines(child, true);
-      ::close(child.out_fd);
     }
+    run_round(children, signals, grace_ms, first_failure, interrupted_by,
+              restart_alone);
+    if (first_failure < 0 || interrupted_by != 0 || restarts == max_restarts) {
+      if (first_failure >= 0 && restarts > 0) {
+        std::fprintf(stderr, "tether_run: no restart left (--max_restarts "
+                     "%d)\n", max_restarts);
+      }
+      break;
+    }
+    // torchrun's meaning: every worker starts again, in a new attempt of
+    // the same rendezvous (TORCHELASTIC_RESTART_COUNT keeps the keys of
+    // each attempt apart in the store, which lives on).
+    ++restarts;
+    std::fprintf(stderr,
+                 "tether_run: restart %d of %d: rank %d %s; starting all %d "
+                 "workers again\n",
+                 restarts, max_restarts, first_failure,
+                 describe_exit(children[first_failure].status).c_str(), nproc);
   }
   int exit_status = 0;
   if (first_failure >= 0) {

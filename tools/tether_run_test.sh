@@ -162,4 +162,32 @@ wait "$launcher" 2>/dev/null
 expect_workers_gone 5 "the launcher was killed with SIGKILL"
 echo "SIGKILL to tether_run: every worker ended within $(( $(ms) - sent )) ms"
 
+# --max_restarts: rank 1 fails in attempts 0 and 1 and succeeds in attempt
+# 2; every rank starts again each time, told its attempt.
+"$run" --nproc 2 --grace_ms 1000 --max_restarts 2 -- sh -c \
+  'echo "attempt $TORCHELASTIC_RESTART_COUNT of max $TORCHELASTIC_MAX_RESTARTS"; if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then exit 4; fi; [ "$RANK" = 1 ] || exec sleep 1' \
+  >"$tmp/out" 2>&1
+status=$?
+[ "$status" -eq 0 ] || fail "exit status $status after a successful third attempt: $(cat "$tmp/out")"
+for attempt in 0 1 2; do
+  [ "$(grep -c "^\[[01]\] attempt $attempt of max 2$" "$tmp/out")" -eq 2 ] ||
+    fail "both ranks should run attempt $attempt: $(cat "$tmp/out")"
+done
+for restart in 1 2; do
+  grep -q "^tether_run: restart $restart of 2: rank 1 exited with 4; starting all 2 workers again$" "$tmp/out" ||
+    fail "no line for restart $restart: $(cat "$tmp/out")"
+done
+
+# Failing in every attempt: K restarts, then the last attempt's status.
+"$run" --nproc=2 --grace_ms=1000 --max_restarts=1 -- sh -c \
+  'if [ "$RANK" = 0 ]; then exit $((5 + TORCHELASTIC_RESTART_COUNT)); fi; exec sleep 60' \
+  >"$tmp/out" 2>&1
+status=$?
+[ "$status" -eq 6 ] || fail "exit status $status, not the last attempt's 6: $(cat "$tmp/out")"
+[ "$(grep -c "^tether_run: restart" "$tmp/out")" -eq 1 ] || fail "not one restart: $(cat "$tmp/out")"
+grep -q "^tether_run: no restart left (--max_restarts 1)$" "$tmp/out" || fail "$(cat "$tmp/out")"
+grep -q "^tether_run: failed: rank 0 first, exited with 6$" "$tmp/out" || fail "$(cat "$tmp/out")"
+"$run" --max_restarts -1 -- true 2>"$tmp/out" && fail "--max_restarts -1 accepted"
+grep -q "bad --max_restarts" "$tmp/out" || fail "$(cat "$tmp/out")"
+
 echo "tether_run: all checks passed"
