@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/toolkit/store_client.h"
+#include "core/toolkit/store_wait.h"
 
 #include <algorithm>
 #include <chrono>
@@ -344,6 +345,7 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     // A group that cannot form fails every rank at once: the rank that finds
     // out why publishes it, and every rank polls for it while it waits.
     const std::string failed_key = "tether/failed";
+    const std::string settled_key = "tether/settled";
     const absl::Time init_deadline = absl::Now() + timeout;
     // Every rank counts itself out; rank 0, whose process serves the store
     // for env:// and tcp://, goes last (within the init timeout), so that
@@ -365,6 +367,7 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
       s.compareSet(failed_key, {},
                    to_bytes(absl::StrCat(static_cast<int>(why.code()), ":",
                                          text)));
+      s.set(settled_key, to_bytes("failed"));
       return leave_failed(absl::Status(why.code(), text));
     };
     // compareSet with an empty expected value claims a key that is absent
@@ -398,13 +401,16 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
     for (int r = 0; r < world_size; ++r) {
       keys.push_back(absl::StrCat("tether/rank/", r));
     }
-    // Polls with check() rather than one blocking wait(): a TCPStore wait
-    // across several keys proved unreliable under load, and polling also
-    // tells exactly who is missing when the deadline passes.
+    // The rank that completes the group, or one that refuses it, sets
+    // `settled_key`; every rank waits for that one key, woken by its arrival
+    // (core/toolkit/store_wait.h), then reads why. The store serves requests in
+    // order, so the rank whose claim lands last sees every claim here.
+    if (s.check(keys)) s.set(settled_key, to_bytes("all"));
     const absl::Time deadline = init_deadline;
-    absl::Duration backoff = absl::Milliseconds(1);
-    while (!s.check(keys)) {
-      if (s.check({failed_key})) {
+    const bool settled =
+        internal::wait_for_keys(s, {settled_key}, deadline);
+    if (!settled || !s.check(keys)) {
+      if (settled && s.check({failed_key})) {
         const std::string failed = from_bytes(s.get(failed_key));
         const size_t colon = failed.find(':');
         int code = 0;
@@ -420,18 +426,14 @@ absl::StatusOr<RendezvousResult> rendezvous(absl::string_view init_method,
                              ? failed
                              : failed.substr(colon + 1))));
       }
-      if (absl::Now() >= deadline) {
-        std::vector<std::string> missing;
-        for (int r = 0; r < world_size; ++r) {
-          if (!s.check({keys[r]})) missing.push_back(absl::StrCat(r));
-        }
-        return absl::DeadlineExceededError(absl::StrCat(
-            "rendezvous at '", init_method, "' timed out after ",
-            absl::FormatDuration(timeout), " waiting for rank(s) ",
-            absl::StrJoin(missing, ", ")));
+      std::vector<std::string> missing;
+      for (int r = 0; r < world_size; ++r) {
+        if (!s.check({keys[r]})) missing.push_back(absl::StrCat(r));
       }
-      absl::SleepFor(std::min(backoff, deadline - absl::Now()));
-      backoff = std::min(backoff * 2, absl::Milliseconds(50));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous at '", init_method, "' timed out after ",
+          absl::FormatDuration(timeout), " waiting for rank(s) ",
+          absl::StrJoin(missing, ", ")));
     }
     for (int r = 0; r < world_size; ++r) {
       result.workers.push_back(WorkerInfo{from_bytes(s.get(keys[r])), r});

@@ -10,6 +10,8 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "core/toolkit/store_wait.h"
+
 namespace tether::backends::common {
 
 absl::StatusOr<std::vector<std::string>> exchange_addresses(
@@ -21,24 +23,16 @@ absl::StatusOr<std::vector<std::string>> exchange_addresses(
   }
   try {
     store.set(keys[rank], std::vector<uint8_t>(mine.begin(), mine.end()));
-    // Polls with check(), as the rendezvous does (core/rendezvous.cc): a
-    // TCPStore wait() across several keys can miss its wake-up under load
-    // and sleep out its whole timeout.
-    const absl::Time deadline = absl::Now() + timeout;
-    absl::Duration backoff = absl::Milliseconds(1);
-    while (!store.check(keys)) {
-      if (absl::Now() >= deadline) {
-        std::vector<std::string> missing;
-        for (int i = 0; i < world_size; ++i) {
-          if (!store.check({keys[i]})) missing.push_back(absl::StrCat(i));
-        }
-        return absl::DeadlineExceededError(absl::StrCat(
-            who, " timed out after ", absl::FormatDuration(timeout),
-            " waiting for the address of rank(s) ",
-            absl::StrJoin(missing, ", ")));
+    // Woken by each address's arrival (core/toolkit/store_wait.h).
+    if (!tether::internal::wait_for_keys(store, keys, absl::Now() + timeout)) {
+      std::vector<std::string> missing;
+      for (int i = 0; i < world_size; ++i) {
+        if (!store.check({keys[i]})) missing.push_back(absl::StrCat(i));
       }
-      absl::SleepFor(std::min(backoff, deadline - absl::Now()));
-      backoff = std::min(backoff * 2, absl::Milliseconds(50));
+      return absl::DeadlineExceededError(absl::StrCat(
+          who, " timed out after ", absl::FormatDuration(timeout),
+          " waiting for the address of rank(s) ",
+          absl::StrJoin(missing, ", ")));
     }
     std::vector<std::string> addresses;
     for (const std::string& key : keys) {
