@@ -341,4 +341,45 @@ py::object to_python(const c10::IValue& value) {
   return torch::jit::toPyObject(value);
 }
 
+namespace {
+
+// An argument of `fn`. LibTorch operators take dtypes, layouts and memory
+// formats as the ints c10 keeps them as (`ScalarType? dtype`), so an
+// operator's arguments carry them so; a Python function's keep them as
+// themselves (wire::TorchEnum).
+c10::IValue to_arg(py::handle obj, const std::string& fn,
+                   const std::string& where) {
+  c10::IValue v = to_ivalue(obj, Objects::kRefuse, where);
+  const bool python_function = fn.rfind("py::", 0) == 0;
+  if (const wire::TorchEnum* e = wire::TorchEnum::of(v);
+      e != nullptr && !python_function) {
+    return c10::IValue(e->value);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::vector<c10::IValue> to_args(const py::tuple& args,
+                                 const std::string& fn) {
+  std::vector<c10::IValue> out;
+  out.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    out.push_back(to_arg(args[i], fn,
+                         "argument " + std::to_string(i + 1) + " of '" + fn +
+                             "'"));
+  }
+  return out;
+}
+
+Kwargs to_kwargs(const py::dict& kwargs, const std::string& fn) {
+  Kwargs out;
+  for (auto item : kwargs) {
+    std::string key = py::str(item.first);
+    out.emplace(key, to_arg(item.second, fn,
+                            "keyword argument '" + key + "' of '" + fn + "'"));
+  }
+  return out;
+}
+
 }  // namespace tether::python

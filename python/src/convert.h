@@ -23,6 +23,9 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <vector>
+
+#include "core/callables.h"
 
 namespace tether::python {
 
@@ -45,6 +48,13 @@ c10::IValue to_ivalue(py::handle obj, Objects objects, const std::string& where)
 // unpickled under this worker's policy (raises
 // tether.rpc._callee.Failure naming what it refused).
 py::object to_python(const c10::IValue& value);
+
+// The arguments of a call of `fn` (its positional ones, its keyword ones),
+// as to_ivalue with Objects::kRefuse; an argument that is a dtype, layout or
+// memory format travels as the int c10 keeps it as, unless `fn` is a Python
+// function ("py::..."). Errors name the argument and `fn`.
+std::vector<c10::IValue> to_args(const py::tuple& args, const std::string& fn);
+Kwargs to_kwargs(const py::dict& kwargs, const std::string& fn);
 
 // Lets the codec send kept Python objects (pickled, as above). Called once
 // when tether._C is imported.

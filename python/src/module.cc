@@ -5,32 +5,30 @@
 // Threads and the GIL: every call that waits or moves bytes (init, rpc_sync,
 // the send of rpc_async and remote, to_here, shutdown) releases the GIL.
 // Python functions called by peers run on the worker pool, holding the GIL
-// only while Python runs (PythonCallables). The futures rpc_async returns
-// are torch.futures.Future objects (tether.rpc._future.RpcFuture); they
-// complete on the thread that waits for them (PyCompletion) or on threads
-// of this module (Completer), which take the GIL to turn the value into
-// Python objects and run the user's callbacks: an agent's threads never
-// wait for the GIL.
+// only while Python runs (PythonCallables, callable_provider.h). The
+// futures rpc_async returns are torch.futures.Future objects
+// (tether.rpc._future.RpcFuture); they complete on the thread that waits
+// for them (PyCompletion) or on threads of futures.cc (Completer), which
+// take the GIL to turn the value into Python objects and run the user's
+// callbacks: an agent's threads never wait for the GIL.
+//
+// This file holds the bindings; values are converted in convert.h, futures
+// in futures.h, GIL profiling in gil_profiling.h.
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/ascii.h>
-#include <absl/synchronization/mutex.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/python/python_ivalue.h>
 #include <torch/version.h>
 
-#include <atomic>
-#include <chrono>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -41,7 +39,10 @@
 #include "core/profiling.h"
 #include "core/rpc.h"
 #include "core/wire/codec.h"
+#include "python/src/callable_provider.h"
 #include "python/src/convert.h"
+#include "python/src/futures.h"
+#include "python/src/gil_profiling.h"
 #include "python/src/status.h"
 #include "python/src/script.h"
 #include "python/src/training.h"
@@ -104,260 +105,6 @@ To to_target(py::handle to) {
       "'to' must be a worker name (str), a rank (int) or a WorkerInfo, got " +
       std::string(py::str(py::type::handle_of(to).attr("__qualname__"))));
 }
-
-// An argument of `fn`. LibTorch operators take dtypes, layouts and memory
-// formats as the ints c10 keeps them as (`ScalarType? dtype`), so an
-// operator's arguments carry them so; a Python function's keep them as
-// themselves (wire::TorchEnum).
-c10::IValue to_arg(py::handle obj, const std::string& fn,
-                   const std::string& where) {
-  c10::IValue v = to_ivalue(obj, Objects::kRefuse, where);
-  const bool python_function = fn.rfind("py::", 0) == 0;
-  if (const wire::TorchEnum* e = wire::TorchEnum::of(v);
-      e != nullptr && !python_function) {
-    return c10::IValue(e->value);
-  }
-  return v;
-}
-
-std::vector<c10::IValue> to_args(const py::tuple& args,
-                                 const std::string& fn) {
-  std::vector<c10::IValue> out;
-  out.reserve(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
-    out.push_back(to_arg(args[i], fn,
-                         "argument " + std::to_string(i + 1) + " of '" + fn +
-                             "'"));
-  }
-  return out;
-}
-
-Kwargs to_kwargs(const py::dict& kwargs, const std::string& fn) {
-  Kwargs out;
-  for (auto item : kwargs) {
-    std::string key = py::str(item.first);
-    out.emplace(key, to_arg(item.second, fn,
-                            "keyword argument '" + key + "' of '" + fn + "'"));
-  }
-  return out;
-}
-
-// Runs completions of Python futures (turning values into Python objects,
-// the user's `then` / `add_done_callback` callbacks) on threads of its own,
-// started in the order they come. A callback may wait for another tether future
-// (`fut.then(lambda f: rpc_async(...).wait())`, as the peer's programs
-// do): the completion it waits for must not queue behind it, so a job that
-// finds no idle thread starts one. Threads stay for later completions; their
-// number is the most callbacks ever blocked at once, plus one.
-class Completer {
- public:
-  static Completer& get() {
-    // Leaked: the threads may still wait when the interpreter exits.
-    static Completer* completer = new Completer();
-    return *completer;
-  }
-
-  void post(std::function<void()> job) {
-    bool start_thread = false;
-    {
-      absl::MutexLock lock(&mu_);
-      jobs_.push_back(std::move(job));
-      if (idle_ < jobs_.size()) {
-        start_thread = true;
-        ++idle_;  // the new thread counts as idle until it takes a job
-      }
-    }
-    if (start_thread) std::thread([this] { run(); }).detach();
-  }
-
- private:
-  Completer() = default;
-
-  void run() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](std::deque<std::function<void()>>* jobs) {
-              return !jobs->empty();
-            },
-            &jobs_));
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-        --idle_;
-      }
-      job();
-      absl::MutexLock lock(&mu_);
-      ++idle_;
-    }
-  }
-
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
-  // Threads waiting for a job, or started and about to.
-  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-// What a Python future of rpc_async (tether.rpc._future.RpcFuture) shares
-// with the completion of its tether future: the first of the completer
-// thread and a thread waiting in RpcFuture.wait() to claim it turns the
-// result into a Python object and completes the torch future. The waiter
-// usually wins: it read the answer itself (the assist) and needs no other
-// thread to wake.
-struct PyCompletion {
-  Future<c10::IValue> future;
-  c10::intrusive_ptr<c10::ivalue::Future> jit;
-  std::atomic<bool> claimed{false};
-  // A thread is in help(): it will finish, so the completion need not wake
-  // a completer thread for it.
-  std::atomic<bool> waited{false};
-
-  // Without the GIL; takes it to convert the value.
-  void finish(const absl::StatusOr<c10::IValue>& result) {
-    if (!result.ok()) {
-      jit->setError(std::make_exception_ptr(RpcError(result.status())));
-      return;
-    }
-    c10::IValue value;
-    std::string error;
-    {
-      py::gil_scoped_acquire gil;
-      try {
-        value = c10::IValue(
-            c10::ivalue::ConcretePyObjectHolder::create(to_python(*result)));
-      } catch (const std::exception& e) {
-        error = std::string("cannot convert the result: ") + e.what();
-      }
-    }
-    if (!error.empty()) {
-      jit->setError(
-          std::make_exception_ptr(RpcError(absl::InternalError(error))));
-      return;
-    }
-    jit->markCompleted(std::move(value));
-  }
-
-  // RpcFuture.wait(), before the torch future's own wait: waits for the
-  // tether future (the assisted wait when this thread sent the request)
-  // and completes the torch future here unless the completer has.
-  void help() {
-    py::gil_scoped_release nogil;
-    waited.store(true);
-    (void)future.wait(absl::InfiniteFuture());
-    if (claimed.exchange(true)) return;
-    finish(future.result());
-  }
-};
-
-// A tether.rpc._future.RpcFuture (a torch.futures.Future) completed with
-// `future`'s result, as a Python object (RpcError on failure).
-py::object python_future(Future<c10::IValue> future) {
-  // Guarded by the GIL, not by a function-local static's guard: the import
-  // may let another thread take the GIL, which would then wait for that
-  // guard holding the GIL. Leaked: the class lives as long as the
-  // interpreter.
-  static py::object* rpc_future = nullptr;
-  if (rpc_future == nullptr) {
-    py::object cls =
-        py::module_::import("tether.rpc._future").attr("RpcFuture");
-    if (rpc_future == nullptr) rpc_future = new py::object(std::move(cls));
-  }
-  auto completion = std::make_shared<PyCompletion>();
-  completion->future = future;
-  py::object out = (*rpc_future)(completion);
-  completion->jit =
-      py::cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>(out)->fut;
-  {
-    py::gil_scoped_release nogil;
-    future.on_complete(
-        [completion](const absl::StatusOr<c10::IValue>& result) {
-          if (completion->waited.load()) return;
-          Completer::get().post([completion, result] {
-            if (!completion->claimed.exchange(true)) {
-              completion->finish(result);
-            }
-          });
-        });
-  }
-  return out;
-}
-
-// GIL profiling (the peer's rpc.enable_gil_profiling): while on, every
-// Python function a peer calls here counts how long its pool thread waited
-// for the GIL; agent_debug_info reports the average.
-struct GilProfile {
-  std::atomic<bool> on{false};
-  std::atomic<int64_t> waits{0};
-  std::atomic<int64_t> wait_ns{0};
-
-  static GilProfile& get() {
-    static GilProfile* profile = new GilProfile();  // leaked, as Completer
-    return *profile;
-  }
-};
-
-// Takes the GIL into `gil`, timing the wait when GIL profiling is on.
-void acquire_gil(std::optional<py::gil_scoped_acquire>& gil) {
-  GilProfile& profile = GilProfile::get();
-  if (!profile.on.load(std::memory_order_relaxed)) {
-    gil.emplace();
-    return;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  gil.emplace();
-  const auto waited = std::chrono::steady_clock::now() - start;
-  profile.wait_ns.fetch_add(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count(),
-      std::memory_order_relaxed);
-  profile.waits.fetch_add(1, std::memory_order_relaxed);
-}
-
-// Serves "py::module:qualname" calls by tether.rpc._callee.serve, which
-// applies the worker's allow policy (docs/security.md).
-class PythonCallables : public CallableProvider {
- public:
-  // `serve` is a module-level function: it lives as long as the
-  // interpreter, so the reference taken here is never given back (a
-  // provider may be destroyed without the GIL).
-  explicit PythonCallables(py::handle serve, py::handle failure)
-      : serve_(serve.inc_ref().ptr()), failure_(failure.inc_ref().ptr()) {}
-
-  absl::StatusOr<c10::IValue> call(absl::string_view name,
-                                   std::vector<c10::IValue> args,
-                                   const Kwargs& kwargs) override {
-    std::optional<py::gil_scoped_acquire> gil;
-    acquire_gil(gil);
-    try {
-      py::tuple py_args(args.size());
-      for (size_t i = 0; i < args.size(); ++i) {
-        py_args[i] = to_python(args[i]);
-      }
-      py::dict py_kwargs;
-      for (const auto& [key, value] : kwargs) {
-        py_kwargs[py::str(key)] = to_python(value);
-      }
-      py::object result = py::handle(serve_)(
-          py::str(name.data(), name.size()), py_args, py_kwargs);
-      return to_ivalue(result, Objects::kKeep, "the result");
-    } catch (py::error_already_set& e) {
-      if (e.matches(failure_)) {
-        py::tuple failure = e.value().attr("args");
-        return absl::Status(
-            static_cast<absl::StatusCode>(failure[0].cast<int>()),
-            failure[1].cast<std::string>());
-      }
-      return absl::InternalError(std::string("tether's Python callee: ") +
-                                 e.what());
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(e.what());
-    }
-  }
-
- private:
-  PyObject* serve_;
-  PyObject* failure_;
-};
 
 class PythonExtension : public WorkerExtension {};
 
