@@ -39,6 +39,7 @@
 #include "core/auth/auth.h"
 #include "core/future.h"
 #include "core/message.h"
+#include "core/toolkit/poll_policy.h"
 
 namespace c10d {
 class Store;
@@ -194,9 +195,10 @@ struct AgentSetup {
   // log line, a peer that fails it.
   std::optional<auth::Authenticator> auth;
   // How long the backend's thread that waits for messages keeps polling
-  // after its last one before it sleeps (RpcOptions::busy_poll); zero:
-  // it sleeps at once.
-  absl::Duration busy_poll = absl::ZeroDuration();
+  // after its last one before it sleeps, and whether only on spare cores
+  // (RpcOptions::busy_poll and spare_core_poll; core/toolkit/poll_policy.h).
+  // The default: it sleeps at once.
+  PollPolicy poll = PollPolicy();
 };
 
 using AgentFactory =

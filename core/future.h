@@ -29,13 +29,12 @@
 #include <absl/time/time.h>
 
 #include "core/toolkit/check.h"
+#include "core/toolkit/poll_policy.h"
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -48,16 +47,34 @@ class Future;
 
 namespace internal {
 
-// How long a thread that waits for a future polls its result before it
-// sleeps (RpcOptions::busy_poll), in nanoseconds; process-wide.
-inline std::atomic<int64_t> wait_spin_ns{0};
+// How a thread that waits for a future polls its result before it sleeps
+// (RpcOptions::busy_poll and spare_core_poll), process-wide: the longest
+// window any worker of the process asked for, on spare cores only unless
+// one asked to poll regardless (toolkit/poll_policy.h).
+inline std::atomic<int64_t> wait_poll_ns{0};
+inline std::atomic<bool> wait_poll_regardless{false};
 
-// Makes waits poll for at least `spin` (the longest any worker asked for).
-inline void spin_waits_for(absl::Duration spin) {
-  const int64_t ns = absl::ToInt64Nanoseconds(spin);
-  int64_t now = wait_spin_ns.load();
-  while (ns > now && !wait_spin_ns.compare_exchange_weak(now, ns)) {
+// Makes waits poll as `policy` says, or longer.
+inline void poll_waits_with(const PollPolicy& policy) {
+  const int64_t ns = absl::ToInt64Nanoseconds(policy.window);
+  if (ns <= 0) return;
+  if (!policy.only_on_spare_cores) wait_poll_regardless.store(true);
+  int64_t now = wait_poll_ns.load();
+  while (ns > now && !wait_poll_ns.compare_exchange_weak(now, ns)) {
   }
+}
+
+// The policy of waits in this process.
+inline PollPolicy wait_poll_policy() {
+  return PollPolicy{
+      absl::Nanoseconds(wait_poll_ns.load(std::memory_order_relaxed)),
+      !wait_poll_regardless.load(std::memory_order_relaxed)};
+}
+
+// Waits sleep at once again (tests that asked for polling, when they end).
+inline void reset_wait_polling() {
+  wait_poll_ns.store(0);
+  wait_poll_regardless.store(false);
 }
 
 // A backend's offer to a thread that is about to wait for a future: rather
@@ -152,15 +169,15 @@ class FutureState {
         assist->settle();
       }
     }
-    // Polls first, yielding the core between looks, if waits may spin: a
-    // thread that is running needs no wake-up when the result comes.
-    if (const int64_t spin = wait_spin_ns.load(std::memory_order_relaxed);
-        spin > 0 && !done_.load(std::memory_order_acquire)) {
-      const auto until =
-          std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin);
-      while (!done_.load(std::memory_order_acquire) &&
-             std::chrono::steady_clock::now() < until && absl::Now() < deadline) {
-        std::this_thread::yield();
+    // Polls first, yielding the core between looks, if waits may: a thread
+    // that is running needs no wake-up when the result comes.
+    if (!done_.load(std::memory_order_acquire)) {
+      PollWindow window(wait_poll_policy());
+      if (window.enabled()) {
+        window.worked();
+        while (!done_.load(std::memory_order_acquire) &&
+               absl::Now() < deadline && window.keep_polling()) {
+        }
       }
     }
     absl::MutexLock lock(&mu_);

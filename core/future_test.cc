@@ -84,10 +84,11 @@ TEST(Future, WaitHonoursItsDeadline) {
 // first all end the wait as without polling.
 TEST(Future, PollingWaitsSeeResultsAndDeadlines) {
   struct Restore {
-    ~Restore() { internal::wait_spin_ns.store(0); }
+    ~Restore() { internal::reset_wait_polling(); }
   } restore;
   for (absl::Duration spin : {absl::Milliseconds(200), absl::Microseconds(50)}) {
-    internal::wait_spin_ns.store(absl::ToInt64Nanoseconds(spin));
+    internal::reset_wait_polling();
+    internal::poll_waits_with(PollPolicy{spin, false});
     Promise<int> promise;
     std::thread completer([promise]() mutable {
       absl::SleepFor(absl::Milliseconds(20));
@@ -101,10 +102,16 @@ TEST(Future, PollingWaitsSeeResultsAndDeadlines) {
     EXPECT_THAT(never.future().get(absl::Now() + absl::Milliseconds(30)),
                 StatusIs(absl::StatusCode::kDeadlineExceeded));
   }
-  internal::wait_spin_ns.store(0);
-  internal::spin_waits_for(absl::Microseconds(10));
-  internal::spin_waits_for(absl::Microseconds(5));  // the longest stays
-  EXPECT_EQ(internal::wait_spin_ns.load(), 10000);
+  // The longest window any worker asked for, on spare cores only unless
+  // one asked to poll regardless of the load.
+  internal::reset_wait_polling();
+  internal::poll_waits_with(PollPolicy{absl::Microseconds(10), true});
+  internal::poll_waits_with(PollPolicy{absl::Microseconds(5), true});
+  EXPECT_EQ(internal::wait_poll_policy().window, absl::Microseconds(10));
+  EXPECT_TRUE(internal::wait_poll_policy().only_on_spare_cores);
+  internal::poll_waits_with(PollPolicy{absl::Microseconds(5), false});
+  EXPECT_EQ(internal::wait_poll_policy().window, absl::Microseconds(10));
+  EXPECT_FALSE(internal::wait_poll_policy().only_on_spare_cores);
 }
 
 // A WaitAssist that only sleeps until woken (or 10 s), counting its calls.

@@ -108,6 +108,16 @@ void ignore_sigpipe() {
     ::sigaction(SIGPIPE, &ignore, nullptr);
   }
 }
+
+// busy_poll, when set, polls whatever the load; else spare_core_poll polls
+// on spare cores only.
+PollPolicy poll_policy(const RpcOptions& options) {
+  if (options.busy_poll > absl::ZeroDuration()) {
+    return PollPolicy{options.busy_poll, /*only_on_spare_cores=*/false};
+  }
+  return PollPolicy{std::max(options.spare_core_poll, absl::ZeroDuration()),
+                    /*only_on_spare_cores=*/true};
+}
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
@@ -220,8 +230,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
   setup.limits = message_limits(options.limits);
   setup.auth = *std::move(authenticator);
   setup.peer_timeout = options.peer_timeout;
-  setup.busy_poll = options.busy_poll;
-  internal::spin_waits_for(options.busy_poll);
+  setup.poll = poll_policy(options);
+  internal::poll_waits_with(setup.poll);
   absl::StatusOr<std::unique_ptr<Agent>> agent =
       (*backend)->create(std::move(setup));
   if (!agent.ok()) return unclaim(agent.status());

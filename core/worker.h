@@ -92,14 +92,19 @@ struct RpcOptions {
   absl::Duration peer_timeout = absl::Seconds(60);
   // How long a thread that waits keeps polling before it sleeps: the
   // backend's thread that waits for messages (after its last one), and a
-  // thread waiting for a future (Future::wait, rpc_sync), which then spins
-  // on the result instead of being woken. Each wake-up of a sleeping thread
+  // thread waiting for a future (Future::wait, rpc_sync), which then takes
+  // the result without being woken. Each wake-up of a sleeping thread
   // costs tens of microseconds, and on an idle virtual machine about a
-  // hundred (docs/benchmarks.md); polling saves them when cores are to
-  // spare, at the price of CPU, and costs the threads it keeps from a core
-  // when they are not. Zero (the default): sleep at once. The future's
-  // wait is process-wide: the longest any worker of the process asked for.
+  // hundred (docs/benchmarks.md). By default waiting threads poll for
+  // `spare_core_poll`, but only while no thread of the machine waits for a
+  // core (core/toolkit/poll_policy.h): then polling takes a core nobody
+  // wants; when cores are busy it would take one from the thread producing
+  // the answer, and a wake-up is cheap. `busy_poll` (zero by default), when
+  // set, polls that long whatever the load, spending a core; it overrides
+  // `spare_core_poll`. Zero for both: sleep at once. The future's wait is
+  // process-wide: the longest any worker of the process asked for.
   absl::Duration busy_poll = absl::ZeroDuration();
+  absl::Duration spare_core_poll = absl::Microseconds(100);
   // Per-backend settings, "key" -> "value"; each backend documents its keys.
   absl::flat_hash_map<std::string, std::string> backend_settings;
   // TorchScript sources compiled at init, before this worker serves: peers

@@ -171,7 +171,7 @@ absl::StatusOr<std::unique_ptr<Agent>> create_agent(
   setup.group_key = member.group_key;
   setup.settings = settings;
   setup.limits = limits;
-  setup.busy_poll = busy_poll;
+  setup.poll = PollPolicy{busy_poll, /*only_on_spare_cores=*/false};
   return backend.create(std::move(setup));
 }
 

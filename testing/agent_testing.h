@@ -166,7 +166,7 @@ absl::StatusOr<RendezvousResult> meet_as_agent(const std::string& init_method,
 
 // Builds the agent of a worker that met its group as `member`, with
 // `settings` (AgentSetup::settings), `limits` (AgentSetup::limits) and
-// `busy_poll` (AgentSetup::busy_poll).
+// `busy_poll` (AgentSetup::poll, whatever the load).
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(
     const Backend& backend, const RendezvousResult& member,
     const AgentSettings& settings = {},

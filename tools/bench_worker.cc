@@ -323,14 +323,18 @@ int run_variant(const Flags& flags, int rank) {
   RpcOptions options;
   options.backend = flags.backend;
   options.backend_settings = flags.settings;
-  // "busy_poll_us" is RpcOptions::busy_poll, not a backend's setting.
-  if (auto it = options.backend_settings.find("busy_poll_us");
-      it != options.backend_settings.end()) {
+  // "busy_poll_us" and "spare_core_poll_us" are RpcOptions::busy_poll and
+  // spare_core_poll, not a backend's settings.
+  for (auto [key, field] :
+       {std::pair{"busy_poll_us", &RpcOptions::busy_poll},
+        std::pair{"spare_core_poll_us", &RpcOptions::spare_core_poll}}) {
+    auto it = options.backend_settings.find(key);
+    if (it == options.backend_settings.end()) continue;
     int64_t us = 0;
     if (!absl::SimpleAtoi(it->second, &us) || us < 0) {
-      usage("busy_poll_us=" + it->second);
+      usage(absl::StrCat(key, "=", it->second));
     }
-    options.busy_poll = absl::Microseconds(us);
+    options.*field = absl::Microseconds(us);
     options.backend_settings.erase(it);
   }
   // Rank 1 waits in the graceful shutdown while rank 0 measures.

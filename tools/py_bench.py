@@ -6,7 +6,8 @@ process; only the module differs (tether.rpc or torch.distributed.rpc).
 
     /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
         [--transports shm,tcp] [--rounds 3] [--workloads sync,async]
-        [--busy_poll_us 100] [--idle_s 5] [--out results.json]
+        [--busy_poll_us 100] [--spare_core_poll_us 0] [--idle_s 5]
+        [--out results.json]
 
 --rounds runs tether and the peer alternately that many times each
 (tether, peer, tether, peer, ...) and reports each side's median over its
@@ -17,8 +18,9 @@ names contain one of its words (default: all).
 --transports sets tether's "tensorpipe.transports" (default: the backend's,
 the guarded tcp); the peer always runs its default transports, which
 between two local processes are shm. --busy_poll_us gives tether's
-workers RpcBackendOptions(busy_poll=...) (default 0: waiting threads sleep
-at once).
+workers RpcBackendOptions(busy_poll=...) (default 0: off), and
+--spare_core_poll_us RpcBackendOptions(spare_core_poll=...) (default: the
+library's, 100 us; 0: waiting threads sleep at once).
 
 With "rpc_sync builtin" it also measures the floor of any RPC between
 the two processes that does not poll: a plain Python TCP ping-pong of 16
@@ -159,7 +161,7 @@ def run_socket(rank, n):
 
 
 def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
-        idle_s=5.0):
+        idle_s=5.0, spare_core_poll_us=-1):
     global rpc
     if impl == "socket":
         run_socket(rank, n)
@@ -169,12 +171,14 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
         import tether.autograd as dist_autograd
         import tether.rpc as rpc
         kwargs = {"backend": backend}
-        if transports or busy_poll_us:
+        if transports or busy_poll_us or spare_core_poll_us >= 0:
+            polling = ({"spare_core_poll": spare_core_poll_us / 1e6}
+                       if spare_core_poll_us >= 0 else {})
             kwargs["rpc_backend_options"] = rpc.RpcBackendOptions(
                 backend_settings=(
                     {"tensorpipe.transports": transports} if transports
                     else {}),
-                busy_poll=busy_poll_us / 1e6)
+                busy_poll=busy_poll_us / 1e6, **polling)
     else:
         import torch.distributed.autograd as dist_autograd
         import torch.distributed.rpc as rpc
@@ -254,13 +258,14 @@ def free_port():
 
 
 def measure(impl, n, backend, transports, workloads, busy_poll_us=0,
-            idle_s=5.0):
+            idle_s=5.0, spare_core_poll_us=-1):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     procs = [subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--impl", impl,
          "--rank", str(rank), "--n", str(n), "--backend", backend,
          "--transports", transports, "--workloads", ",".join(workloads),
-         "--busy_poll_us", str(busy_poll_us), "--idle_s", str(idle_s)],
+         "--busy_poll_us", str(busy_poll_us), "--idle_s", str(idle_s),
+         "--spare_core_poll_us", str(spare_core_poll_us)],
         env=env, stdout=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -314,6 +319,9 @@ def main():
     parser.add_argument("--rank", type=int)
     parser.add_argument("--n", type=int)
     parser.add_argument("--busy_poll_us", type=int, default=0)
+    parser.add_argument("--spare_core_poll_us", type=int, default=-1,
+                        help="tether's RpcBackendOptions(spare_core_poll=...)"
+                        " in us (default: the library's)")
     parser.add_argument("--idle_s", type=float, default=None)
     parser.add_argument("--out", default="",
                         help="also write every round's numbers to this JSON "
@@ -329,14 +337,16 @@ def main():
                  % (args.workloads, ", ".join(WORKLOADS)))
     if args.impl:
         run(args.impl, args.rank, args.n, args.backend, args.transports,
-            workloads, args.busy_poll_us, args.idle_s)
+            workloads, args.busy_poll_us, args.idle_s,
+            args.spare_core_poll_us)
         return
     n = 300 if args.quick else 3000
     floor = "rpc_sync builtin" in workloads
     tether, peer, sockets = [], [], []
     for r in range(args.rounds):
         tether.append(measure("tether", n, args.backend, args.transports,
-                              workloads, args.busy_poll_us, args.idle_s))
+                              workloads, args.busy_poll_us, args.idle_s,
+                              args.spare_core_poll_us))
         peer.append(measure("peer", n, args.backend, "", workloads,
                             idle_s=args.idle_s))
         if floor:

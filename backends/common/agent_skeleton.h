@@ -285,7 +285,7 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
         dynamic_(setup.dynamic),
         peers_(workers_),
         peer_timeout_(setup.peer_timeout),
-        busy_poll_(setup.busy_poll),
+        poll_(setup.poll),
         joiner_(store_, names.name, self_.id,
                 static_cast<int>(workers_.size())),
         incoming_(self_.name),
@@ -347,8 +347,8 @@ class AgentSkeleton : public std::enable_shared_from_this<Derived> {
   // Bound of a liveness probe in join() and in the watch of peers that
   // calls wait on (AgentSetup::peer_timeout).
   const absl::Duration peer_timeout_;
-  // AgentSetup::busy_poll, for the backend's waiting thread.
-  const absl::Duration busy_poll_;
+  // AgentSetup::poll, for the backend's waiting thread.
+  const PollPolicy poll_;
   join::StoreJoin joiner_;
   Incoming incoming_;
 

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/future.h"
+#include "core/toolkit/poll_policy.h"
 
 namespace tether::backends::common {
 namespace {
@@ -52,18 +53,22 @@ class Assistant final : public tether::internal::WaitAssist {
     }
     const int fd = source->begin_assist();
     if (fd < 0) return;
-    // Polls the descriptor first if waits may spin (RpcOptions::busy_poll):
-    // a thread that is running needs no wake-up when the answer comes.
-    if (const int64_t spin =
-            tether::internal::wait_spin_ns.load(std::memory_order_relaxed);
-        spin > 0) {
-      const absl::Time until =
-          std::min(deadline, absl::Now() + absl::Nanoseconds(spin));
-      while (!done.load(std::memory_order_acquire) && absl::Now() < until) {
+    // Polls the descriptor first if waits may (core/future.h:
+    // wait_poll_policy): a thread that is running needs no wake-up when the
+    // answer comes.
+    if (PollWindow window(tether::internal::wait_poll_policy());
+        window.enabled()) {
+      window.worked();
+      while (!done.load(std::memory_order_acquire) && absl::Now() < deadline) {
         pollfd input = {fd, POLLIN, 0};
         const int n = ::poll(&input, 1, 0);
         if (n < 0 && errno != EINTR) break;
-        if (n > 0 && !source->assist_step()) break;
+        if (n > 0) {
+          if (!source->assist_step()) break;
+          window.worked();
+        } else if (!window.keep_polling()) {
+          break;
+        }
       }
     }
     while (!done.load(std::memory_order_acquire)) {

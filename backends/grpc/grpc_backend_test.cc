@@ -287,9 +287,9 @@ int64_t sleeps_for_calls(Agent& from, const Agent& to, int calls) {
 TEST(GrpcBackend, BusyPollingQueueThreadsDoNotSleepBetweenCalls) {
   constexpr int kCalls = 50;
   struct Restore {
-    ~Restore() { ::tether::internal::wait_spin_ns.store(0); }
+    ~Restore() { ::tether::internal::reset_wait_polling(); }
   } restore;  // process-wide: the next tests sleep
-  ::tether::internal::spin_waits_for(absl::Seconds(1));
+  ::tether::internal::poll_waits_with(PollPolicy{absl::Seconds(1), false});
   int64_t sleeps[2] = {0, 0};
   const absl::Duration busy_poll[2] = {absl::ZeroDuration(),
                                        absl::Milliseconds(200)};

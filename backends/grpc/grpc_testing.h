@@ -34,7 +34,7 @@ std::vector<RendezvousResult> meet_group(int size);
 
 // Creates the agents of `members` concurrently (creation waits for every
 // rank), rank r with `settings[r]`, each with `busy_poll`
-// (AgentSetup::busy_poll).
+// (AgentSetup::poll, whatever the load).
 std::vector<absl::StatusOr<std::unique_ptr<Agent>>> create_agents(
     const std::vector<RendezvousResult>& members,
     const std::vector<::tether::testing::AgentSettings>& settings,

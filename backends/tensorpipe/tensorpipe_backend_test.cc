@@ -275,12 +275,12 @@ TEST(TensorPipeBackend, ABusyPollingWaiterDoesNotSleepForItsAnswers) {
     return sleeps_of_this_thread() - before;
   };
   const int64_t asleep = sleeps_for_calls();
-  ::tether::internal::spin_waits_for(absl::Seconds(1));
+  ::tether::internal::poll_waits_with(PollPolicy{absl::Seconds(1), false});
   int64_t polling = sleeps_for_calls();
   for (int round = 1; round < 3 && polling >= kCalls / 5; ++round) {
     polling = std::min(polling, sleeps_for_calls());
   }
-  ::tether::internal::wait_spin_ns.store(0);  // process-wide: the next tests sleep
+  ::tether::internal::reset_wait_polling();  // process-wide: the next tests sleep
   EXPECT_LT(polling, kCalls / 5)
       << "slept " << polling << " times polling, " << asleep << " without";
   EXPECT_GT(asleep, polling);

@@ -123,7 +123,7 @@ void init_rpc(const std::string& name, int rank, int world_size,
               int num_worker_threads, double rpc_timeout, double init_timeout,
               const std::map<std::string, std::string>& backend_settings,
               const std::string& auth_secret, py::handle serve,
-              py::handle failure, double busy_poll) {
+              py::handle failure, double busy_poll, double spare_core_poll) {
   check_worker_name(name);
   RpcOptions options;
   options.backend = backend;
@@ -137,6 +137,7 @@ void init_rpc(const std::string& name, int rank, int world_size,
   }
   options.auth_secret = auth_secret;
   options.busy_poll = absl::Seconds(busy_poll);
+  options.spare_core_poll = absl::Seconds(spare_core_poll);
   auto callables = std::make_shared<PythonCallables>(serve, failure);
   ExtensionFactory python =
       [callables](Worker& worker)
@@ -436,7 +437,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("num_worker_threads"), py::arg("rpc_timeout"),
         py::arg("init_timeout"), py::arg("backend_settings"),
         py::arg("auth_secret"), py::arg("serve"), py::arg("failure"),
-        py::arg("busy_poll") = 0.0);
+        py::arg("busy_poll") = 0.0, py::arg("spare_core_poll") = 100e-6);
   m.def(
       "shutdown",
       [](bool graceful, double timeout) {

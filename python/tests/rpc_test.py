@@ -64,6 +64,10 @@ def test_busy_poll_option_is_checked():
         rpc.RpcBackendOptions(busy_poll=-0.5)
     with pytest.raises(TypeError, match="busy_poll"):
         rpc.RpcBackendOptions(busy_poll="fast")
+    assert rpc.RpcBackendOptions().spare_core_poll == 100e-6
+    assert rpc.RpcBackendOptions(spare_core_poll=0).spare_core_poll == 0.0
+    with pytest.raises(ValueError, match="spare_core_poll must be 0 or more"):
+        rpc.RpcBackendOptions(spare_core_poll=-1)
 
 
 def test_worker_infos(callee):

@@ -34,31 +34,30 @@ constexpr int kReconnectBackoffMs = 100;
 constexpr int kMaxReconnectBackoffMs = 1000;
 
 // A queue's thread: handles each completion of `queue` until it is shut
-// down and drained. With a `spin` (RpcOptions::busy_poll) it polls the
-// queue for that long after each completion before it sleeps in Next(),
+// down and drained. As `policy` says (AgentSetup::poll) it polls the
+// queue for a while after each completion before it sleeps in Next(),
 // yielding the core between looks, so that an answer arriving soon after
 // is taken without a wake-up (the waiting caller's future polls too:
 // core/future.h). A look with a deadline already past still polls gRPC's
 // sockets: with it, no thread of a back-to-back call sleeps
 // (grpc_backend_test, BusyPollingQueueThreadsDoNotSleepBetweenCalls).
-void drive_queue(::grpc::ServerCompletionQueue& queue, absl::Duration spin) {
+void drive_queue(::grpc::ServerCompletionQueue& queue,
+                 const PollPolicy& policy) {
   void* tag = nullptr;
   bool ok = false;
-  const auto spin_for = absl::ToChronoNanoseconds(spin);
+  PollWindow window(policy);
   const auto past = std::chrono::system_clock::time_point();
   while (queue.Next(&tag, &ok)) {
     QueueStream::complete(tag, ok);
-    if (spin_for.count() <= 0) continue;
-    auto until = std::chrono::steady_clock::now() + spin_for;
+    if (!window.enabled()) continue;
+    window.worked();
     for (;;) {
       const auto status = queue.AsyncNext(&tag, &ok, past);
       if (status == ::grpc::CompletionQueue::SHUTDOWN) return;
       if (status == ::grpc::CompletionQueue::GOT_EVENT) {
         QueueStream::complete(tag, ok);
-        until = std::chrono::steady_clock::now() + spin_for;
-      } else if (std::chrono::steady_clock::now() < until) {
-        std::this_thread::yield();
-      } else {
+        window.worked();
+      } else if (!window.keep_polling()) {
         break;
       }
     }
@@ -135,9 +134,9 @@ absl::Status AgentState::start_server() {
   }
   for (const std::unique_ptr<Queue>& queue : queues) {
     queue->thread = std::thread([queue = queue->queue.get(), owner = this,
-                                 spin = busy_poll_] {
+                                 policy = poll_] {
       ScopedMark mark(t_completion_of, owner);
-      drive_queue(*queue, spin);
+      drive_queue(*queue, policy);
     });
     // Waits for a peer's first stream; each arrival asks for the next.
     new ServerStream(weak_from_this(), service.get(), queue->queue.get());

@@ -363,7 +363,7 @@ class State : public common::AgentSkeleton<State, int>,
   std::string host_;
 
   // The progress loop (progress.cc).
-  absl::Duration spin_;
+  PollPolicy poll_policy_;
   absl::Duration tick_;
   size_t tx_inflight_ = 0;
   size_t rx_inflight_ = 0;

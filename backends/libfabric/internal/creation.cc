@@ -102,8 +102,10 @@ absl::Status State::open_fabric() {
   rx_limit_ = rx;
   rx_reserve_ = reserve;
 
-  // libfabric.spin_us, else the worker's busy poll.
-  spin_ = settings_.spin > absl::ZeroDuration() ? settings_.spin : busy_poll_;
+  // libfabric.spin_us (whatever the load), else the worker's policy.
+  poll_policy_ = settings_.spin > absl::ZeroDuration()
+                     ? PollPolicy{settings_.spin, /*only_on_spare_cores=*/false}
+                     : poll_;
   keepalive_interval_ =
       std::max(absl::Milliseconds(20), settings_.peer_timeout / 5);
   tick_ = std::min(kMaxTick, keepalive_interval_ / 2);

@@ -34,8 +34,8 @@ void State::run() {
   drive_mu_.Lock();
   driving_ = true;
   t_progress_of = this;
-  absl::Time last_work = absl::Now();
-  absl::Time next_tick = last_work + tick_;
+  absl::Time next_tick = absl::Now() + tick_;
+  PollWindow window(poll_policy_);
   absl::Duration poll_sleep = kPollSleepMin;
   absl::Duration nap = kShortestNap;
   bool woke_by_timeout = false;
@@ -54,16 +54,13 @@ void State::run() {
       next_tick = now + tick_;
     }
     if (worked) {
-      last_work = now;
+      window.worked();
       poll_sleep = kPollSleepMin;
       nap = kShortestNap;
       continue;
     }
-    if (now - last_work < spin_) {
-      // Polls again, but lets a thread waiting for this core run first.
-      std::this_thread::yield();
-      continue;
-    }
+    // Polls again (a thread waiting for this core runs first), or sleeps.
+    if (window.keep_polling()) continue;
     woke_by_timeout = idle(next_tick, &poll_sleep, &nap);
   }
   teardown();

@@ -273,7 +273,7 @@ AgentState::make_tcp_transport() const {
           static_cast<size_t>(std::max<int64_t>(0, limits_.max_storages));
   options.handshake_timeout = settings_.handshake_timeout;
   options.connect_timeout = peer_timeout_;
-  options.busy_poll = busy_poll_;
+  options.poll = poll_;
   options.log_prefix =
       absl::StrCat("tensorpipe agent of worker '", self_.name, "'");
   return internal::create_tcp_transport(std::move(options));

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "core/auth/auth.h"
+#include "core/toolkit/poll_policy.h"
 
 namespace tether::backends::internal {
 
@@ -82,9 +83,9 @@ struct TcpTransportOptions {
   // the bound of a peer that is alive.
   absl::Duration connect_timeout = absl::Seconds(60);
   // How long the poller keeps polling without sleeping after it last found
-  // a descriptor ready (yielding its core between polls); zero: it sleeps in
-  // epoll_wait at once.
-  absl::Duration busy_poll = absl::ZeroDuration();
+  // a descriptor ready (yielding its core between polls), and whether only
+  // on spare cores; the default: it sleeps in epoll_wait at once.
+  PollPolicy poll = PollPolicy();
   // Starts every log line, e.g. "tensorpipe agent of worker 'w0'".
   std::string log_prefix = "tensorpipe tcp transport";
 };

@@ -154,8 +154,8 @@ void ContextImpl::poll() {
   tp::setThreadName("tether-tcp");
   std::vector<epoll_event> events(64);
   std::vector<epoll_event> ready;
-  const auto spin = absl::ToChronoNanoseconds(options_.busy_poll);
-  auto spin_until = std::chrono::steady_clock::time_point{};
+  PollWindow window(options_.poll);
+  bool polling = false;
   while (!stopping_) {
     int timeout_ms = -1;
     if (const int64_t next = next_timer_ns_; next != kNoTimer) {
@@ -167,18 +167,21 @@ void ContextImpl::poll() {
       timeout_ms = static_cast<int>(
           std::clamp<int64_t>((next - now + 999999) / 1000000, 0, 60000));
     }
-    const auto started = std::chrono::steady_clock::now();
-    const bool spinning = started < spin_until;
+    const bool polled = polling;  // this look does not sleep
     const int n = ::epoll_wait(epoll_fd_, events.data(),
                                static_cast<int>(events.size()),
-                               spinning ? 0 : timeout_ms);
+                               polled ? 0 : timeout_ms);
     if (n < 0 && errno != EINTR) {
       PLOG(ERROR) << options_.log_prefix << ": epoll_wait";
     }
-    if (n > 0) spin_until = std::chrono::steady_clock::now() + spin;
-    if (spinning && n == 0 && timeout_ms != 0) {
-      std::this_thread::yield();
-      continue;
+    if (n > 0) {
+      window.worked();
+      polling = window.enabled();
+    } else if (polled) {
+      // Polls again (yielding first) or sleeps in the next look; a timer
+      // that is due runs now.
+      polling = window.keep_polling();
+      if (timeout_ms != 0) continue;
     }
     ready.clear();
     for (int i = 0; i < n; ++i) {

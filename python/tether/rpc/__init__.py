@@ -147,10 +147,13 @@ class RpcBackendOptions:
         as trusted as its __main__ (default True; False: only __main__ and
         allowed_modules).
     init_timeout: bound of the rendezvous, in seconds.
-    busy_poll: how long, in seconds, a waiting thread polls before it
-        sleeps (the backend's thread after its last message, a caller
-        waiting for a result): saves wake-ups on cores to spare, costs
-        CPU (0, the default: sleep at once; RpcOptions::busy_poll).
+    spare_core_poll: how long, in seconds, a waiting thread polls before
+        it sleeps (the backend's thread after its last message, a caller
+        waiting for a result) while no thread of the machine waits for a
+        core: it saves wake-ups and costs nobody a core (default 100e-6;
+        0: sleep at once; RpcOptions::spare_core_poll).
+    busy_poll: the same, whatever the load: spends a core while calls
+        come (0, the default: off; RpcOptions::busy_poll).
     _transports, _channels: the peer's TensorPipe lists, as settings.
     """
 
@@ -159,7 +162,7 @@ class RpcBackendOptions:
                  backend_settings=None, auth_secret=None, allowed_modules=(),
                  init_timeout=60.0, device_maps=None, devices=None,
                  _transports=None, _channels=None, busy_poll=0.0,
-                 program_modules=True):
+                 program_modules=True, spare_core_poll=100e-6):
         if device_maps or devices:
             raise ValueError("device_maps and devices name CUDA devices; "
                              "tether for Python moves CPU tensors only")
@@ -182,12 +185,14 @@ class RpcBackendOptions:
         self.allowed_modules = tuple(allowed_modules)
         self.program_modules = bool(program_modules)
         self.init_timeout = float(init_timeout)
-        busy_poll = _typed("busy_poll", busy_poll, (int, float),
+        for field, value in (("busy_poll", busy_poll),
+                             ("spare_core_poll", spare_core_poll)):
+            value = _typed(field, value, (int, float),
                            "a number of seconds (int or float)")
-        if busy_poll < 0:
-            raise ValueError("busy_poll must be 0 or more seconds, got %r"
-                             % (busy_poll,))
-        self.busy_poll = float(busy_poll)
+            if value < 0:
+                raise ValueError("%s must be 0 or more seconds, got %r"
+                                 % (field, value))
+            setattr(self, field, float(value))
 
 
 # The peer's programs name the TensorPipe options class.
@@ -299,7 +304,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None,
         options.init_method, options.num_worker_threads, options.rpc_timeout,
         options.init_timeout, options.backend_settings,
         options.auth_secret or "", _callee.serve, _callee.Failure,
-        getattr(options, "busy_poll", 0.0))
+        getattr(options, "busy_poll", 0.0),
+        getattr(options, "spare_core_poll", 100e-6))
     with _state_lock:
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
