@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from cpu_use import CpuUse  # beside this script
+from benchlib.python_rpc import CpuUse  # beside this script
 
 # Only the children (--rank) load torch; see load_torch().
 torch = dist_autograd = rpc = None

@@ -27,7 +27,7 @@ in recv() until the other's bytes come, in each round, and prints it
 under the table beside 1/5 of the peer's rpc_sync builtin.
 
 CPU: beside each workload, the CPU time (user + system, every thread of
-both processes; tools/cpu_use.py) per call over its measured calls; and,
+both processes; tools/benchlib/python_rpc.py) per call over its measured calls; and,
 after all of them, each process's idle CPU over --idle_s seconds (5; 2 with
 --quick) with no calls, in % of a core. --out FILE writes every round's
 numbers as JSON.
@@ -69,7 +69,7 @@ import subprocess
 import sys
 import time
 
-from cpu_use import CpuUse  # beside this script
+from benchlib.python_rpc import CpuUse  # beside this script
 
 rpc = None
 
