@@ -69,7 +69,8 @@ import subprocess
 import sys
 import time
 
-from benchlib.python_rpc import CpuUse  # beside this script
+from benchlib.python_rpc import (  # beside this script
+    CpuUse, autograd_step, free_port, percentile)
 
 rpc = None
 
@@ -92,11 +93,6 @@ class Observation:
 def make_linear():
     import torch
     return torch.nn.Linear(256, 256)
-
-
-def percentile(samples, q):
-    samples = sorted(samples)
-    return samples[min(len(samples) - 1, int(q * len(samples)))]
 
 
 def timed(n, call, cpu=None):
@@ -210,15 +206,8 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
         if "dist autograd step" in workloads:
             linear = rpc.remote("w1", make_linear)
             x = torch.randn(64, 256, requires_grad=True)
-
-            def autograd_step():
-                with dist_autograd.context() as context_id:
-                    out = linear.rpc_sync().forward(x)
-                    dist_autograd.backward(context_id, [out.sum()])
-                    grads = dist_autograd.get_gradients(context_id)
-                assert grads[x].shape == x.shape
-
-            result["dist autograd step"] = measured(n // 3, autograd_step)
+            result["dist autograd step"] = measured(
+                n // 3, lambda: autograd_step(dist_autograd, linear, x))
             del linear
         if "rpc_async builtin" in workloads:
             calls = 10 * n
@@ -245,12 +234,6 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
                                   cpu.idle_percent(idle_s)), seconds=idle_s)
         print("JSON " + json.dumps(result), flush=True)
     rpc.shutdown()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(impl, n, backend, transports, workloads, busy_poll_us=0,
