@@ -33,10 +33,12 @@ def fake_results():
                "peers": {"peer": variant(200.0, 1.0),
                          "peer uv": {"status": "n/a: no torch"}},
                "baselines": {
-                   "raw TCP": baselines.raw_record("raw TCP", small_p50_us=10.0,
-                                               bw_GBps=1.0, bw_bytes=64 << 20),
+                   "raw TCP": baselines.raw_record(
+                       "raw TCP", small_p50_us=10.0, bw_GBps=1.0,
+                       bw_bytes=64 << 20),
                    "memcpy": baselines.raw_record("memcpy", bw_GBps=4.0),
-                   "bare gRPC": baselines.raw_record("bare gRPC", "n/a: not built")}}
+                   "bare gRPC": baselines.raw_record("bare gRPC",
+                                                     "n/a: not built")}}
     results["limits"] = limit_rows(results)
     results["peer_targets"] = peer_rows(results)
     return results

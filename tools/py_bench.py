@@ -27,10 +27,10 @@ in recv() until the other's bytes come, in each round, and prints it
 under the table beside 1/5 of the peer's rpc_sync builtin.
 
 CPU: beside each workload, the CPU time (user + system, every thread of
-both processes; tools/benchlib/python_rpc.py) per call over its measured calls; and,
-after all of them, each process's idle CPU over --idle_s seconds (5; 2 with
---quick) with no calls, in % of a core. --out FILE writes every round's
-numbers as JSON.
+both processes; tools/benchlib/python_rpc.py) per call over its measured
+calls; and, after all of them, each process's idle CPU over --idle_s
+seconds (5; 2 with --quick) with no calls, in % of a core. --out FILE
+writes every round's numbers as JSON.
 
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:

@@ -12,21 +12,22 @@ or, with the binaries built (this script builds nothing):
     bazel build -c opt //tools:bench_worker //tools:tether_run
     tools/bench.py [--quick] [--out DIR]
 
-Variants (VARIANTS in tools/benchlib/variants.py): tensorpipe uv, shm, tcp (tether's guarded
-transport), negotiated (the default: tcp + cma_write), tcp and negotiated with
-RpcOptions::busy_poll at 100 us, and uv,shm (TensorPipe's own transports,
-which a stranger's bytes can crash; for comparison); grpc, and grpc with
-busy_poll; libfabric with provider tcp;ofi_rxm (also with busy_poll) and
-shm. A backend that this build does not register, or that is not viable
+Variants (VARIANTS in tools/benchlib/variants.py): tensorpipe uv, shm,
+tcp (tether's guarded transport), negotiated (the default: tcp +
+cma_write), tcp and negotiated with RpcOptions::busy_poll at 100 us, and
+uv,shm (TensorPipe's own transports, which a stranger's bytes can crash;
+for comparison); grpc, and grpc with busy_poll; libfabric with provider
+tcp;ofi_rxm (also with busy_poll) and shm. A backend that this build does not register, or that is not viable
 here, is shown as "n/a" with the reason (bench_worker decides, from the
 same registry users get from register_builtin_backends), so new backends
 appear once registered.
 
 Raw baselines: bench_worker --raw (TCP ping-pong and stream between two
 processes, memcpy, and TensorPipe's pipe alone: the tensorpipe backend's
-floor for a small call), plus the tools in EXTERNAL_BASELINES when their binaries
-are built (bare gRPC: //tools:grpc_pingpong, a data dependency of
-//tools:bench; raw libfabric: //tools:fabric_pingpong), otherwise "n/a".
+floor for a small call), plus the tools in EXTERNAL_BASELINES
+(baselines.py) when their binaries are built (bare gRPC:
+//tools:grpc_pingpong, a data dependency of //tools:bench; raw libfabric:
+//tools:fabric_pingpong), otherwise "n/a".
 Each variant is compared with its own limit (BASELINE_OF). An external
 tool runs under tether_run --nproc 2 and prints, from rank 0, one line
 `JSON {"p50_us": <smallest round trip>, "sweep": [{"bytes": B, "p50_us": T,
@@ -178,7 +179,8 @@ def main():
                         help="tests: a handful of calls (numbers meaningless)")
     parser.add_argument("--no_plots", action="store_true")
     parser.add_argument("--plot_only", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--scale", default=None, type=scale_workload.parse_sizes,
+    parser.add_argument("--scale", default=None,
+                        type=scale_workload.parse_sizes,
                         help="world sizes for the scale workload, e.g. "
                         "2,4,8,16,32,64 (runs only that)")
     parser.add_argument("--backends", default=None,

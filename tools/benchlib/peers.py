@@ -4,7 +4,8 @@ python3-torch), each of PEERS in its own pair of processes."""
 import os
 import time
 
-from .processes import TOOLS_DIR, common_args, parse_json_line, run, short, tail
+from .processes import (TOOLS_DIR, common_args, parse_json_line, run, short,
+                        tail)
 from .variants import PEERS
 
 

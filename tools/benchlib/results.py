@@ -1,16 +1,12 @@
 """From the runs' records to the results: medians over repeated rounds,
 each variant against its own raw baseline (limit_rows) and the like-for-like
 pairs against the peer (peer_rows)."""
+from statistics import median
+
 from .formatting import fmt
-from .variants import (BASELINE_OF, BIG, LIMIT_BANDWIDTH_MIN, LIMIT_LATENCY_MAX,
-                       LOCAL_STEP, PEER_PAIRS, PEER_TARGETS, VARIANTS,
-                       WORKLOADS)
-
-
-def median(values):
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+from .variants import (BASELINE_OF, BIG, LIMIT_BANDWIDTH_MIN,
+                       LIMIT_LATENCY_MAX, LOCAL_STEP, PEER_PAIRS,
+                       PEER_TARGETS, VARIANTS, WORKLOADS)
 
 
 def merge_runs(records):
