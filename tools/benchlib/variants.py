@@ -35,6 +35,10 @@ VARIANTS = [
     ("tensorpipe tcp", "tensorpipe",
      {"tensorpipe.transports": "tcp", "tensorpipe.channels": "basic"}, {}),
     ("tensorpipe negotiated", "tensorpipe", {}, {}),
+    # RpcOptions::spare_core_poll at 0: waiting threads sleep at once, even
+    # on spare cores (by default they poll 100 us there).
+    ("tensorpipe negotiated, no polling", "tensorpipe",
+     {"spare_core_poll_us": "0"}, {}),
     # RpcOptions::busy_poll (bench_worker takes it as a setting): waiting
     # threads poll for 100 us before they sleep.
     ("tensorpipe tcp, busy poll", "tensorpipe",
@@ -72,6 +76,7 @@ PEERS = [
 ]
 # Which tether variant each peer run is compared with (like for like).
 PEER_PAIRS = [("tensorpipe negotiated", "peer"),
+              ("tensorpipe negotiated, no polling", "peer"),
               ("tensorpipe negotiated, busy poll", "peer"),
               ("tensorpipe uv", "peer uv")]
 
@@ -83,6 +88,7 @@ BASELINE_OF = {
     "tensorpipe shm": ("raw TCP", "memcpy"),
     "tensorpipe tcp": ("raw TCP", "raw TCP"),
     "tensorpipe negotiated": ("raw TCP", "memcpy"),
+    "tensorpipe negotiated, no polling": ("raw TCP", "memcpy"),
     "tensorpipe tcp, busy poll": ("raw TCP", "raw TCP"),
     "tensorpipe negotiated, busy poll": ("raw TCP", "memcpy"),
     "tensorpipe negotiated, huge pages": ("raw TCP", "memcpy, huge pages"),
