@@ -75,11 +75,42 @@ class Completer {
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A value that torch's own future turns into the Python object to_python()
+// makes (torch::jit::toPyObject, when it is read): a tensor, None, a bool,
+// int, float or str, or a tuple or list of them. Most results of builtin
+// operators are.
+bool torch_converts_alike(const c10::IValue& value, int depth = 0) {
+  if (value.isTensor() || value.isNone() || value.isBool() || value.isInt() ||
+      value.isDouble() || value.isString()) {
+    return true;
+  }
+  if (depth > 0) return false;
+  if (value.isTuple()) {
+    for (const c10::IValue& element : value.toTupleRef().elements()) {
+      if (!torch_converts_alike(element, depth + 1)) return false;
+    }
+    return true;
+  }
+  if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) {
+      if (!torch_converts_alike(element, depth + 1)) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void PyCompletion::finish(const absl::StatusOr<c10::IValue>& result) {
   if (!result.ok()) {
     jit->setError(std::make_exception_ptr(RpcError(result.status())));
+    return;
+  }
+  // Kept as it is, the value needs no GIL now: torch converts it when it
+  // is read, as the peer's futures do.
+  if (torch_converts_alike(*result)) {
+    jit->markCompleted(*result);
     return;
   }
   c10::IValue value;

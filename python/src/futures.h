@@ -3,8 +3,9 @@
 //
 // Threads and the GIL: the torch future completes on the thread that waits
 // for it (PyCompletion::help) or on threads of this file (Completer), which
-// take the GIL to turn the value into a Python object and run the user's
-// callbacks: an agent's threads never wait for the GIL.
+// take the GIL to turn the value into a Python object (unless torch's
+// future converts it alike when it is read: tensors, numbers, strings) and
+// run the user's callbacks: an agent's threads never wait for the GIL.
 #ifndef TETHER_PYTHON_SRC_FUTURES_H_
 #define TETHER_PYTHON_SRC_FUTURES_H_
 
@@ -34,7 +35,7 @@ struct PyCompletion {
   // a completer thread for it.
   std::atomic<bool> waited{false};
 
-  // Without the GIL; takes it to convert the value.
+  // Without the GIL; takes it to convert a value torch would not.
   void finish(const absl::StatusOr<c10::IValue>& result);
 
   // RpcFuture.wait(), before the torch future's own wait: waits for the

@@ -67,6 +67,7 @@ class RpcBackendOptions:
     program_modules: bool
     init_timeout: float
     busy_poll: float
+    spare_core_poll: float
 
     def __init__(self, num_worker_threads: int = ...,
                  rpc_timeout: float = ..., init_method: str = ...,
@@ -79,7 +80,8 @@ class RpcBackendOptions:
                  _transports: Optional[List[str]] = ...,
                  _channels: Optional[List[str]] = ...,
                  busy_poll: float = ...,
-                 program_modules: bool = ...) -> None: ...
+                 program_modules: bool = ...,
+                 spare_core_poll: float = ...) -> None: ...
 
 
 TensorPipeRpcBackendOptions = RpcBackendOptions
