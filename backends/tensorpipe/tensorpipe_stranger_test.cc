@@ -464,10 +464,10 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
 
 // ---------------------------------------------------- one process, by hand
 
-using backends::internal::encode_handshake_frame;
-using backends::internal::HandshakeFrame;
-using backends::internal::HandshakeKind;
-using backends::internal::parse_handshake_frame;
+using backends::tensorpipe::internal::encode_handshake_frame;
+using backends::tensorpipe::internal::HandshakeFrame;
+using backends::tensorpipe::internal::HandshakeKind;
+using backends::tensorpipe::internal::parse_handshake_frame;
 
 // Where agent `rank` of `group` listens with tether's tcp transport.
 Listening tcp_listener(AgentGroup& group, int rank) {

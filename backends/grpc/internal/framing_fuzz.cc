@@ -21,10 +21,10 @@
 
 namespace {
 
-using tether::backends::grpc_internal::Assembler;
-using tether::backends::grpc_internal::AuthFrame;
-using tether::backends::grpc_internal::AuthStep;
-using tether::backends::grpc_internal::Received;
+using tether::backends::grpc::internal::Assembler;
+using tether::backends::grpc::internal::AuthFrame;
+using tether::backends::grpc::internal::AuthStep;
+using tether::backends::grpc::internal::Received;
 
 constexpr uint64_t kMaxMessageBytes = 1 << 20;
 

@@ -4,7 +4,7 @@
 
 #include "backends/grpc/internal/agent_state.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 
 thread_local const void* t_completion_of = nullptr;
 
@@ -65,7 +65,7 @@ absl::Status Link::on_auth(const AuthFrame& frame) {
 
 void Link::send_auth(std::vector<auth::HandshakeMessage> messages) {
   for (auth::HandshakeMessage& message : messages) {
-    control_.push_back(grpc_internal::make_auth_frame(
+    control_.push_back(grpc::internal::make_auth_frame(
         {message.step == auth::HandshakeStep::kHello ? AuthStep::kHello
                                                      : AuthStep::kProof,
          std::move(message.name), std::move(message.data)}));
@@ -412,4 +412,4 @@ void ServerStream::retire() {
   delete this;
 }
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal

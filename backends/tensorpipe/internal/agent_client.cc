@@ -15,7 +15,7 @@
 #include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/auth/auth.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 // ------------------------------------------------------------- client side
 
@@ -420,4 +420,4 @@ void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
   on_client_pipe_error(client, error.what());
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

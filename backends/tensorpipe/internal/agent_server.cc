@@ -17,7 +17,7 @@
 #include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/auth/auth.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 // How long a failed listener is given to free its addresses.
@@ -419,4 +419,4 @@ void AgentState::write_response(
   });
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -22,7 +22,7 @@
 #include "backends/tensorpipe/internal/cma_write_channel.h"
 #include "backends/tensorpipe/internal/tcp_transport.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 thread_local const void* t_tp_callback_of = nullptr;
 thread_local const void* t_io_task_of = nullptr;
@@ -442,4 +442,4 @@ auth::HandshakeMessage AgentState::handshake_message(
           frame.name, frame.data};
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

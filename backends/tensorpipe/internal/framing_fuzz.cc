@@ -24,7 +24,7 @@
 #include "backends/tensorpipe/internal/framing.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using tether::backends::internal::FrameKind;
+  using tether::backends::tensorpipe::internal::FrameKind;
   if (size == 0) return 0;
   const int payloads = (data[0] & 1) + ((data[0] >> 3) & 7);
   const int tensors = (data[0] >> 1) & 3;
@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_storages = 64;
   limits.max_storage_bytes = 1 << 20;
   auto frame =
-      tether::backends::internal::allocate_frame(descriptor, limits);
+      tether::backends::tensorpipe::internal::allocate_frame(descriptor, limits);
   if (!frame.ok()) {
     if (frame.status().code() != absl::StatusCode::kInvalidArgument &&
         frame.status().code() != absl::StatusCode::kResourceExhausted) {
