@@ -1,4 +1,4 @@
-// The State of a libfabric agent (internal to the libfabric backend): what
+// The AgentState of a libfabric agent (internal to the libfabric backend): what
 // one agent has beyond the agent skeleton it is built on, shared by the
 // public Agent (common::SharedStateAgent) and the callbacks of its futures,
 // and used by its progress thread until shutdown() has joined it.
@@ -92,14 +92,14 @@ namespace frame = libfabric::internal;
 // while it does (t_progress_of). Other threads hand the progress thread work
 // with post() and wake() (commands_, under the skeleton's mu_); the members
 // set by the constructor and by init() before the thread starts are const.
-class State : public common::AgentSkeleton<State, int>,
+class AgentState : public common::AgentSkeleton<AgentState, int>,
               public common::AssistSource {
  public:
-  State(AgentSetup setup, Settings settings)
+  AgentState(AgentSetup setup, Settings settings)
       : AgentSkeleton(setup, kLibfabricNames),
         settings_(as_wished(std::move(settings), setup.address_defaulted)) {}
 
-  ~State() {
+  ~AgentState() {
     // WARNING: this may run on any thread that held the last reference;
     // shutdown() has joined the progress thread and closed the fabric.
     if (event_fd_ >= 0) ::close(event_fd_);
@@ -124,7 +124,7 @@ class State : public common::AgentSkeleton<State, int>,
   void end_assist() override ABSL_LOCKS_EXCLUDED(drive_mu_, assist_mu_);
 
  private:
-  friend class AgentSkeleton<State, int>;
+  friend class AgentSkeleton<AgentState, int>;
 
   // What shutdown() takes out of the state, closes and joins, outside the
   // lock: the commands may hold user objects.

@@ -36,7 +36,7 @@ constexpr absl::Duration kMaxTick = absl::Milliseconds(100);
 
 }  // namespace
 
-absl::Status State::open_fabric() {
+absl::Status AgentState::open_fabric() {
   const size_t world = workers_.size();
   if (world > frame::kMaxRanks) {
     return absl::InvalidArgumentError(
@@ -123,7 +123,7 @@ absl::Status State::open_fabric() {
   return absl::OkStatus();
 }
 
-absl::Status State::grow_pool(size_t peers) {
+absl::Status AgentState::grow_pool(size_t peers) {
   if (peers <= pool_peers_) return absl::OkStatus();
   const size_t slots = (peers - pool_peers_) * (credits_ + 1);
   if (rx_limit_ < slots + rx_reserve_) {
@@ -171,7 +171,7 @@ absl::Status State::grow_pool(size_t peers) {
   return absl::OkStatus();
 }
 
-absl::Status State::exchange_records() {
+absl::Status AgentState::exchange_records() {
   absl::StatusOr<std::string> name = fabric_->name();
   if (!name.ok()) return name.status();
   if (absl::StartsWith(fabric_->provider_name(), "tcp")) {
@@ -236,7 +236,7 @@ absl::Status State::exchange_records() {
   return absl::OkStatus();
 }
 
-absl::Status State::set_up_wakeups() {
+absl::Status AgentState::set_up_wakeups() {
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) {
     return absl::InternalError(
@@ -280,7 +280,7 @@ absl::Status State::set_up_wakeups() {
   return absl::OkStatus();
 }
 
-absl::Status State::init() {
+absl::Status AgentState::init() {
   absl::Status status = open_fabric();
   if (status.ok()) status = set_up_wakeups();
   if (status.ok()) status = exchange_records();

@@ -11,7 +11,7 @@
 
 namespace tether::backends::libfabric::internal {
 
-void State::enqueue(int rank, OutFrame frame) {
+void AgentState::enqueue(int rank, OutFrame frame) {
   Peer& peer = ranks_[rank];
   if (peer.lost) return;
   peer.queue.push_back(std::move(frame));
@@ -22,7 +22,7 @@ void State::enqueue(int rank, OutFrame frame) {
   }
 }
 
-void State::send_control(int rank, FrameKind kind, uint64_t arg0,
+void AgentState::send_control(int rank, FrameKind kind, uint64_t arg0,
                          uint64_t arg1, uint64_t arg2) {
   OutFrame frame;
   frame.header.kind = kind;
@@ -32,7 +32,7 @@ void State::send_control(int rank, FrameKind kind, uint64_t arg0,
   enqueue(rank, std::move(frame));
 }
 
-State::Sent State::transmit(Peer& peer, OutFrame& out, bool control) {
+AgentState::Sent AgentState::transmit(Peer& peer, OutFrame& out, bool control) {
   if (control ? !peer.control_slot_free : peer.credits == 0) {
     if (!control) ++stats_.credit_waits;
     return Sent::kWait;
@@ -90,7 +90,7 @@ State::Sent State::transmit(Peer& peer, OutFrame& out, bool control) {
   return Sent::kSent;
 }
 
-bool State::flush(Peer& peer) {
+bool AgentState::flush(Peer& peer) {
   bool worked = false;
   while (!peer.queue.empty()) {
     const Sent sent = transmit(peer, peer.queue.front(), /*control=*/false);
@@ -102,7 +102,7 @@ bool State::flush(Peer& peer) {
   return worked;
 }
 
-bool State::send_due_credits() {
+bool AgentState::send_due_credits() {
   bool worked = false;
   std::vector<int> ranks;
   ranks.swap(credit_due_);
@@ -124,7 +124,7 @@ bool State::send_due_credits() {
   return worked;
 }
 
-void State::on_frame(Op* op, size_t length) {
+void AgentState::on_frame(Op* op, size_t length) {
   absl::string_view bytes(op->buffer, length);
   absl::StatusOr<FrameHeader> header = frame::read_header(bytes);
   const bool unknown = header.ok() && (header->src_rank >= ranks_.size() ||

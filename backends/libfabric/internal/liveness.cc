@@ -50,7 +50,7 @@ bool process_ended(int64_t pid) {
 
 }  // namespace
 
-void State::heard_from(Peer& peer) {
+void AgentState::heard_from(Peer& peer) {
   peer.last_heard = absl::Now();
   if (peer.lost && !peer.gone) {
     LOG(INFO) << who() << ": " << describe(peer.rank) << " is back";
@@ -58,7 +58,7 @@ void State::heard_from(Peer& peer) {
   }
 }
 
-void State::fail_peer(int rank, const absl::Status& status) {
+void AgentState::fail_peer(int rank, const absl::Status& status) {
   if (sending_directly_) {
     // Inside a caller's send(): no future completes there (its callbacks
     // could take the caller's locks); the progress thread fails them.
@@ -97,7 +97,7 @@ void State::fail_peer(int rank, const absl::Status& status) {
   peer.expecting_since = absl::InfiniteFuture();
 }
 
-void State::housekeeping(absl::Time now) {
+void AgentState::housekeeping(absl::Time now) {
   mr_cache_->drop_unheld();
   if (listener_guard_ != nullptr && now - last_guard_sweep_ >= kGuardInterval) {
     last_guard_sweep_ = now;

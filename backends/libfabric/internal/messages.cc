@@ -20,7 +20,7 @@ absl::Status status_from_code(int32_t code, std::string text) {
 
 }  // namespace
 
-void State::start_request(int rank, int64_t id, Message request) {
+void AgentState::start_request(int rank, int64_t id, Message request) {
   if (!installed(rank)) {  // in the table, not yet installed (add_peer())
     pending_.complete(
         id, absl::UnavailableError(absl::StrCat(
@@ -48,7 +48,7 @@ void State::start_request(int rank, int64_t id, Message request) {
   send_message(rank, FrameKind::kRequest, id, 0, std::move(request));
 }
 
-void State::respond(int rank, int64_t id,
+void AgentState::respond(int rank, int64_t id,
                     const absl::StatusOr<Message>& result) {
   if (result.ok()) {
     send_message(rank, FrameKind::kResponse, id, 0, *result);
@@ -61,7 +61,7 @@ void State::respond(int rank, int64_t id,
   incoming_.answered();
 }
 
-void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
+void AgentState::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
                          Message message) {
   Peer& peer = ranks_[rank];
   auto fail = [&](const absl::Status& status) {
@@ -213,7 +213,7 @@ void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
   enqueue(rank, std::move(out));
 }
 
-void State::on_message_frame(Peer& peer, const FrameHeader& header,
+void AgentState::on_message_frame(Peer& peer, const FrameHeader& header,
                              absl::string_view rest) {
   const int rank = peer.rank;
   const uint64_t transfer = header.arg0;
@@ -307,7 +307,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   pump_pull(in);
 }
 
-absl::Status State::set_up_segments(Arrival& in, absl::string_view bytes) {
+absl::Status AgentState::set_up_segments(Arrival& in, absl::string_view bytes) {
   absl::StatusOr<Body> body = frame::read_body(bytes);
   if (!body.ok()) return body.status();
   if (in.kind == FrameKind::kError && body->segments.size() != 1) {
@@ -359,7 +359,7 @@ absl::Status State::set_up_segments(Arrival& in, absl::string_view bytes) {
   return frame::plan_chunks(in.segments, in.chunk_size, in.chunks);
 }
 
-void State::finish_incoming(const std::shared_ptr<Arrival>& in) {
+void AgentState::finish_incoming(const std::shared_ptr<Arrival>& in) {
   Peer& peer = ranks_[in->rank];
   peer.incoming.erase(in);
   in->segment_regions.clear();
@@ -390,7 +390,7 @@ void State::finish_incoming(const std::shared_ptr<Arrival>& in) {
   }
 }
 
-void State::deliver(Arrival& in) {
+void AgentState::deliver(Arrival& in) {
   Peer& peer = ranks_[in.rank];
   switch (in.kind) {
     case FrameKind::kRequest:

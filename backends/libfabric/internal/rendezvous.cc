@@ -7,7 +7,7 @@
 
 namespace tether::backends::libfabric::internal {
 
-void State::pump_pull(const std::shared_ptr<Arrival>& in) {
+void AgentState::pump_pull(const std::shared_ptr<Arrival>& in) {
   const bool read = mode_ == RendezvousMode::kRead;
   while (in->next_chunk < in->chunks.size() && in->error.ok()) {
     if (read ? !have_tx_room() : rx_inflight_ >= rx_limit_) break;
@@ -68,7 +68,7 @@ void State::pump_pull(const std::shared_ptr<Arrival>& in) {
   if (in->next_chunk < in->chunks.size()) pulls_waiting_.push_back(in);
 }
 
-void State::on_pulled(Op* raw, const absl::Status& status) {
+void AgentState::on_pulled(Op* raw, const absl::Status& status) {
   std::unique_ptr<Op> op(raw);
   inflight_.erase(raw);
   if (op->kind == OpKind::kRead) {
@@ -117,7 +117,7 @@ void State::on_pulled(Op* raw, const absl::Status& status) {
   finish_incoming(in);
 }
 
-void State::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
+void AgentState::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
                              uint64_t count) {
   auto it = transfers_.find(transfer);
   if (it == transfers_.end() || it->second->rank != peer.rank) return;
@@ -131,7 +131,7 @@ void State::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
   pump_sends();
 }
 
-bool State::pump_sends() {
+bool AgentState::pump_sends() {
   bool worked = false;
   while (!sends_waiting_.empty()) {
     SendRange& range = sends_waiting_.front();
