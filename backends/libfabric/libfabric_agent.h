@@ -38,7 +38,7 @@
 // receives into it and asks the sender to send (clear-to-send). Then it
 // tells the sender to release its buffers. A message whose descriptors do
 // not fit an eager buffer (thousands of storages) has its whole body pulled
-// the same way first. The wire format is internal/frame.h.
+// the same way first. The wire format is internal/framing.h.
 //
 // Errors and lost peers: an error completion (fi_cq_readerr) of a send or
 // pull fails what waits for that peer with UNAVAILABLE naming it and

@@ -44,7 +44,7 @@
 #include "backends/common/fd_assist.h"
 #include "backends/common/peer_table.h"
 #include "backends/libfabric/internal/fabric.h"
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 #include "backends/libfabric/internal/listener_guard.h"
 #include "backends/libfabric/internal/mr_cache.h"
 #include "backends/libfabric/internal/operations.h"
@@ -71,9 +71,9 @@ extern thread_local const void* t_progress_of;
 using tether::internal::PendingRequests;
 using tether::internal::TimerQueue;
 
-// The wire format's names (internal/frame.h) read frame::kHeaderSize, as
+// The wire format's names (internal/framing.h) read framing::kHeaderSize, as
 // they did before the split out of libfabric_agent.cc.
-namespace frame = libfabric::internal;
+namespace framing = libfabric::internal;
 
 // Everything an agent has, over the agent skeleton
 // (backends/common/agent_skeleton.h), which owns the setup, the peer table

@@ -38,10 +38,10 @@ constexpr absl::Duration kMaxTick = absl::Milliseconds(100);
 
 absl::Status AgentState::open_fabric() {
   const size_t world = workers_.size();
-  if (world > frame::kMaxRanks) {
+  if (world > framing::kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("the libfabric backend supports groups of up to ",
-                     frame::kMaxRanks, " workers, not ", world));
+                     framing::kMaxRanks, " workers, not ", world));
   }
   FabricOptions options;
   options.provider = settings_.provider;
@@ -156,7 +156,7 @@ absl::Status AgentState::grow_pool(size_t peers) {
     op->buffer = base + slot * buffer_size_;
     op->length = buffer_size_;
     op->desc = desc;
-    op->tag = frame::kEagerTag;
+    op->tag = framing::kEagerTag;
     Op* raw = op.get();
     receive_ops_.push_back(std::move(op));
     const int rc = issue(raw);
@@ -229,7 +229,7 @@ absl::Status AgentState::exchange_records() {
     op->slot = i;
     op->buffer = send_slab_.data() + i * send_buffer_size_;
     op->desc = send_region_->desc();
-    op->tag = frame::kEagerTag;
+    op->tag = framing::kEagerTag;
     send_ops_.push_back(std::move(op));
     free_send_buffers_.push_back(kSendBuffers - 1 - i);
   }

@@ -38,18 +38,18 @@ AgentState::Sent AgentState::transmit(Peer& peer, OutFrame& out, bool control) {
     return Sent::kWait;
   }
   if (free_send_buffers_.empty() || !have_tx_room()) return Sent::kWait;
-  const size_t length = frame::kHeaderSize + out.tail.size();
+  const size_t length = framing::kHeaderSize + out.tail.size();
   TETHER_CHECK(length <= peer.buffer_size && length <= send_buffer_size_,
                "a libfabric frame larger than the peer's eager buffer");
   Op* op = send_ops_[free_send_buffers_.back()].get();
   FrameHeader header = out.header;
   header.src_rank = static_cast<uint32_t>(self_.id);
   header.credits = static_cast<uint16_t>(std::min<uint32_t>(peer.owed, 0xffff));
-  if (peer.control_slot_owed) header.flags |= frame::kFlagReturnsControlSlot;
-  if (control) header.flags |= frame::kFlagControlSlot;
-  frame::write_header(header, op->buffer);
+  if (peer.control_slot_owed) header.flags |= framing::kFlagReturnsControlSlot;
+  if (control) header.flags |= framing::kFlagControlSlot;
+  framing::write_header(header, op->buffer);
   if (!out.tail.empty()) {
-    std::memcpy(op->buffer + frame::kHeaderSize, out.tail.data(),
+    std::memcpy(op->buffer + framing::kHeaderSize, out.tail.data(),
                 out.tail.size());
   }
   op->length = length;
@@ -126,7 +126,7 @@ bool AgentState::send_due_credits() {
 
 void AgentState::on_frame(Op* op, size_t length) {
   absl::string_view bytes(op->buffer, length);
-  absl::StatusOr<FrameHeader> header = frame::read_header(bytes);
+  absl::StatusOr<FrameHeader> header = framing::read_header(bytes);
   const bool unknown = header.ok() && (header->src_rank >= ranks_.size() ||
                                        absent(ranks_[header->src_rank]));
   // In a dynamic group, a joiner's first word (its hello or a request) may
@@ -150,10 +150,10 @@ void AgentState::on_frame(Op* op, size_t length) {
   heard_from(peer);
   peer.talked = true;
   peer.credits = std::min(peer.granted, peer.credits + header->credits);
-  if (header->flags & frame::kFlagReturnsControlSlot) {
+  if (header->flags & framing::kFlagReturnsControlSlot) {
     peer.control_slot_free = true;
   }
-  if (header->flags & frame::kFlagControlSlot) {
+  if (header->flags & framing::kFlagControlSlot) {
     peer.control_slot_owed = true;
   } else {
     ++peer.owed;
@@ -171,12 +171,12 @@ void AgentState::on_frame(Op* op, size_t length) {
   if (!admitted(peer, *header)) return;
   switch (header->kind) {
     case FrameKind::kAuth:
-      on_auth_frame(peer, bytes.substr(frame::kHeaderSize));
+      on_auth_frame(peer, bytes.substr(framing::kHeaderSize));
       return;
     case FrameKind::kRequest:
     case FrameKind::kResponse:
     case FrameKind::kError:
-      on_message_frame(peer, *header, bytes.substr(frame::kHeaderSize));
+      on_message_frame(peer, *header, bytes.substr(framing::kHeaderSize));
       return;
     case FrameKind::kRelease: {
       auto it = transfers_.find(header->arg0);

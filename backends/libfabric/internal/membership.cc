@@ -37,10 +37,10 @@ absl::StatusOr<Record> AgentState::peer_record(const WorkerInfo& worker,
 
 absl::Status AgentState::install_peer(const WorkerInfo& worker,
                                  const Record& record) {
-  if (worker.id < 0 || static_cast<uint32_t>(worker.id) >= frame::kMaxRanks) {
+  if (worker.id < 0 || static_cast<uint32_t>(worker.id) >= framing::kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("the libfabric backend takes ranks below ",
-                     frame::kMaxRanks, ", not ", worker.id));
+                     framing::kMaxRanks, ", not ", worker.id));
   }
   const size_t rank = static_cast<size_t>(worker.id);
   if (rank >= ranks_.size()) ranks_.resize(rank + 1);

@@ -7,7 +7,7 @@ namespace tether::backends::libfabric::internal {
 void AgentState::send_auth(int rank, AuthFrame frame) {
   OutFrame out;
   out.header.kind = FrameKind::kAuth;
-  out.tail = frame::write_auth(frame);
+  out.tail = framing::write_auth(frame);
   enqueue(rank, std::move(out));
 }
 
@@ -66,7 +66,7 @@ bool AgentState::admitted(Peer& peer, const FrameHeader& header) {
   LOG(WARNING) << who() << " drops a frame (kind "
                << static_cast<int>(header.kind) << ") from "
                << describe(peer.rank) << ", which has not authenticated";
-  if (frame::carries_message(header.kind) && header.arg0 != 0) {
+  if (framing::carries_message(header.kind) && header.arg0 != 0) {
     // Its buffers are not pulled: let it release them.
     send_control(peer.rank, FrameKind::kRelease, header.arg0);
   }
@@ -79,7 +79,7 @@ bool AgentState::admitted(Peer& peer, const FrameHeader& header) {
 }
 
 void AgentState::on_auth_frame(Peer& peer, absl::string_view tail) {
-  absl::StatusOr<AuthFrame> frame = frame::read_auth(tail);
+  absl::StatusOr<AuthFrame> frame = framing::read_auth(tail);
   if (!frame.ok()) {
     LOG(WARNING) << who() << " drops an authentication frame from "
                  << describe(peer.rank) << ": " << frame.status().message();

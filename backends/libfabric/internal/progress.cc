@@ -233,9 +233,9 @@ bool AgentState::send_directly(int rank, int64_t id, Message& request) {
       segments[i + 1].size = request.storages[i].nbytes();
       small = small && segments[i + 1].size < threshold_;
     }
-    const uint64_t frame_bytes = frame::kHeaderSize +
-                                 frame::kMessageHeadSize +
-                                 frame::body_size(segments);
+    const uint64_t frame_bytes = framing::kHeaderSize +
+                                 framing::kMessageHeadSize +
+                                 framing::body_size(segments);
     if (small && frame_bytes <= peer.buffer_size && !peer.lost &&
         peer.queue.empty() && peer.credits > 0 &&
         (!auth_ || peer.client_auth == Peer::ClientAuth::kReady) &&
@@ -321,7 +321,7 @@ int AgentState::issue(Op* op) {
   switch (op->kind) {
     case OpKind::kEagerReceive:
       rc = fi_trecv(ep, op->buffer, op->length, op->desc, FI_ADDR_UNSPEC,
-                    op->tag, frame::kEagerIgnore, &op->context);
+                    op->tag, framing::kEagerIgnore, &op->context);
       break;
     case OpKind::kEagerSend:
     case OpKind::kBulkSend:

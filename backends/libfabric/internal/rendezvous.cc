@@ -17,7 +17,7 @@ void AgentState::pump_pull(const std::shared_ptr<Arrival>& in) {
     op->rank = in->rank;
     op->length = chunk.length;
     op->incoming = in;
-    if (chunk.segment == frame::kBodySegment) {
+    if (chunk.segment == framing::kBodySegment) {
       op->buffer = in->body.data() + chunk.offset;
       op->desc = in->body_region->desc();
       op->remote_address = in->head.body_address + chunk.offset;
@@ -33,7 +33,7 @@ void AgentState::pump_pull(const std::shared_ptr<Arrival>& in) {
       op->remote_address = segment.address + chunk.offset;
       op->key = segment.key;
     }
-    op->tag = frame::bulk_tag(static_cast<uint32_t>(in->rank),
+    op->tag = framing::bulk_tag(static_cast<uint32_t>(in->rank),
                               in->sequence_base + in->next_chunk);
     const int rc = issue(op.get());
     if (rc == -FI_EAGAIN) {
@@ -147,14 +147,14 @@ bool AgentState::pump_sends() {
       op->rank = transfer->rank;
       op->length = chunk.length;
       op->transfer = transfer;
-      const char* base = chunk.segment == frame::kBodySegment
+      const char* base = chunk.segment == framing::kBodySegment
                              ? transfer->body.data()
                              : transfer->segment_data[chunk.segment];
       op->buffer = const_cast<char*>(base) + chunk.offset;
-      op->desc = chunk.segment == frame::kBodySegment
+      op->desc = chunk.segment == framing::kBodySegment
                      ? transfer->body_region->desc()
                      : transfer->segment_desc[chunk.segment];
-      op->tag = frame::bulk_tag(static_cast<uint32_t>(self_.id),
+      op->tag = framing::bulk_tag(static_cast<uint32_t>(self_.id),
                                 transfer->sequence_base + range.next);
       const int rc = issue(op.get());
       if (rc == -FI_EAGAIN) {

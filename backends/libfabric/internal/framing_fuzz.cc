@@ -1,10 +1,10 @@
 // Fuzz target for the libfabric backend's frame decoder: what one eager
-// frame from a peer can make the decoders of internal/frame.h do, in the
+// frame from a peer can make the decoders of internal/framing.h do, in the
 // order the agent applies them (header; then an auth frame, or a message
 // head and an inline body or a remote body's chunk plan; the limits before
 // anything is allocated). An input is one whole frame as it lands in an
-// eager buffer. The frame_corpus/ seeds are real frames
-// (make_frame_corpus.cc writes them).
+// eager buffer. The framing_corpus/ seeds are real frames
+// (make_framing_corpus.cc writes them).
 //
 // Properties checked: no decoder crashes; each fails only with
 // INVALID_ARGUMENT, and the limits only with RESOURCE_EXHAUSTED; what
@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 
 namespace {
 
-namespace frame = tether::backends::libfabric::internal;
+namespace framing = tether::backends::libfabric::internal;
 
 void expect(bool property) {
   if (!property) std::abort();
@@ -34,70 +34,70 @@ void expect_invalid(const absl::Status& status) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<frame::FrameHeader> header = frame::read_header(bytes);
+  absl::StatusOr<framing::FrameHeader> header = framing::read_header(bytes);
   if (!header.ok()) {
     expect_invalid(header.status());
     return 0;
   }
-  const absl::string_view rest = bytes.substr(frame::kHeaderSize);
-  if (header->kind == frame::FrameKind::kAuth) {
-    absl::StatusOr<frame::AuthFrame> auth = frame::read_auth(rest);
+  const absl::string_view rest = bytes.substr(framing::kHeaderSize);
+  if (header->kind == framing::FrameKind::kAuth) {
+    absl::StatusOr<framing::AuthFrame> auth = framing::read_auth(rest);
     if (!auth.ok()) {
       expect_invalid(auth.status());
       return 0;
     }
-    expect(frame::write_auth(*auth) == rest);
+    expect(framing::write_auth(*auth) == rest);
     return 0;
   }
-  if (!frame::carries_message(header->kind)) return 0;
+  if (!framing::carries_message(header->kind)) return 0;
 
   tether::MessageLimits limits;
   limits.max_payload_bytes = 1 << 20;
   limits.max_storages = 64;
   limits.max_storage_bytes = 1 << 20;
-  absl::StatusOr<frame::MessageHead> head = frame::read_message_head(rest);
+  absl::StatusOr<framing::MessageHead> head = framing::read_message_head(rest);
   if (!head.ok()) {
     expect_invalid(head.status());
     return 0;
   }
-  std::string head_bytes(frame::kMessageHeadSize, '\0');
-  frame::write_message_head(*head, head_bytes.data());
-  expect(head_bytes == rest.substr(0, frame::kMessageHeadSize));
+  std::string head_bytes(framing::kMessageHeadSize, '\0');
+  framing::write_message_head(*head, head_bytes.data());
+  expect(head_bytes == rest.substr(0, framing::kMessageHeadSize));
 
   // The agent's own bounds on a transfer's chunk size (its upper bound is
   // the provider's largest message; 16 MiB stands in for it).
   const uint64_t chunk_size = header->arg2;
-  const bool chunks_ok = chunk_size >= frame::kMinChunkSize &&
+  const bool chunks_ok = chunk_size >= framing::kMinChunkSize &&
                          chunk_size <= (uint64_t{16} << 20);
-  std::vector<frame::Chunk> chunks;
-  if (header->flags & frame::kFlagBodyRemote) {
-    if (head->body_size > frame::max_body_size(limits) || !chunks_ok) return 0;
+  std::vector<framing::Chunk> chunks;
+  if (header->flags & framing::kFlagBodyRemote) {
+    if (head->body_size > framing::max_body_size(limits) || !chunks_ok) return 0;
     absl::Status planned =
-        frame::plan_body_chunks(head->body_size, chunk_size, chunks);
+        framing::plan_body_chunks(head->body_size, chunk_size, chunks);
     expect(planned.ok());
-    expect(chunks.size() <= frame::max_body_size(limits) /
-                                    frame::kMinChunkSize + 1);
+    expect(chunks.size() <= framing::max_body_size(limits) /
+                                    framing::kMinChunkSize + 1);
     return 0;
   }
-  const absl::string_view body_bytes = rest.substr(frame::kMessageHeadSize);
-  absl::StatusOr<frame::Body> body = frame::read_body(body_bytes);
+  const absl::string_view body_bytes = rest.substr(framing::kMessageHeadSize);
+  absl::StatusOr<framing::Body> body = framing::read_body(body_bytes);
   if (!body.ok()) {
     expect_invalid(body.status());
     return 0;
   }
-  std::string again(frame::body_size(body->segments), '\0');
-  frame::write_body(body->segments, body->inline_data, again.data());
+  std::string again(framing::body_size(body->segments), '\0');
+  framing::write_body(body->segments, body->inline_data, again.data());
   expect(again == body_bytes);
-  absl::Status within = frame::check_limits(*body, limits);
+  absl::Status within = framing::check_limits(*body, limits);
   if (!within.ok()) {
     expect(within.code() == absl::StatusCode::kResourceExhausted);
     return 0;
   }
   if (!chunks_ok) return 0;
-  absl::Status planned = frame::plan_chunks(body->segments, chunk_size, chunks);
+  absl::Status planned = framing::plan_chunks(body->segments, chunk_size, chunks);
   expect(planned.ok());
   // At most one chunk per kMinChunkSize of storage and payload, plus one
   // per segment.
-  expect(chunks.size() <= (2u << 20) / frame::kMinChunkSize + 65);
+  expect(chunks.size() <= (2u << 20) / framing::kMinChunkSize + 65);
   return 0;
 }
