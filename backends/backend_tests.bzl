@@ -47,6 +47,7 @@ SKELETON_STATE_DEPS = [
     "//backends/common:agent_skeleton",
     "//backends/common:agent_support",
     "//backends/common:peer_table",
+    "//backends/common:refusals",
     "//core:agent",
     "//core/toolkit:pending_requests",
     "//core/toolkit:serial_executor",

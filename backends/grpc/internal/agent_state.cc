@@ -15,6 +15,8 @@
 #include <thread>
 #include <utility>
 
+#include "backends/common/refusals.h"
+
 namespace tether::backends::grpc::internal {
 namespace {
 
@@ -267,9 +269,7 @@ std::shared_ptr<Link> AgentState::link_for(int rank, int64_t id) {
   std::optional<common::Peer> peer = peers_.by_rank(rank);
   if (!peer.has_value()) {
     // Left the group meanwhile (dynamic groups). Not inside send().
-    fail_later(id, absl::UnavailableError(absl::StrCat(
-                       "the worker of rank ", rank,
-                       " has left the group of worker '", self_.name, "'")));
+    fail_later(id, common::peer_left(self_.name, "", rank));
     return nullptr;
   }
   {
@@ -456,18 +456,15 @@ void AgentState::on_link_done(const std::shared_ptr<Link>& link,
     std::shared_ptr<Link> next = link_for(link->rank(), id);
     if (next != nullptr) next->enqueue(std::move(message));
   }
-  const std::string peer =
-      absl::StrCat("worker '", link->peer(), "' (rank ", link->rank(), ")");
   pending_.fail_connection(
       link->connection(),
       code == absl::StatusCode::kUnauthenticated
-          ? absl::UnauthenticatedError(
-                absl::StrCat("worker '", self_.name, "' and ", peer,
-                             " did not authenticate each other: ", why))
-          : absl::Status(code,
-                         absl::StrCat("lost the connection between "
-                                      "worker '",
-                                      self_.name, "' and ", peer, ": ", why)));
+          ? absl::UnauthenticatedError(absl::StrCat(
+                "worker '", self_.name, "' and ",
+                common::describe_peer(link->peer(), link->rank()),
+                " did not authenticate each other: ", why))
+          : common::connection_lost(self_.name, link->peer(), link->rank(),
+                                    why, code));
 }
 
 // --------------------------------------------------------- join, shutdown

@@ -43,6 +43,7 @@
 #include "backends/common/agent_skeleton.h"
 #include "backends/common/fd_assist.h"
 #include "backends/common/peer_table.h"
+#include "backends/common/refusals.h"
 #include "backends/libfabric/internal/fabric.h"
 #include "backends/libfabric/internal/framing.h"
 #include "backends/libfabric/internal/listener_guard.h"
@@ -285,11 +286,12 @@ class AgentState : public common::AgentSkeleton<AgentState, int>,
     return (static_cast<uint64_t>(peer.epoch) << 32) |
            static_cast<uint64_t>(peer.rank + 1);
   }
+  // The name of the worker at `rank`, "" if it has none (yet).
+  std::string name_at(int rank) const {
+    return installed(rank) ? ranks_[rank].name : std::string();
+  }
   std::string describe(int rank) const {
-    if (installed(rank) && !ranks_[rank].name.empty()) {
-      return absl::StrCat("worker '", ranks_[rank].name, "' (rank ", rank, ")");
-    }
-    return absl::StrCat("rank ", rank);
+    return common::describe_peer(name_at(rank), rank);
   }
   static bool absent(const Peer& peer) { return peer.rank < 0 || peer.left; }
   // Whether install_peer() has given `rank` a slot (it may have left since).

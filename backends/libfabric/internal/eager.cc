@@ -199,14 +199,12 @@ void AgentState::on_frame(Op* op, size_t length) {
     case FrameKind::kCredit:
       return;
     case FrameKind::kGoodbye:
-      fail_peer(peer.rank,
-                absl::UnavailableError(absl::StrCat(
-                    describe(peer.rank), " has shut down (libfabric agent of "
-                    "worker '", self_.name, "' was told)")));
+      fail_peer(peer.rank, common::peer_shut_down(
+                               self_.name, name_at(peer.rank), peer.rank));
       peer.gone = true;
       if (peer.leaving) {
-        drop_peer(peer.rank, absl::UnavailableError(absl::StrCat(
-                                 describe(peer.rank), " has left the group")));
+        drop_peer(peer.rank,
+                  common::peer_left(self_.name, name_at(peer.rank), peer.rank));
       }
       return;
   }

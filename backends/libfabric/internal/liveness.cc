@@ -136,9 +136,9 @@ void AgentState::housekeeping(absl::Time now) {
     }
     if (peer.same_host && peer.pid > 0 && process_ended(peer.pid)) {
       fail_peer(peer.rank,
-                absl::UnavailableError(absl::StrCat(
-                    describe(peer.rank), " is lost: its process (pid ",
-                    peer.pid, ") is gone")));
+                common::peer_lost(name_at(peer.rank), peer.rank,
+                                  absl::StrCat("its process (pid ", peer.pid,
+                                               ") is gone")));
       continue;
     }
     const absl::Time quiet_since = std::max(peer.last_heard, peer.expecting_since);
@@ -155,11 +155,12 @@ void AgentState::housekeeping(absl::Time now) {
         now - peer.asked_at >= settings_.peer_timeout - keepalive_interval_;
     if (silence > settings_.peer_timeout && asked_in_vain) {
       fail_peer(peer.rank,
-                absl::UnavailableError(absl::StrCat(
-                    describe(peer.rank), " is lost: no word from it for ",
-                    absl::FormatDuration(silence),
-                    " while worker '", self_.name,
-                    "' waited on it (libfabric.peer_timeout_ms)")));
+                common::peer_lost(
+                    name_at(peer.rank), peer.rank,
+                    absl::StrCat("no word from it for ",
+                                 absl::FormatDuration(silence), " while worker '",
+                                 self_.name,
+                                 "' waited on it (libfabric.peer_timeout_ms)")));
       continue;
     }
     if (silence >= keepalive_interval_ &&
