@@ -322,6 +322,8 @@ def tether_fuzz_test(name, src, corpus, deps, corpus_maker = None):
                 "//third_party:torch",
             ],
         )
+    # The source states its properties with TETHER_CHECK.
+    deps = deps + ["//core/toolkit:check"]
     native.cc_binary(
         name = name,
         srcs = [src],

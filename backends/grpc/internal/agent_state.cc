@@ -132,7 +132,7 @@ absl::Status AgentState::start_server() {
       }
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        "gRPC agent of worker '", self_.name, "' cannot listen on ", address,
+        who(), " cannot listen on ", address,
         " (setting grpc.address)"));
   }
   for (const std::unique_ptr<Queue>& queue : queues) {
@@ -501,8 +501,8 @@ void AgentState::join_resources(Resources& resources) {
       return live_streams_ == 0;
     };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ended), kStreamsEndBound)) {
-      LOG(WARNING) << "gRPC agent of worker '" << self_.name
-                   << "': " << live_streams_ << " stream(s) still open after "
+      LOG(WARNING) << who()
+                   << ": " << live_streams_ << " stream(s) still open after "
                    << absl::FormatDuration(kStreamsEndBound) << " of shutdown";
     }
   }

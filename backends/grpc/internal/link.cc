@@ -80,8 +80,8 @@ void Link::check_authenticated() {
   const std::string why =
       absl::StrCat("worker '", peer_, "' did not authenticate within ",
                    absl::FormatDuration(auth_timeout_));
-  LOG(WARNING) << "gRPC agent of worker '" << self_
-               << "' refuses a stream with worker '" << peer_ << "': " << why;
+  LOG(WARNING) << common::agent_of(kGrpcNames, self_)
+               << " refuses a stream with worker '" << peer_ << "': " << why;
   close(why, absl::StatusCode::kUnauthenticated);
 }
 
@@ -151,8 +151,8 @@ void Link::on_read_done(bool ok, const ::grpc::ByteBuffer& buffer) {
   slices.clear();
   if (!consumed.ok()) {
     if (consumed.code() == absl::StatusCode::kUnauthenticated) {
-      LOG(WARNING) << "gRPC agent of worker '" << self_
-                   << "' refuses a stream with worker '" << peer_
+      LOG(WARNING) << common::agent_of(kGrpcNames, self_)
+                   << " refuses a stream with worker '" << peer_
                    << "': " << consumed.message();
       close(consumed.message(), absl::StatusCode::kUnauthenticated);
       return;

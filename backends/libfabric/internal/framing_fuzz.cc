@@ -17,17 +17,15 @@
 #include <vector>
 
 #include "backends/libfabric/internal/framing.h"
+#include "core/toolkit/check.h"
 
 namespace {
 
 namespace framing = tether::backends::libfabric::internal;
 
-void expect(bool property) {
-  if (!property) std::abort();
-}
-
 void expect_invalid(const absl::Status& status) {
-  expect(status.code() == absl::StatusCode::kInvalidArgument);
+  TETHER_CHECK(status.code() == absl::StatusCode::kInvalidArgument,
+               "a decoder failed with other than INVALID_ARGUMENT");
 }
 
 }  // namespace
@@ -46,7 +44,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       expect_invalid(auth.status());
       return 0;
     }
-    expect(framing::write_auth(*auth) == rest);
+    TETHER_CHECK(framing::write_auth(*auth) == rest,
+                 "an auth frame does not encode back to its bytes");
     return 0;
   }
   if (!framing::carries_message(header->kind)) return 0;
@@ -62,7 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::string head_bytes(framing::kMessageHeadSize, '\0');
   framing::write_message_head(*head, head_bytes.data());
-  expect(head_bytes == rest.substr(0, framing::kMessageHeadSize));
+  TETHER_CHECK(head_bytes == rest.substr(0, framing::kMessageHeadSize),
+               "a message head does not encode back to its bytes");
 
   // The agent's own bounds on a transfer's chunk size (its upper bound is
   // the provider's largest message; 16 MiB stands in for it).
@@ -71,12 +71,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                          chunk_size <= (uint64_t{16} << 20);
   std::vector<framing::Chunk> chunks;
   if (header->flags & framing::kFlagBodyRemote) {
-    if (head->body_size > framing::max_body_size(limits) || !chunks_ok) return 0;
+    if (head->body_size > framing::max_body_size(limits) || !chunks_ok)
+      return 0;
     absl::Status planned =
         framing::plan_body_chunks(head->body_size, chunk_size, chunks);
-    expect(planned.ok());
-    expect(chunks.size() <= framing::max_body_size(limits) /
-                                    framing::kMinChunkSize + 1);
+    TETHER_CHECK(planned.ok(), "no chunk plan for a body within the limits");
+    TETHER_CHECK(
+        chunks.size() <=
+            framing::max_body_size(limits) / framing::kMinChunkSize + 1,
+        "a chunk plan larger than the limits allow");
     return 0;
   }
   const absl::string_view body_bytes = rest.substr(framing::kMessageHeadSize);
@@ -87,17 +90,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::string again(framing::body_size(body->segments), '\0');
   framing::write_body(body->segments, body->inline_data, again.data());
-  expect(again == body_bytes);
+  TETHER_CHECK(again == body_bytes, "a body does not encode back to its bytes");
   absl::Status within = framing::check_limits(*body, limits);
   if (!within.ok()) {
-    expect(within.code() == absl::StatusCode::kResourceExhausted);
+    TETHER_CHECK(within.code() == absl::StatusCode::kResourceExhausted,
+                 "a limit refused with other than RESOURCE_EXHAUSTED");
     return 0;
   }
   if (!chunks_ok) return 0;
-  absl::Status planned = framing::plan_chunks(body->segments, chunk_size, chunks);
-  expect(planned.ok());
+  absl::Status planned =
+      framing::plan_chunks(body->segments, chunk_size, chunks);
+  TETHER_CHECK(planned.ok(), "no chunk plan for a decoded body");
   // At most one chunk per kMinChunkSize of storage and payload, plus one
   // per segment.
-  expect(chunks.size() <= (2u << 20) / framing::kMinChunkSize + 65);
+  TETHER_CHECK(chunks.size() <= (2u << 20) / framing::kMinChunkSize + 65,
+               "more chunks than storage, payload and segments need");
   return 0;
 }

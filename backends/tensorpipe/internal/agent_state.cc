@@ -275,7 +275,7 @@ AgentState::make_tcp_transport() const {
   options.connect_timeout = peer_timeout_;
   options.busy_poll = busy_poll_;
   options.log_prefix =
-      absl::StrCat("tensorpipe agent of worker '", self_.name, "'");
+      who();
   return internal::create_tcp_transport(std::move(options));
 }
 
@@ -334,8 +334,8 @@ absl::Status AgentState::init() {
     }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensorpipe agent of worker '", self_.name,
-                     "' cannot listen on ", settings_.address, ": ", e.what()));
+        absl::StrCat(who(),
+                     " cannot listen on ", settings_.address, ": ", e.what()));
   }
   {
     absl::MutexLock lock(&mu_);
