@@ -46,8 +46,8 @@
 //                             registration cache (default 64 entries,
 //                             256 MiB; 0 entries: no cache)
 //   libfabric.spin_us         how long the progress thread keeps polling
-//                             after its last work before it sleeps (default
-//                             RpcOptions::busy_poll, 0)
+//                             after its last work before it sleeps, whatever
+//                             the load (default: the worker's AgentSetup::poll)
 //
 // Threads: one progress thread per agent drives the completion queue, runs
 // the request handler and completes send() futures, plus one timer thread;

@@ -30,7 +30,7 @@
 // Threads: TensorPipe's own threads run the request handler and complete
 // send() futures; the agent adds an io thread (opening pipes) and a timer
 // thread (docs/architecture.md section 8). The tcp transport's poller
-// spins for AgentSetup::busy_poll before it sleeps.
+// polls as AgentSetup::poll says before it sleeps.
 #ifndef TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
 #define TETHER_BACKENDS_TENSORPIPE_TENSORPIPE_AGENT_H_
 
