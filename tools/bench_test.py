@@ -1,6 +1,6 @@
-"""Tests of the bench CLI (tools/bench.py): parsing the tools' output, the
-tables and targets from results (including variants that are not
-available), and one end-to-end smoke run on TensorPipe with a handful of
+"""Tests of the bench CLI (tools/bench.py, tools/benchlib): parsing the
+tools' output, the tables and targets from results (including variants that
+are not available), and one end-to-end smoke run on TensorPipe with a handful of
 calls (no timing is asserted)."""
 import json
 import os
@@ -9,8 +9,10 @@ import sys
 import tempfile
 import unittest
 
-from tools import bench
-from tools import bench_scale
+from tools.benchlib import baselines, cli, processes, tables
+from tools.benchlib import scale as bench_scale
+from tools.benchlib import variants
+from tools.benchlib.results import limit_rows, merge_runs, peer_rows
 
 
 def variant(sync_p50, gbps_64, status="ok"):
@@ -31,12 +33,14 @@ def fake_results():
                "peers": {"peer": variant(200.0, 1.0),
                          "peer uv": {"status": "n/a: no torch"}},
                "baselines": {
-                   "raw TCP": bench.raw_record("raw TCP", small_p50_us=10.0,
-                                               bw_GBps=1.0, bw_bytes=64 << 20),
-                   "memcpy": bench.raw_record("memcpy", bw_GBps=4.0),
-                   "bare gRPC": bench.raw_record("bare gRPC", "n/a: not built")}}
-    results["limits"] = bench.limit_rows(results)
-    results["peer_targets"] = bench.peer_rows(results)
+                   "raw TCP": baselines.raw_record(
+                       "raw TCP", small_p50_us=10.0, bw_GBps=1.0,
+                       bw_bytes=64 << 20),
+                   "memcpy": baselines.raw_record("memcpy", bw_GBps=4.0),
+                   "bare gRPC": baselines.raw_record("bare gRPC",
+                                                     "n/a: not built")}}
+    results["limits"] = limit_rows(results)
+    results["peer_targets"] = peer_rows(results)
     return results
 
 
@@ -44,14 +48,14 @@ class ParseTest(unittest.TestCase):
 
     def test_json_line_of_rank_0_under_the_launcher(self):
         text = '[1] noise\n[0] bench_worker: rpc_sync done\n[0] JSON {"a": 1}\n'
-        self.assertEqual(bench.parse_json_line(text), {"a": 1})
-        self.assertIsNone(bench.parse_json_line("[0] no json here\n"))
+        self.assertEqual(processes.parse_json_line(text), {"a": 1})
+        self.assertIsNone(processes.parse_json_line("[0] no json here\n"))
 
     def test_baseline_record_from_a_sweep(self):
         rows = [{"bytes": 8, "p50_us": 40.0, "GBps": 0.0},
                 {"bytes": 1 << 20, "p50_us": 500.0, "GBps": 4.2},
                 {"bytes": 128 << 20, "p50_us": 9e4, "GBps": 3.0}]
-        record = bench.from_sweep("bare gRPC", rows)
+        record = baselines.from_sweep("bare gRPC", rows)
         self.assertEqual(record["small_p50_us"], 40.0)
         self.assertAlmostEqual(record["bw_GBps"], 4.2)
         self.assertEqual(record["bw_bytes"], 1 << 20)
@@ -60,14 +64,14 @@ class ParseTest(unittest.TestCase):
 class RepeatTest(unittest.TestCase):
 
     def test_medians_over_the_rounds_that_succeeded(self):
-        merged = bench.merge_runs([variant(10.0, 1.0), variant(30.0, 3.0),
+        merged = merge_runs([variant(10.0, 1.0), variant(30.0, 3.0),
                                    {"status": "failed: boom"},
                                    variant(20.0, 2.0)])
         self.assertEqual(merged["status"], "ok")
         self.assertEqual(merged["builtin_rpc_sync_p50_us"], 20.0)
         self.assertEqual(merged["sweep"][1]["GBps"], 2.0)
         self.assertEqual(merged["repeats_ok"], "3 of 4")
-        failed = bench.merge_runs([{"status": "n/a: x"}, {"status": "n/a: x"}])
+        failed = merge_runs([{"status": "n/a: x"}, {"status": "n/a: x"}])
         self.assertEqual(failed["status"], "n/a: x")
 
 
@@ -102,7 +106,7 @@ class TablesTest(unittest.TestCase):
         self.assertIsNone(uv["met"])
 
     def test_report_lists_what_was_not_measured(self):
-        text = bench.report(fake_results())
+        text = tables.report(fake_results())
         self.assertIn("| rpc_sync p50 (us) | 20.0 | 10.0 | 200.0 | 0.05 |",
                       text)
         self.assertIn("- grpc: n/a: not registered", text)
@@ -125,7 +129,7 @@ class ScaleTest(unittest.TestCase):
     def test_world_summary_over_the_ranks(self):
         out = "\n".join([rank_line(1, 2), "[0] noise", rank_line(0, 2)])
         r = bench_scale.summarize(2, bench_scale.rank_lines(out), 1000.0, 3.0,
-                                  0, out, "", bench.tail)
+                                  0, out, "", processes.tail)
         self.assertEqual(r["status"], "ok")
         self.assertEqual(r["ranks_reported"], 2)
         self.assertAlmostEqual(r["launch_to_all_up_s"], 2.0)
@@ -140,7 +144,7 @@ class ScaleTest(unittest.TestCase):
                       "lost the connection"),
             rank_line(1, 3)])
         r = bench_scale.summarize(3, bench_scale.rank_lines(out), 1000.0, 9.0,
-                                  1, out, "", bench.tail)
+                                  1, out, "", processes.tail)
         self.assertIn("tether_run exit 1", r["status"])
         self.assertIn("2 of 3 ranks reported", r["status"])
         self.assertIn("rank 0: failed: UNAVAILABLE: cold round: w0 -> w2",
@@ -148,7 +152,7 @@ class ScaleTest(unittest.TestCase):
         self.assertNotIn("launch_to_all_up_s", r)
         timed_out = bench_scale.summarize(2, {}, 1000.0, 900.0, None,
                                           "[1] E0101 init failed: refused", "",
-                                          bench.tail)
+                                          processes.tail)
         self.assertIn("timed out after 900 s", timed_out["status"])
         self.assertIn("[1] E0101 init failed: refused", timed_out["status"])
 
@@ -168,27 +172,27 @@ class ScaleTest(unittest.TestCase):
         self.assertIn("failed: x |", text)
 
     def test_variants_by_label_or_backend(self):
-        self.assertEqual(bench_scale.pick_variants(bench.VARIANTS, None),
+        self.assertEqual(bench_scale.pick_variants(variants.VARIANTS, None),
                          bench_scale.SCALE_DEFAULT)
         self.assertEqual(
-            bench_scale.pick_variants(bench.VARIANTS,
+            bench_scale.pick_variants(variants.VARIANTS,
                                       ["libfabric", "tensorpipe uv"]),
             ["libfabric tcp;ofi_rxm", "libfabric shm", "tensorpipe uv"])
         with self.assertRaises(ValueError):
-            bench_scale.pick_variants(bench.VARIANTS, ["nccl"])
+            bench_scale.pick_variants(variants.VARIANTS, ["nccl"])
         self.assertEqual(bench_scale.parse_sizes("64,2,4,2"), [2, 4, 64])
         with self.assertRaises(ValueError):
             bench_scale.parse_sizes("1,4")
 
     def test_recorded_paths_are_relative_to_the_repository(self):
         root = "/srv/checkout"
-        self.assertEqual(bench.relative_to_workspace(
+        self.assertEqual(cli.relative_to_workspace(
             "--out=/srv/checkout/docs/bench", root), "--out=docs/bench")
-        self.assertEqual(bench.relative_to_workspace(
+        self.assertEqual(cli.relative_to_workspace(
             "/srv/checkout/docs/bench", root), "docs/bench")
-        self.assertEqual(bench.relative_to_workspace("--out=/tmp/x/run1", root),
+        self.assertEqual(cli.relative_to_workspace("--out=/tmp/x/run1", root),
                          "--out=.../run1")
-        self.assertEqual(bench.relative_to_workspace("--only=grpc", root),
+        self.assertEqual(cli.relative_to_workspace("--only=grpc", root),
                          "--only=grpc")
 
 
@@ -228,13 +232,13 @@ class SmokeTest(unittest.TestCase):
             results = json.load(f)
         negotiated = results["variants"]["tensorpipe negotiated"]
         self.assertEqual(negotiated["status"], "ok", negotiated)
-        for key, *_ in bench.WORKLOADS:
+        for key, *_ in variants.WORKLOADS:
             self.assertIn(key, negotiated)
         # Every call costs some CPU in the two processes; idle, a share of
         # a core between none and all of it.
-        for key in bench.CPU_KEYS[:2]:
+        for key in variants.CPU_KEYS[:2]:
             self.assertGreater(negotiated[key], 0, key)
-        for key in bench.CPU_KEYS[2:]:
+        for key in variants.CPU_KEYS[2:]:
             self.assertTrue(0 <= negotiated[key] <= 100, (key, negotiated))
         self.assertEqual([r["bytes"] for r in negotiated["sweep"]],
                          [8, 64, 256, 1024, 4096])

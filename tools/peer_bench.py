@@ -38,12 +38,12 @@ import argparse
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-from cpu_use import CpuUse  # beside this script
+from benchlib.python_rpc import (  # beside this script
+    CpuUse, autograd_step, free_port, percentile)
 
 # Only the children (--rank) load torch; see load_torch().
 torch = dist_autograd = rpc = None
@@ -85,11 +85,6 @@ def load_torch():
     def identity(x: torch.Tensor) -> torch.Tensor:
         return x
     return None
-
-
-def percentile(sorted_samples, q):
-    index = min(len(sorted_samples) - 1, int(len(sorted_samples) * q))
-    return sorted_samples[index]
 
 
 def timed(fn, iterations, warmup):
@@ -163,18 +158,12 @@ def run_rank0(args):
     linear = rpc.remote("w1", torch.nn.Linear, args=(256, 256))
     inputs = torch.randn(64, 256, requires_grad=True)
 
-    def autograd_step():
-        with dist_autograd.context() as context:
-            y = linear.rpc_sync().forward(inputs)
-            dist_autograd.backward(context, [y.sum()])
-            grads = dist_autograd.get_gradients(context)
-            assert inputs in grads
-
     # Alternating with the same Linear's compute here (the step's floor).
     local = torch.nn.Linear(256, 256)
     local_inputs = torch.randn(64, 256, requires_grad=True)
     steps, floor = timed_alternating(
-        autograd_step, lambda: local(local_inputs).sum().backward(),
+        lambda: autograd_step(dist_autograd, linear, inputs),
+        lambda: local(local_inputs).sum().backward(),
         args.autograd_steps, max(5, args.autograd_steps // 10))
     out["dist_autograd_step_p50_us"] = percentile(steps, 0.5)
     out["local_autograd_step_p50_us"] = percentile(floor, 0.5)
@@ -216,12 +205,6 @@ def child(args):
         result["status"] = "ok"
         result["torch"] = torch.__version__
         print("JSON " + json.dumps(result), flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def unavailable(why):

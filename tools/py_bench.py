@@ -27,10 +27,10 @@ in recv() until the other's bytes come, in each round, and prints it
 under the table beside 1/5 of the peer's rpc_sync builtin.
 
 CPU: beside each workload, the CPU time (user + system, every thread of
-both processes; tools/cpu_use.py) per call over its measured calls; and,
-after all of them, each process's idle CPU over --idle_s seconds (5; 2 with
---quick) with no calls, in % of a core. --out FILE writes every round's
-numbers as JSON.
+both processes; tools/benchlib/python_rpc.py) per call over its measured
+calls; and, after all of them, each process's idle CPU over --idle_s
+seconds (5; 2 with --quick) with no calls, in % of a core. --out FILE
+writes every round's numbers as JSON.
 
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:
@@ -69,7 +69,8 @@ import subprocess
 import sys
 import time
 
-from cpu_use import CpuUse  # beside this script
+from benchlib.python_rpc import (  # beside this script
+    CpuUse, autograd_step, free_port, percentile)
 
 rpc = None
 
@@ -92,11 +93,6 @@ class Observation:
 def make_linear():
     import torch
     return torch.nn.Linear(256, 256)
-
-
-def percentile(samples, q):
-    samples = sorted(samples)
-    return samples[min(len(samples) - 1, int(q * len(samples)))]
 
 
 def timed(n, call, cpu=None):
@@ -210,15 +206,8 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
         if "dist autograd step" in workloads:
             linear = rpc.remote("w1", make_linear)
             x = torch.randn(64, 256, requires_grad=True)
-
-            def autograd_step():
-                with dist_autograd.context() as context_id:
-                    out = linear.rpc_sync().forward(x)
-                    dist_autograd.backward(context_id, [out.sum()])
-                    grads = dist_autograd.get_gradients(context_id)
-                assert grads[x].shape == x.shape
-
-            result["dist autograd step"] = measured(n // 3, autograd_step)
+            result["dist autograd step"] = measured(
+                n // 3, lambda: autograd_step(dist_autograd, linear, x))
             del linear
         if "rpc_async builtin" in workloads:
             calls = 10 * n
@@ -245,12 +234,6 @@ def run(impl, rank, n, backend, transports, workloads, busy_poll_us=0,
                                   cpu.idle_percent(idle_s)), seconds=idle_s)
         print("JSON " + json.dumps(result), flush=True)
     rpc.shutdown()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(impl, n, backend, transports, workloads, busy_poll_us=0,

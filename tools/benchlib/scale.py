@@ -20,7 +20,9 @@ import re
 import time
 from statistics import median
 
-# The variants run by default (labels of bench.py's VARIANTS); --backends
+from .processes import run, tail
+
+# The variants run by default (labels of VARIANTS); --backends
 # picks others by label or by backend name.
 SCALE_DEFAULT = ["tensorpipe negotiated", "grpc", "libfabric tcp;ofi_rxm",
                  "libfabric shm"]
@@ -57,7 +59,7 @@ def parse_sizes(text):
 
 
 def pick_variants(variants, backends):
-    """Labels of bench.py's VARIANTS to run: SCALE_DEFAULT, or for each word
+    """Labels of `variants` (VARIANTS) to run: SCALE_DEFAULT, or for each word
     of `backends` the label it names or the default labels of the backend it
     names."""
     if not backends:
@@ -144,7 +146,7 @@ def summarize(n, ranks, launched, wall, code, out, err, tail):
     return record
 
 
-def run_world(args, run, tail, name, n, worker_argv, env):
+def run_world(args, name, n, worker_argv, env):
     command = [args.tether_run, "--nproc", str(n), "--"] + worker_argv
     load = os.getloadavg()[0]
     launched = time.time()
@@ -163,14 +165,14 @@ def run_world(args, run, tail, name, n, worker_argv, env):
     return record
 
 
-def run_scale(args, variants, run, tail, log):
+def run_scale(args, variants, log):
     """{"sizes", "bare": {N: record}, "variants": {label: {N: record}}}."""
     by_label = {v[0]: v for v in variants}
     labels = pick_variants(variants, args.backends)
     scale = {"sizes": args.scale, "cpus": os.cpu_count(), "bare": {},
              "variants": {}}
     for n in args.scale:
-        rec = run_world(args, run, tail, "bare", n,
+        rec = run_world(args, "bare", n,
                         [args.scale_worker, "--bare"], {})
         scale["bare"][str(n)] = rec
         log("scale %-22s %3d  %-10s launch to all at main %s s, load %.1f" % (
@@ -183,7 +185,7 @@ def run_scale(args, variants, run, tail, log):
         argv += ["--setting=%s=%s" % kv for kv in sorted(settings.items())]
         per_n = scale["variants"].setdefault(label, {})
         for n in args.scale:
-            rec = run_world(args, run, tail, label, n, argv, env)
+            rec = run_world(args, label, n, argv, env)
             per_n[str(n)] = rec
             log("scale %-22s %3d  %-10s up %s s, warm %s s, wall %.0f s, "
                 "load %.1f" % (
