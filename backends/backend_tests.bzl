@@ -29,7 +29,7 @@ file states only what differs:
 
   tether_unit(name = "x", deps = [...])
       the library x of internal/x.cc and internal/x.h, over Abseil, and, with
-      `test = True`, its test x_test of internal/x_test.cc;
+      `test = True`, its test foo_x_test of internal/x_test.cc;
   tether_backend_library(name = "foo", transport = ..., state_srcs = ...)
       a backend over //backends/common:agent_skeleton: its public library
       foo of foo_agent.cc and foo_agent.h, its :agent_state (the hooks for
@@ -47,6 +47,7 @@ SKELETON_STATE_DEPS = [
     "//backends/common:agent_skeleton",
     "//backends/common:agent_support",
     "//backends/common:peer_table",
+    "//backends/common:refusals",
     "//core:agent",
     "//core/toolkit:pending_requests",
     "//core/toolkit:serial_executor",
@@ -66,6 +67,14 @@ _UNIT_TEST_DEPS = [
     "//third_party:gtest_main",
 ]
 
+def _test_name(area):
+    """`<backend>_<area>_test` in a backend's package (backends/<backend>),
+    `<area>_test` in backends/common."""
+    package = native.package_name()
+    if package.startswith("backends/") and package != "backends/common":
+        return "%s_%s_test" % (package.split("/")[-1], area)
+    return area + "_test"
+
 def tether_unit(
         name,
         deps = [],
@@ -77,7 +86,9 @@ def tether_unit(
         test_deps = [],
         **kwargs):
     """A library `name` of `<folder><name>.cc` and `<folder><name>.h`, and
-    with `test`, its unit test `<name>_test` of `<folder><name>_test.cc`.
+    with `test`, its unit test of `<folder><name>_test.cc`, named
+    `<backend>_<name>_test` in a backend's package (`<name>_test` in
+    backends/common).
 
     Args:
       name: the library, and the stem of its files.
@@ -101,7 +112,7 @@ def tether_unit(
     )
     if test:
         native.cc_test(
-            name = name + "_test",
+            name = _test_name(name),
             size = test_size,
             srcs = [folder + name + "_test.cc"],
             deps = [":" + name] + _UNIT_TEST_DEPS + test_deps,
@@ -311,6 +322,8 @@ def tether_fuzz_test(name, src, corpus, deps, corpus_maker = None):
                 "//third_party:torch",
             ],
         )
+    # The source states its properties with TETHER_CHECK.
+    deps = deps + ["//core/toolkit:check"]
     native.cc_binary(
         name = name,
         srcs = [src],

@@ -36,6 +36,7 @@
 #include "testing/agent_testing.h"
 #include "testing/multiprocess.h"
 #include "testing/process_resources.h"
+#include "testing/raw_sockets.h"
 #include "testing/status_matchers.h"
 
 namespace tether::testing {
@@ -99,8 +100,8 @@ std::string get_key(c10d::Store& store, const std::string& key) {
 bool wait_key(c10d::Store& store, const std::string& key,
               absl::Duration timeout) {
   try {
-    store.wait({key}, std::chrono::milliseconds(
-                          absl::ToInt64Milliseconds(timeout)));
+    store.wait({key},
+               std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
     return true;
   } catch (const std::exception& e) {
     ADD_FAILURE() << "waiting for '" << key << "' in the store: " << e.what();
@@ -131,108 +132,6 @@ std::vector<ListeningAddress> decode_targets(const std::string& text) {
 
 // ------------------------------------------------------------ raw clients
 
-// A connected TCP socket (non-blocking) to `target`, or -1.
-int connect_to(const ListeningAddress& target) {
-  const int family = target.ipv6 ? AF_INET6 : AF_INET;
-  const int fd =
-      ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_storage address{};
-  socklen_t length = 0;
-  if (target.ipv6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&address);
-    a->sin6_family = AF_INET6;
-    a->sin6_port = htons(static_cast<uint16_t>(target.port));
-    ::inet_pton(AF_INET6, target.host.c_str(), &a->sin6_addr);
-    length = sizeof(*a);
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&address);
-    a->sin_family = AF_INET;
-    a->sin_port = htons(static_cast<uint16_t>(target.port));
-    ::inet_pton(AF_INET, target.host.c_str(), &a->sin_addr);
-    length = sizeof(*a);
-  }
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
-    if (errno != EINPROGRESS) {
-      ::close(fd);
-      return -1;
-    }
-    pollfd p{fd, POLLOUT, 0};
-    int error = 0;
-    socklen_t size = sizeof(error);
-    if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(
-                          kConnectBound))) != 1 ||
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0 ||
-        error != 0) {
-      ::close(fd);
-      return -1;
-    }
-  }
-  return fd;
-}
-
-// Sends all of `bytes` within `bound`; false if the worker closed the
-// connection first (or the bound passed).
-bool send_all(int fd, absl::string_view bytes, absl::Duration bound) {
-  const absl::Time end = absl::Now() + bound;
-  while (!bytes.empty()) {
-    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      bytes.remove_prefix(static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
-    const absl::Duration left = end - absl::Now();
-    if (left <= absl::ZeroDuration()) return false;
-    pollfd p{fd, POLLOUT, 0};
-    ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
-  }
-  return true;
-}
-
-// Closes with a reset (SO_LINGER 0), as a crashed client's kernel would.
-void reset(int fd) {
-  linger l{1, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
-  ::close(fd);
-}
-
-// Reads and drops what the worker sends on each of `fds` until it ends the
-// connection (end of stream or reset) or `bound` passes: which ended.
-std::vector<bool> ended_within(const std::vector<int>& fds,
-                               absl::Duration bound) {
-  std::vector<bool> ended(fds.size(), false);
-  const absl::Time end = absl::Now() + bound;
-  size_t open = fds.size();
-  while (open > 0) {
-    const absl::Duration left = end - absl::Now();
-    if (left <= absl::ZeroDuration()) break;
-    std::vector<pollfd> polls;
-    std::vector<size_t> index;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (ended[i]) continue;
-      polls.push_back({fds[i], POLLIN, 0});
-      index.push_back(i);
-    }
-    if (::poll(polls.data(), polls.size(),
-               static_cast<int>(absl::ToInt64Milliseconds(left)) + 1) <= 0) {
-      continue;
-    }
-    for (size_t k = 0; k < polls.size(); ++k) {
-      if (polls[k].revents == 0) continue;
-      char buffer[4096];
-      ssize_t n;
-      while ((n = ::recv(fds[index[k]], buffer, sizeof(buffer), 0)) > 0) {
-      }
-      if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        ended[index[k]] = true;
-        --open;
-      }
-    }
-  }
-  return ended;
-}
-
 // One connection per entry of `sends` to `target`, each sent its bytes and
 // then held (half-closed when `half_close`): each must be ended by the
 // worker within kRefuseBound. Closes them all.
@@ -241,7 +140,7 @@ void expect_refused(const ListeningAddress& target,
   std::vector<int> fds;
   std::vector<std::string> names;
   for (const HostileBytes& send : sends) {
-    const int fd = connect_to(target);
+    const int fd = connect_to(target, kConnectBound);
     if (fd < 0) {
       ADD_FAILURE() << "cannot connect to " << target.to_string() << " for "
                     << send.name;
@@ -528,8 +427,7 @@ void run_case(const HostileParam& param, bool authenticated,
           const char* store_port = std::getenv("MASTER_PORT");
           std::vector<ListeningAddress> targets;
           for (const ListeningAddress& t : listening_tcp_addresses()) {
-            if (store_port == nullptr ||
-                absl::StrCat(t.port) != store_port) {
+            if (store_port == nullptr || absl::StrCat(t.port) != store_port) {
               targets.push_back(t);
             }
           }
@@ -612,9 +510,9 @@ TEST_P(HostilePeers, RandomBytesAreRefused) {
       if (d.deliver) {
         std::vector<HostileBytes> frames;
         for (int i = 0; i < 3; ++i) {
-          frames.push_back({absl::StrCat("a frame of random bytes (seed ", i,
-                                         ")"),
-                            random_bytes(1000 + 1000 * i, 100 + i)});
+          frames.push_back(
+              {absl::StrCat("a frame of random bytes (seed ", i, ")"),
+               random_bytes(1000 + 1000 * i, 100 + i)});
         }
         expect_frames_refused(d, target, frames, std::nullopt);
       }
@@ -651,7 +549,7 @@ TEST_P(HostilePeers, IdleConnectionsCostNothingOnceClosed) {
     const int before = fd_count_of(v.pid);
     std::vector<int> fds;
     for (int i = 0; i < count; ++i) {
-      const int fd = connect_to(v.targets[i % v.targets.size()]);
+      const int fd = connect_to(v.targets[i % v.targets.size()], kConnectBound);
       if (fd >= 0) fds.push_back(fd);
     }
     // Until the worker has taken them (its descriptors grow by as many),
@@ -687,7 +585,7 @@ TEST_P(HostilePeers, SlowSendersHoldUpNothing) {
     std::vector<int> fds;
     for (const ListeningAddress& target : v.targets) {
       for (int i = 0; i < 4 * scale(); ++i) {
-        const int fd = connect_to(target);
+        const int fd = connect_to(target, kConnectBound);
         if (fd >= 0) fds.push_back(fd);
       }
     }
@@ -709,7 +607,7 @@ TEST_P(HostilePeers, ConnectCloseCyclesLeaveNothing) {
     const int before = fd_count_of(v.pid);
     int made = 0;
     for (int i = 0; i < 300 * scale(); ++i) {
-      const int fd = connect_to(v.targets[i % v.targets.size()]);
+      const int fd = connect_to(v.targets[i % v.targets.size()], kConnectBound);
       if (fd < 0) continue;
       ++made;
       if (i % 2 == 0) {
@@ -718,8 +616,9 @@ TEST_P(HostilePeers, ConnectCloseCyclesLeaveNothing) {
         reset(fd);
       }
     }
-    std::printf("%d connect/close cycles; the worker's descriptors: %d, now %d\n",
-                made, before, fd_count_of(v.pid));
+    std::printf(
+        "%d connect/close cycles; the worker's descriptors: %d, now %d\n", made,
+        before, fd_count_of(v.pid));
   });
 }
 

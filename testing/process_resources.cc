@@ -7,15 +7,17 @@
 #include <absl/strings/str_split.h>
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,14 +29,19 @@ constexpr char kListenState[] = "0A";
 
 // Calls `visit` with each open descriptor's number (as /proc names it) and
 // what it refers to ("socket:[1234]", a path...).
+// `dir` is a process's fd directory ("/proc/self/fd", "/proc/<pid>/fd");
+// the descriptor this call reads it with is left out.
 void for_each_fd(
+    const std::string& path,
     const std::function<void(const char* fd, const char* target)>& visit) {
-  DIR* dir = ::opendir("/proc/self/fd");
+  DIR* dir = ::opendir(path.c_str());
   if (dir == nullptr) return;
+  const std::string own = absl::StrCat(::dirfd(dir));
   while (dirent* entry = ::readdir(dir)) {
     if (entry->d_name[0] == '.') continue;
+    if (path == "/proc/self/fd" && own == entry->d_name) continue;
     char target[256];
-    const std::string link = absl::StrCat("/proc/self/fd/", entry->d_name);
+    const std::string link = absl::StrCat(path, "/", entry->d_name);
     const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
     if (n <= 0) continue;
     target[n] = '\0';
@@ -43,10 +50,10 @@ void for_each_fd(
   ::closedir(dir);
 }
 
-// Inodes of the sockets this process's descriptors refer to.
-absl::flat_hash_set<uint64_t> own_socket_inodes() {
+// Inodes of the sockets the descriptors of `fd_dir` refer to.
+absl::flat_hash_set<uint64_t> socket_inodes(const std::string& fd_dir) {
   absl::flat_hash_set<uint64_t> inodes;
-  for_each_fd([&inodes](const char*, const char* target) {
+  for_each_fd(fd_dir, [&inodes](const char*, const char* target) {
     uint64_t inode = 0;
     if (std::sscanf(target, "socket:[%lu]", &inode) == 1) inodes.insert(inode);
   });
@@ -100,10 +107,10 @@ bool parse_address(const std::string& text, bool ipv6, ListeningAddress& out) {
 
 // The TCP states of /proc/net/tcp, by their hex code.
 const char* tcp_state_name(const std::string& code) {
-  static const char* const kNames[] = {
-      "?",          "ESTABLISHED", "SYN_SENT",   "SYN_RECV",
-      "FIN_WAIT1",  "FIN_WAIT2",   "TIME_WAIT",  "CLOSE",
-      "CLOSE_WAIT", "LAST_ACK",    "LISTEN",     "CLOSING"};
+  static const char* const kNames[] = {"?",         "ESTABLISHED", "SYN_SENT",
+                                       "SYN_RECV",  "FIN_WAIT1",   "FIN_WAIT2",
+                                       "TIME_WAIT", "CLOSE",       "CLOSE_WAIT",
+                                       "LAST_ACK",  "LISTEN",      "CLOSING"};
   uint32_t value = 0;
   if (!absl::SimpleHexAtoi(code, &value) || value >= 12) return "?";
   return kNames[value];
@@ -164,44 +171,98 @@ std::string describe_open_fds() {
     }
   }
   std::string out;
-  for_each_fd([&tcp, &out](const char* fd, const char* target) {
-    absl::StrAppend(&out, fd, " ", target);
-    uint64_t inode = 0;
-    if (std::sscanf(target, "socket:[%lu]", &inode) == 1) {
-      auto it = tcp.find(inode);
-      if (it != tcp.end()) absl::StrAppend(&out, " ", it->second);
-    }
-    out.push_back('\n');
-  });
+  for_each_fd("/proc/self/fd",
+              [&tcp, &out](const char* fd, const char* target) {
+                absl::StrAppend(&out, fd, " ", target);
+                uint64_t inode = 0;
+                if (std::sscanf(target, "socket:[%lu]", &inode) == 1) {
+                  auto it = tcp.find(inode);
+                  if (it != tcp.end()) absl::StrAppend(&out, " ", it->second);
+                }
+                out.push_back('\n');
+              });
   return out;
 }
 
 std::string ListeningAddress::to_string() const {
+  if (unix_socket) return absl::StrCat("unix:", host);
   return ipv6 ? absl::StrCat("[", host, "]:", port)
               : absl::StrCat(host, ":", port);
 }
 
-std::vector<ListeningAddress> listening_tcp_addresses() {
-  const absl::flat_hash_set<uint64_t> inodes = own_socket_inodes();
-  std::vector<ListeningAddress> out;
-  for (const bool ipv6 : {false, true}) {
-    std::ifstream table(ipv6 ? "/proc/self/net/tcp6" : "/proc/self/net/tcp");
+std::vector<ListeningAddress> listening_sockets(pid_t pid) {
+  const std::string proc = absl::StrCat("/proc/", pid);
+  const absl::flat_hash_set<uint64_t> inodes = socket_inodes(proc + "/fd");
+  // The fields of each line of the table `name` (its header skipped) with
+  // at least `min_fields`, whose field `state` is `listening` and whose
+  // inode (field `inode`) is one of `pid`'s sockets.
+  auto listening_lines = [&](const char* name, size_t min_fields, size_t state,
+                             absl::string_view listening, size_t inode) {
+    std::vector<std::vector<std::string>> found;
+    std::ifstream table(absl::StrCat(proc, "/net/", name));
     std::string line;
-    std::getline(table, line);  // the header
+    std::getline(table, line);
     while (std::getline(table, line)) {
-      // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
       std::vector<std::string> fields =
           absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (fields.size() < 10 || fields[3] != kListenState) continue;
-      uint64_t inode = 0;
-      if (!absl::SimpleAtoi(fields[9], &inode) || !inodes.contains(inode)) {
-        continue;
+      uint64_t number = 0;
+      if (fields.size() >= min_fields && fields[state] == listening &&
+          absl::SimpleAtoi(fields[inode], &number) && inodes.contains(number)) {
+        found.push_back(std::move(fields));
       }
+    }
+    return found;
+  };
+  std::vector<ListeningAddress> out;
+  for (const bool ipv6 : {false, true}) {
+    // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
+    for (const std::vector<std::string>& fields :
+         listening_lines(ipv6 ? "tcp6" : "tcp", 10, 3, kListenState, 9)) {
       ListeningAddress address;
       if (parse_address(fields[1], ipv6, address)) out.push_back(address);
     }
   }
+  // Num RefCount Protocol Flags Type St Inode Path; a listening socket's
+  // Flags has __SO_ACCEPTCON (00010000).
+  for (const std::vector<std::string>& fields :
+       listening_lines("unix", 8, 3, "00010000", 6)) {
+    ListeningAddress address;
+    address.unix_socket = true;
+    address.host = fields[7];
+    out.push_back(address);
+  }
   return out;
+}
+
+std::vector<ListeningAddress> listening_tcp_addresses() {
+  std::vector<ListeningAddress> out = listening_sockets(::getpid());
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [](const ListeningAddress& address) {
+                             return address.unix_socket;
+                           }),
+            out.end());
+  return out;
+}
+
+std::map<int, std::string> open_fds() {
+  std::map<int, std::string> files;
+  for_each_fd("/proc/self/fd", [&files](const char* fd, const char* target) {
+    int number = -1;
+    if (absl::SimpleAtoi(fd, &number)) files[number] = target;
+  });
+  return files;
+}
+
+std::string changed_fds(const std::map<int, std::string>& before,
+                        const std::map<int, std::string>& after) {
+  std::string out;
+  for (const auto& [fd, what] : after) {
+    auto it = before.find(fd);
+    if (it == before.end() || it->second != what) {
+      absl::StrAppend(&out, " ", fd, " -> ", what, ";");
+    }
+  }
+  return out.empty() ? " none" : out;
 }
 
 }  // namespace tether::testing

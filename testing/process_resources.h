@@ -7,7 +7,10 @@
 #ifndef TETHER_TESTING_PROCESS_RESOURCES_H_
 #define TETHER_TESTING_PROCESS_RESOURCES_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,13 +40,16 @@ int open_fd_count();
 // failure messages that must say what was left open.
 std::string describe_open_fds();
 
-// A TCP port this process listens on: what a client connects to.
+// A socket a process listens on: what a client connects to.
 struct ListeningAddress {
-  std::string host;  // "127.0.0.1" or "::1" for a wildcard listener
+  // "127.0.0.1" or "::1" for a wildcard listener; a unix socket's path
+  // ('@' first: an abstract one).
+  std::string host;
   int port = 0;
   bool ipv6 = false;
+  bool unix_socket = false;
 
-  // "127.0.0.1:port" or "[::1]:port".
+  // "127.0.0.1:port", "[::1]:port" or "unix:path".
   std::string to_string() const;
 };
 
@@ -51,6 +57,19 @@ struct ListeningAddress {
 // refers to (/proc/self/net/tcp{,6} matched with /proc/self/fd by inode),
 // whichever library opened it. A wildcard address is reported as loopback.
 std::vector<ListeningAddress> listening_tcp_addresses();
+
+// Every socket process `pid` listens on, TCP (IPv4, IPv6) and unix, the
+// same way (/proc/<pid>/fd matched with /proc/<pid>/net/{tcp,tcp6,unix}).
+std::vector<ListeningAddress> listening_sockets(pid_t pid);
+
+// This process's open descriptors: what each refers to ("socket:[1234]",
+// a path), the one this call opens to read them left out.
+std::map<int, std::string> open_fds();
+
+// The descriptors of `after` that are not in `before` as they were
+// (" 7 -> socket:[1234]; ..."), or " none": for failure messages.
+std::string changed_fds(const std::map<int, std::string>& before,
+                        const std::map<int, std::string>& after);
 
 }  // namespace tether::testing
 

@@ -20,11 +20,12 @@ absl::Status no_shared_transport(const BackendNames& names,
 absl::Status lost_to_silence(const BackendNames& names, absl::string_view self,
                              const WorkerInfo& worker,
                              absl::Duration peer_timeout) {
-  return absl::UnavailableError(absl::StrCat(
-      "worker '", worker.name, "' (rank ", worker.id,
-      ") is lost: it left a liveness probe unanswered for ",
-      absl::FormatDuration(peer_timeout), " (the peer timeout) while calls of ",
-      agent_of(names, self), " waited on it"));
+  return peer_lost(
+      worker.name, worker.id,
+      absl::StrCat("it left a liveness probe unanswered for ",
+                   absl::FormatDuration(peer_timeout),
+                   " (the peer timeout) while calls of ", agent_of(names, self),
+                   " waited on it"));
 }
 
 std::optional<Endpoint> tcp_endpoint(absl::string_view published) {

@@ -102,18 +102,19 @@ absl::Status check_alive(const Liveness& liveness,
     }
     const bool silent =
         answer.status().code() == absl::StatusCode::kDeadlineExceeded;
-    const std::string named = absl::StrCat("worker '", who.name, "' (rank ",
-                                           who.id, ") is lost");
     // The transport may have named the loss already (libfabric does).
-    if (!silent && absl::StartsWith(answer.status().message(), named)) {
+    if (!silent &&
+        absl::StartsWith(answer.status().message(),
+                         absl::StrCat(describe_peer(who.name, who.id),
+                                      " is lost"))) {
       return absl::UnavailableError(answer.status().message());
     }
-    return absl::UnavailableError(absl::StrCat(
-        named, ": ",
+    return peer_lost(
+        who.name, who.id,
         silent ? absl::StrCat("it left a liveness probe unanswered for ",
                               absl::FormatDuration(liveness.peer_timeout),
                               " (the peer timeout)")
-               : std::string(answer.status().message())));
+               : std::string(answer.status().message()));
   }
   return absl::OkStatus();
 }

@@ -51,4 +51,37 @@ absl::Status shut_down_with_request_pending(absl::string_view self_name) {
       "worker '", self_name, "' shut down with the request pending"));
 }
 
+std::string describe_peer(absl::string_view peer_name, int rank) {
+  if (peer_name.empty()) return absl::StrCat("the worker of rank ", rank);
+  return absl::StrCat("worker '", peer_name, "' (rank ", rank, ")");
+}
+
+absl::Status peer_lost(absl::string_view peer_name, int rank,
+                       absl::string_view why) {
+  return absl::UnavailableError(
+      absl::StrCat(describe_peer(peer_name, rank), " is lost: ", why));
+}
+
+absl::Status peer_left(absl::string_view self_name, absl::string_view peer_name,
+                       int rank) {
+  return absl::UnavailableError(
+      absl::StrCat(describe_peer(peer_name, rank),
+                   " has left the group of worker '", self_name, "'"));
+}
+
+absl::Status peer_shut_down(absl::string_view self_name,
+                            absl::string_view peer_name, int rank) {
+  return absl::UnavailableError(
+      absl::StrCat(describe_peer(peer_name, rank), " has shut down (worker '",
+                   self_name, "' was told)"));
+}
+
+absl::Status connection_lost(absl::string_view self_name,
+                             absl::string_view peer_name, int rank,
+                             absl::string_view why, absl::StatusCode code) {
+  return absl::Status(
+      code, absl::StrCat("lost the connection between worker '", self_name,
+                         "' and ", describe_peer(peer_name, rank), ": ", why));
+}
+
 }  // namespace tether::backends::common

@@ -37,9 +37,9 @@ void keep_grpc_initialized() {
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
   keep_grpc_initialized();
-  return common::create_agent<grpc_internal::AgentState>(
-      grpc_internal::kGrpcNames, std::move(setup),
-      grpc_internal::parse_settings);
+  return common::create_agent<grpc::internal::AgentState>(
+      grpc::internal::kGrpcNames, std::move(setup),
+      grpc::internal::parse_settings);
 }
 
 // OK if this process can open a TCP listener on loopback, which every
@@ -70,7 +70,7 @@ absl::Status check_viable() {
 
 Backend grpc_backend() {
   Backend backend;
-  backend.name = grpc_internal::kGrpcNames.name;
+  backend.name = grpc::internal::kGrpcNames.name;
   backend.viable = check_viable;
   backend.create = create_agent;
   return backend;

@@ -365,7 +365,7 @@ std::string head_frame(const std::vector<uint64_t>& sizes,
   put_le(body, 0, 4);
   for (uint64_t size : sizes) put_le(body, size, 8);
   std::string frame = "TGF1";
-  frame.push_back(static_cast<char>(grpc_internal::FrameKind::kRequest));
+  frame.push_back(static_cast<char>(grpc::internal::FrameKind::kRequest));
   frame.append(3, '\0');
   put_le(frame, body_bytes < 0 ? body.size() : static_cast<uint64_t>(body_bytes),
          8);
@@ -412,8 +412,8 @@ std::string http2_huge_frame(uint8_t type, uint32_t stream) {
   request.type = MessageType::kPing;
   request.id = 7;
   request.payload = "a stranger's request";
-  grpc_internal::OutgoingCursor cursor(
-      grpc_internal::make_request(std::move(request)));
+  grpc::internal::OutgoingCursor cursor(
+      grpc::internal::make_request(std::move(request)));
   std::vector<::grpc::Slice> slices;
   while (!cursor.done()) cursor.append_next_frame(1 << 20, slices);
   for (const ::grpc::Slice& slice : slices) {

@@ -14,9 +14,9 @@ namespace {
 
 using libfabric::internal::kLibfabricNames;
 using libfabric::internal::Settings;
-using libfabric::internal::State;
+using libfabric::internal::AgentState;
 
-using LibfabricAgent = common::SharedStateAgent<State>;
+using LibfabricAgent = common::SharedStateAgent<AgentState>;
 
 }  // namespace
 
@@ -34,7 +34,7 @@ Backend libfabric_backend(
     for (const auto& [key, value] : defaults) {
       setup.settings.try_emplace(key, value);
     }
-    return common::create_agent<State>(kLibfabricNames, std::move(setup),
+    return common::create_agent<AgentState>(kLibfabricNames, std::move(setup),
                                        libfabric::internal::parse_settings);
   };
   return backend;

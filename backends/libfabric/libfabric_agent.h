@@ -1,90 +1,9 @@
 // The libfabric backend: agents that talk through libfabric (OFI) reliable
-// datagram endpoints, for RDMA-capable fabrics (docs/architecture.md
-// section 2).
-//
-// Each agent opens one FI_EP_RDM endpoint with one completion queue for the
-// provider its settings name, publishes the endpoint's name (fi_getname) in
-// the group's store under "tether/libfabric/<rank>" with what peers need
-// (provider, buffer size, credits, how it pulls large buffers), waits until
-// every rank has published, and inserts every address into an address
-// vector in rank order. There are no connections to open: the provider
-// connects (tcp;ofi_rxm) or maps (shm) on the first message.
-//
-// Dynamic groups (AgentSetup::dynamic): the agent publishes its record
-// without waiting and reads the members'. add_peer() has the progress
-// thread insert a joiner's address and make its state, growing the eager
-// pool; a hello or request from a rank not known yet is taken once the
-// record published under that rank names a worker (the joiner talks to a
-// member before MEMBER_JOIN); remove_peer() stops sends at once and drops
-// the peer (fi_av_remove) on its goodbye or when a worker joins with its
-// rank. docs/reliability.md, "Groups that change".
-//
-// Small messages: a request or response whose payload, storages and
-// descriptors fit one eager buffer travels as one tagged message into one
-// of the receiver's pre-posted buffers (world size x (credits + 1) of them).
-// Flow control is by credits: each receiver grants each peer `credits`
-// buffers; a sender spends one per frame and waits (queues) at zero; the
-// receiver returns credits in the header of every frame it sends back, or,
-// when it has nothing to send, in a credit frame that uses a control slot
-// reserved per peer. So a fast sender never has more frames in flight to a
-// peer than the peer has buffers for it, whatever the peer's speed, and
-// never relies on the provider buffering unexpected messages.
-//
-// Large buffers: a payload or storage of at least the rendezvous threshold
-// stays where it is. The sender registers it (fi_mr_reg, through a
-// registration cache: internal/mr_cache.h) and describes it in the eager
-// frame; the receiver allocates the storage and pulls the bytes straight
-// into it with fi_read where it has FI_RMA, or, in tagged mode, posts tagged
-// receives into it and asks the sender to send (clear-to-send). Then it
-// tells the sender to release its buffers. A message whose descriptors do
-// not fit an eager buffer (thousands of storages) has its whole body pulled
-// the same way first. The wire format is internal/frame.h.
-//
-// Errors and lost peers: an error completion (fi_cq_readerr) of a send or
-// pull fails what waits for that peer with UNAVAILABLE naming it and
-// libfabric's reason. A peer that shuts down says goodbye, which fails its
-// pending requests with UNAVAILABLE at once. A peer that dies silently
-// (SIGKILL, a lost host) is found by keepalives: while requests, transfers
-// or frames wait on a peer that has said nothing for a fifth of
-// libfabric.peer_timeout_ms, the agent sends it a keepalive, which its
-// progress thread answers (a busy handler does not delay it); after
-// libfabric.peer_timeout_ms of silence in which the first keepalive went
-// unanswered while our own progress thread ran (a process that was itself
-// stopped asks again first), or at once when a same-host (shm)
-// peer's process is gone, the peer is lost: its requests fail with
-// UNAVAILABLE, and so do later sends to it until it is heard from again. So
-// a request to a dead peer fails within min(call timeout, peer timeout plus
-// a tick): DEADLINE_EXCEEDED if its own timeout comes first, UNAVAILABLE
-// otherwise.
-//
-// Authentication (AgentSetup::auth set): there are no connections, so the
-// challenge-response of core/auth runs per ordered pair of workers when the
-// first request goes from one (the client) to the other (the server):
-// hello, the server's proof, the client's proof, accepted (or refused, with
-// the reason). The client's requests wait until the server has accepted;
-// the server drops, with a log line, every request, response, release,
-// clear-to-send and goodbye frame from a peer that has not authenticated in
-// that direction (credit and keepalive frames pass: they only feed flow
-// control), and refuses its requests. A refused handshake fails the
-// client's calls to that peer at once with UNAUTHENTICATED naming the peer
-// and the reason; the next call tries again. Frames are not bound to the
-// handshake and nothing is encrypted (docs/security.md).
-//
-// Strangers (docs/security.md): under tcp;ofi_rxm anyone who can reach the
-// endpoint's TCP port can connect. libfabric 1.17's tcp provider holds a
-// connection whose request never comes, or is cut short, for ever (and one
-// whose client closed early as a descriptor in CLOSE_WAIT): the progress
-// thread's listener guard (internal/listener_guard.h) resets, every 500 ms,
-// each connection on the listener that the provider has not answered once
-// its client has gone or after libfabric.accept_timeout_ms, so that the
-// provider closes and frees it. Connections the provider has taken on are
-// left alone; what their peers may send is the provider's to check.
-//
-// Limits (AgentSetup::limits): a message frame announcing more payload
-// bytes, storages or storage bytes than the limits, or a remote descriptor
-// list longer than a message within them can need, is refused before
-// anything is allocated or pulled for it; a request's sender gets
-// RESOURCE_EXHAUSTED naming the limit, and both agents carry on.
+// datagram endpoints (FI_EP_RDM), for RDMA-capable fabrics: small messages
+// as eager tagged frames under credit flow control, large buffers pulled by
+// rendezvous (RMA read or tagged). docs/libfabric.md has how it connects and
+// carries messages, lost peers, authentication and limits;
+// docs/security.md what a stranger can do to it.
 //
 // Providers (libfabric.provider): "tcp;ofi_rxm" (the default) and "shm"
 // (processes of one host) run on any Linux machine; "verbs;ofi_rxm"
@@ -107,8 +26,7 @@
 //                             eager buffers (threshold + 1 KiB), 256 B..64 MiB
 //                             (default 16384, or the provider's inject size
 //                             less 1 KiB where that is smaller and at least
-//                             2 KiB: 3072 on shm, whose larger messages take
-//                             several steps of the receiver's progress)
+//                             2 KiB: 3072 on shm)
 //   libfabric.rendezvous      how this agent pulls large buffers: "auto"
 //                             (fi_read where the provider has FI_RMA, else
 //                             tagged), "read", "tagged" (default "auto")
@@ -123,36 +41,18 @@
 //   libfabric.accept_timeout_ms  tcp providers: how long a connection to
 //                             the endpoint's listener may take to make its
 //                             connection request before it is reset, >= 100
-//                             (default 5000; see "Strangers" below)
+//                             (default 5000; docs/security.md)
 //   libfabric.mr_cache_entries, libfabric.mr_cache_bytes  bounds of the
 //                             registration cache (default 64 entries,
 //                             256 MiB; 0 entries: no cache)
 //   libfabric.spin_us         how long the progress thread keeps polling
 //                             after its last work before it sleeps (default
-//                             RpcOptions::busy_poll, 0: on a machine whose
-//                             cores are shared, a
-//                             spinning thread delays the ones it waits for;
-//                             on dedicated cores a spin of tens of
-//                             microseconds saves wake-ups)
+//                             RpcOptions::busy_poll, 0)
 //
-// Memory: world size x (credits + 1) receive buffers and 64 send buffers of
-// threshold + 1 KiB each, plus what the registration cache holds.
-//
-// Threads: each agent runs one progress thread: it drives the completion
-// queue, runs the request handler and completes send() futures; other
-// threads hand it work through a queue and wake it. Only the holder of the
-// agent's drive token calls libfabric: the progress thread, except while it
-// sleeps; on tcp;ofi_rxm, a caller's thread sends a small request itself
-// when the token is free, and drives the queue while it waits for the
-// answer (the assist, backends/common/fd_assist.h).
-// It sleeps on the completion queue's file descriptor where the provider
-// has one (tcp;ofi_rxm); where the queue must be polled (shm), same-host
-// peers ring its doorbell (a Unix datagram socket named in the address
-// record) after each frame they send, and it polls only for peers without
-// one. While anything waits, its sleeps are short naps, so that a wake-up a
-// provider fails to signal costs little. Plus one timer thread. join() is
-// the store barrier of core/join. docs/libfabric.md has the rest: providers,
-// protocol, failures, limits; internal/agent_state.h maps the
+// Threads: one progress thread per agent drives the completion queue, runs
+// the request handler and completes send() futures, plus one timer thread;
+// a caller's thread may drive the queue itself while it waits for its
+// answer (docs/libfabric.md, "Threads"). internal/agent_state.h maps the
 // implementation, file by file.
 #ifndef TETHER_BACKENDS_LIBFABRIC_LIBFABRIC_AGENT_H_
 #define TETHER_BACKENDS_LIBFABRIC_LIBFABRIC_AGENT_H_

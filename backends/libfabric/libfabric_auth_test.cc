@@ -1,7 +1,7 @@
 // Peer authentication (testing/auth_conformance.h) on libfabric, over TCP
 // (tcp;ofi_rxm) and shared memory (shm). RDM endpoints have no
 // connections: the handshake runs per ordered peer pair at its first
-// request (internal/frame.h).
+// request (internal/framing.h).
 #include "testing/auth_conformance.h"
 
 namespace {

@@ -13,20 +13,21 @@ namespace tether::backends {
 namespace {
 
 absl::StatusOr<std::unique_ptr<Agent>> create_agent(AgentSetup setup) {
-  return common::create_agent<internal::AgentState>(
-      internal::kTensorPipeNames, std::move(setup), internal::parse_settings);
+  return common::create_agent<tensorpipe::internal::AgentState>(
+      tensorpipe::internal::kTensorPipeNames, std::move(setup),
+      tensorpipe::internal::parse_settings);
 }
 
 }  // namespace
 
 Backend tensorpipe_backend() {
   Backend backend;
-  backend.name = internal::kTensorPipeNames.name;
+  backend.name = tensorpipe::internal::kTensorPipeNames.name;
   // The default transport, tether's tcp, needs a TCP socket that can
   // listen. (Asking TensorPipe's uv instead left libuv's process-wide pipe
   // pair open in every worker: 2 fds for a transport not used by default.)
   backend.viable = []() -> absl::Status {
-    absl::Status usable = internal::check_can_listen("tcp://127.0.0.1");
+    absl::Status usable = tensorpipe::internal::check_can_listen("tcp://127.0.0.1");
     if (usable.ok()) return usable;
     return absl::FailedPreconditionError(
         absl::StrCat("the tensorpipe backend's tcp transport is not viable on "

@@ -473,11 +473,11 @@ TEST(TensorPipeBackend, ARequestDoesNotWaitOnAPeersPipeStillOpening) {
 
   const std::string agent0 = group[0].self().name;
   const std::string agent1 = group[1].self().name;
-  backends::internal::TcpTransportOptions options;
+  backends::tensorpipe::internal::TcpTransportOptions options;
   options.self = agent0;
   options.members = {agent0, agent1};
   auto transport = std::make_shared<FirstConnectionOnly>(
-      backends::internal::create_tcp_transport(options));
+      backends::tensorpipe::internal::create_tcp_transport(options));
   auto stand_in = std::make_shared<::tensorpipe::Context>(
       ::tensorpipe::ContextOptions().name(agent0));
   stand_in->registerTransport(0, "tcp", transport);

@@ -11,17 +11,10 @@
 // tcp6 and unix.
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
-#include <absl/strings/str_split.h>
-#include <absl/strings/strip.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/time/clock.h>
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,11 +23,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -47,6 +38,8 @@
 #include "core/agent.h"
 #include "testing/agent_testing.h"
 #include "testing/multiprocess.h"
+#include "testing/process_resources.h"
+#include "testing/raw_sockets.h"
 #include "testing/status_matchers.h"
 
 namespace tether::testing {
@@ -54,229 +47,12 @@ namespace {
 
 using ::tether::backends::tensorpipe_backend;
 
-// A listening socket of another process, as /proc shows it.
-struct Listening {
-  int family = AF_INET;  // AF_INET, AF_INET6 or AF_UNIX
-  std::string address;   // numeric IP, or the unix path ('@' = abstract)
-  int port = 0;
+// How long the worker may take to answer or end a stranger's connection.
+constexpr absl::Duration kWorkerBound = absl::Seconds(30);
 
-  std::string describe() const {
-    if (family == AF_UNIX) return absl::StrCat("unix:", address);
-    return absl::StrCat(family == AF_INET6 ? "[" : "", address,
-                        family == AF_INET6 ? "]" : "", ":", port);
-  }
-};
-
-std::vector<std::string> lines_of(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-// The inodes of `pid`'s sockets.
-std::set<uint64_t> socket_inodes(pid_t pid) {
-  std::set<uint64_t> inodes;
-  const std::string dir = absl::StrCat("/proc/", pid, "/fd");
-  DIR* fds = ::opendir(dir.c_str());
-  if (fds == nullptr) return inodes;
-  while (dirent* entry = ::readdir(fds)) {
-    char target[128];
-    const std::string link = absl::StrCat(dir, "/", entry->d_name);
-    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
-    if (n <= 0) continue;
-    absl::string_view text(target, static_cast<size_t>(n));
-    uint64_t inode = 0;
-    if (absl::ConsumePrefix(&text, "socket:[") &&
-        absl::ConsumeSuffix(&text, "]") && absl::SimpleAtoi(text, &inode)) {
-      inodes.insert(inode);
-    }
-  }
-  ::closedir(fds);
-  return inodes;
-}
-
-// "0100007F:1F90" (tcp) or 32 hex digits and a port (tcp6).
-bool parse_proc_address(absl::string_view text, int family, Listening* out) {
-  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
-  if (parts.size() != 2) return false;
-  uint32_t port = 0;
-  if (!absl::SimpleHexAtoi(parts[1], &port)) return false;
-  uint32_t words[4] = {};
-  const size_t count = family == AF_INET ? 1 : 4;
-  if (parts[0].size() != 8 * count) return false;
-  for (size_t i = 0; i < count; ++i) {
-    if (!absl::SimpleHexAtoi(parts[0].substr(8 * i, 8), &words[i])) {
-      return false;
-    }
-  }
-  char buffer[INET6_ADDRSTRLEN] = {};
-  // /proc prints each 32-bit word in host order.
-  if (::inet_ntop(family, words, buffer, sizeof(buffer)) == nullptr) {
-    return false;
-  }
-  out->family = family;
-  out->address = buffer;
-  out->port = static_cast<int>(port);
-  if (out->address == "0.0.0.0") out->address = "127.0.0.1";
-  if (out->address == "::") out->address = "::1";
-  return true;
-}
-
-// The fields of each line of `file` (a /proc/net table) with at least
-// `min_fields` fields that is a listening socket (field `state_field` is
-// `listening`) of `inodes` (its inode is field `inode_field`).
-std::vector<std::vector<std::string>> listening_lines(
-    const char* file, size_t min_fields, size_t state_field,
-    absl::string_view listening, size_t inode_field,
-    const std::set<uint64_t>& inodes) {
-  std::vector<std::vector<std::string>> found;
-  for (const std::string& line : lines_of(file)) {
-    std::vector<std::string> fields =
-        absl::StrSplit(line, ' ', absl::SkipEmpty());
-    uint64_t inode = 0;
-    if (fields.size() >= min_fields && fields[state_field] == listening &&
-        absl::SimpleAtoi(fields[inode_field], &inode) &&
-        inodes.count(inode) != 0) {
-      found.push_back(std::move(fields));
-    }
-  }
-  return found;
-}
-
-// Every socket `pid` listens on.
-std::vector<Listening> listening_sockets(pid_t pid) {
-  const std::set<uint64_t> inodes = socket_inodes(pid);
-  std::vector<Listening> found;
-  for (const auto& [file, family] :
-       {std::pair<const char*, int>{"/proc/net/tcp", AF_INET},
-        {"/proc/net/tcp6", AF_INET6}}) {
-    // sl local rem st tx:rx tr:when retrnsmt uid timeout inode; st 0A is
-    // LISTEN.
-    for (const std::vector<std::string>& fields :
-         listening_lines(file, 10, 3, "0A", 9, inodes)) {
-      Listening listening;
-      if (parse_proc_address(fields[1], family, &listening)) {
-        found.push_back(listening);
-      }
-    }
-  }
-  // Num RefCount Protocol Flags Type St Inode Path; listening: Flags has
-  // __SO_ACCEPTCON (00010000).
-  for (const std::vector<std::string>& fields :
-       listening_lines("/proc/net/unix", 8, 3, "00010000", 6, inodes)) {
-    Listening listening;
-    listening.family = AF_UNIX;
-    listening.address = fields[7];
-    found.push_back(listening);
-  }
-  return found;
-}
-
-// This process's open files, by descriptor: what each one is (a socket's
-// or pipe's inode, a file's path), the directory stream's own left out.
-std::map<int, std::string> open_file_list() {
-  std::map<int, std::string> files;
-  DIR* fds = ::opendir("/proc/self/fd");
-  const int own = ::dirfd(fds);
-  while (dirent* entry = ::readdir(fds)) {
-    int fd = -1;
-    if (entry->d_name[0] == '.' || !absl::SimpleAtoi(entry->d_name, &fd) ||
-        fd == own) {
-      continue;
-    }
-    char target[256] = {0};
-    const std::string link = absl::StrCat("/proc/self/fd/", fd);
-    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
-    files[fd] = n > 0 ? std::string(target, n) : "?";
-  }
-  ::closedir(fds);
-  return files;
-}
-
-int open_files() { return static_cast<int>(open_file_list().size()); }
-
-// The descriptors of `after` that are not in `before` as they were.
-std::string new_files(const std::map<int, std::string>& before,
-                      const std::map<int, std::string>& after) {
-  std::string out;
-  for (const auto& [fd, what] : after) {
-    auto it = before.find(fd);
-    if (it == before.end() || it->second != what) {
-      absl::StrAppend(&out, " ", fd, " -> ", what, ";");
-    }
-  }
-  return out.empty() ? " none" : out;
-}
-
-// A connected socket to `to`, or -1 (errno set).
-int connect_to(const Listening& to) {
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-  if (to.family == AF_UNIX) {
-    auto* un = reinterpret_cast<sockaddr_un*>(&storage);
-    un->sun_family = AF_UNIX;
-    std::string path = to.address;
-    const bool abstract = !path.empty() && path[0] == '@';
-    if (abstract) path[0] = '\0';
-    std::memcpy(un->sun_path, path.data(), path.size());
-    length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) +
-                                    path.size() + (abstract ? 0 : 1));
-  } else if (to.family == AF_INET) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&storage);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(static_cast<uint16_t>(to.port));
-    ::inet_pton(AF_INET, to.address.c_str(), &in->sin_addr);
-    length = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(static_cast<uint16_t>(to.port));
-    ::inet_pton(AF_INET6, to.address.c_str(), &in6->sin6_addr);
-    length = sizeof(sockaddr_in6);
-  }
-  const int fd = ::socket(to.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-    return -1;
-  }
-  return fd;
-}
-
-// Sends `bytes` on a fresh connection to `to` and waits (up to `bound`) for
-// the worker to close it. True if it did.
-bool send_and_expect_close(const Listening& to, const std::string& bytes,
-                           absl::Duration bound) {
-  const int fd = connect_to(to);
-  if (fd < 0) {
-    ADD_FAILURE() << "cannot connect to " << to.describe() << ": "
-                  << std::strerror(errno);
-    return false;
-  }
-  // The worker may close as soon as it has seen enough: a short write or
-  // EPIPE is fine (MSG_NOSIGNAL: this process must not die of it either).
-  ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  timeval timeout{};
-  timeout.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(bound));
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  bool closed = false;
-  char sink[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
-    if (n > 0) continue;  // whatever the worker says before closing
-    closed = n == 0 || errno == ECONNRESET;
-    break;
-  }
-  ::close(fd);
-  return closed;
-}
-
-// The attacks above, on one port.
-void attack(const Listening& to) {
-  SCOPED_TRACE(to.describe());
+// Bytes no worker accepts, then 300 connect/close cycles, on one port.
+void attack(const ListeningAddress& to) {
+  SCOPED_TRACE(to.to_string());
   const absl::Duration bound = absl::Seconds(30);
   EXPECT_TRUE(send_and_expect_close(to, std::string(16, '\xff'), bound))
       << "16 bytes of 0xff";
@@ -291,7 +67,7 @@ void attack(const Listening& to) {
     EXPECT_TRUE(send_and_expect_close(to, noise, bound)) << "random bytes";
   }
   for (int i = 0; i < 300; ++i) {
-    const int fd = connect_to(to);
+    const int fd = connect_to(to, bound);
     if (fd < 0) {
       ADD_FAILURE() << "connection " << i << ": " << std::strerror(errno);
       return;
@@ -398,7 +174,7 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         int assists_before = 0;
         std::map<int, std::string> before;
         if (rank == 1) {
-          before = open_file_list();
+          before = open_fds();
           baseline = static_cast<int>(before.size());
           assists_before = backends::common::assist_descriptors();
           set_key(store, "test/pid", absl::StrCat(::getpid()));
@@ -407,9 +183,9 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
         if (rank == 0) {
           pid_t pid = 0;
           ASSERT_TRUE(absl::SimpleAtoi(get_key(store, "test/pid"), &pid));
-          const std::vector<Listening> ports = listening_sockets(pid);
-          for (const Listening& port : ports) {
-            std::cerr << "attacking " << port.describe() << "\n";
+          const std::vector<ListeningAddress> ports = listening_sockets(pid);
+          for (const ListeningAddress& port : ports) {
+            std::cerr << "attacking " << port.to_string() << "\n";
             attack(port);
           }
           EXPECT_FALSE(ports.empty()) << "found no port of worker 1";
@@ -439,17 +215,17 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
             return baseline + backends::common::assist_descriptors() -
                    assists_before;
           };
-          int now = open_files();
+          int now = open_fd_count();
           while (now != expected() && absl::Now() < deadline) {
             absl::SleepFor(absl::Milliseconds(20));
-            now = open_files();
+            now = open_fd_count();
           }
           EXPECT_EQ(now, expected())
               << "open files before the attack: " << baseline
               << ", after: " << now << ", of which assists' eventfds "
               << backends::common::assist_descriptors() - assists_before
               << " more than before; new or changed:"
-              << new_files(before, open_file_list());
+              << changed_fds(before, open_fds());
         }
         set_key(store, absl::StrCat("test/done", rank), "1");
         wait_key(store, absl::StrCat("test/done", 1 - rank));
@@ -464,46 +240,40 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
 
 // ---------------------------------------------------- one process, by hand
 
-using backends::internal::encode_handshake_frame;
-using backends::internal::HandshakeFrame;
-using backends::internal::HandshakeKind;
-using backends::internal::parse_handshake_frame;
+using backends::tensorpipe::internal::encode_handshake_frame;
+using backends::tensorpipe::internal::HandshakeFrame;
+using backends::tensorpipe::internal::HandshakeKind;
+using backends::tensorpipe::internal::parse_handshake_frame;
 
 // Where agent `rank` of `group` listens with tether's tcp transport.
-Listening tcp_listener(AgentGroup& group, int rank) {
+ListeningAddress tcp_listener(AgentGroup& group, int rank) {
   const std::string text =
       get_key(group.store(), absl::StrCat("tether/tensorpipe/", rank));
-  Listening listening;
+  ListeningAddress listening;
   const size_t start = text.find("tcp=127.0.0.1:");
   EXPECT_NE(start, std::string::npos) << text;
   if (start == std::string::npos) return listening;
-  listening.address = "127.0.0.1";
+  listening.host = "127.0.0.1";
   listening.port = std::stoi(text.substr(start + 14));
   return listening;
 }
 
 // The next handshake frame on `fd` (bounded wait), or an error.
 absl::StatusOr<HandshakeFrame> read_frame(int fd) {
-  timeval timeout{};
-  timeout.tv_sec = 30;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   std::string bytes;
   for (;;) {
     auto parsed = parse_handshake_frame(bytes);
     if (!parsed.ok()) return parsed.status();
     if (parsed->has_value()) return (*parsed)->frame;
-    char c;
-    if (::recv(fd, &c, 1, 0) != 1) {
-      return absl::UnavailableError("closed before a whole frame");
-    }
-    bytes.push_back(c);
+    // A byte at a time: nothing past the frame is taken.
+    absl::StatusOr<std::string> more = receive_some(fd, kWorkerBound, 1);
+    if (!more.ok()) return more.status();
+    bytes += *more;
   }
 }
 
 void send_frame(int fd, const HandshakeFrame& frame) {
-  const std::string bytes = encode_handshake_frame(frame);
-  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(bytes.size()));
+  ASSERT_TRUE(send_all(fd, encode_handshake_frame(frame), kWorkerBound));
 }
 
 // A Hello (the first frame of the handshake) as worker `name`.
@@ -514,17 +284,7 @@ void send_hello(int fd, const std::string& name) {
 }
 
 // True once the worker closes `fd` (bounded wait).
-bool closed_by_worker(int fd) {
-  timeval timeout{};
-  timeout.tv_sec = 30;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  char sink[256];
-  for (;;) {
-    const ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
-    if (n > 0) continue;
-    return n == 0 || errno == ECONNRESET;
-  }
-}
+bool closed_by_worker(int fd) { return ended_within({fd}, kWorkerBound)[0]; }
 
 void expect_serves(AgentGroup& group) {
   auto call = [&group] {
@@ -552,7 +312,7 @@ TEST(TensorPipeStrangers, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
                    {{"tensorpipe.handshake_timeout_ms", "300"}});
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
-  const int fd = connect_to(tcp_listener(group, 1));
+  const int fd = connect_to(tcp_listener(group, 1), kWorkerBound);
   ASSERT_GE(fd, 0);
   const absl::Time start = absl::Now();
   EXPECT_TRUE(closed_by_worker(fd));
@@ -565,7 +325,7 @@ TEST(TensorPipeStrangers, NonMemberIsRefusedWithTheReason) {
   AgentGroup group(tensorpipe_backend(), 2);
   ASSERT_TRUE(group.ok());
   group.start_all(echo);
-  const int fd = connect_to(tcp_listener(group, 1));
+  const int fd = connect_to(tcp_listener(group, 1), kWorkerBound);
   ASSERT_GE(fd, 0);
   send_hello(fd, "intruder");
   absl::StatusOr<HandshakeFrame> verdict = read_frame(fd);
@@ -591,7 +351,7 @@ TEST(TensorPipeStrangers, BadFramesAfterTheHandshakeCloseThatConnection) {
     AgentGroup group(tensorpipe_backend(), 2);
     ASSERT_TRUE(group.ok());
     group.start_all(echo);
-    const int fd = connect_to(tcp_listener(group, 1));
+    const int fd = connect_to(tcp_listener(group, 1), kWorkerBound);
     ASSERT_GE(fd, 0) << std::strerror(errno);
     send_hello(fd, "agent0");
     absl::StatusOr<HandshakeFrame> server_hello = read_frame(fd);
@@ -607,7 +367,7 @@ TEST(TensorPipeStrangers, BadFramesAfterTheHandshakeCloseThatConnection) {
     const uint64_t length = huge ? uint64_t{1} << 40 : 24;
     std::memcpy(bytes.data(), &length, sizeof(length));
     if (!huge) bytes += std::string(24, '\xee');
-    ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    send_all(fd, bytes, kWorkerBound);
     EXPECT_TRUE(closed_by_worker(fd));
     ::close(fd);
     expect_serves(group);

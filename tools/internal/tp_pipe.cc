@@ -35,7 +35,7 @@ class Side : public std::enable_shared_from_this<Side> {
         timing_(timing),
         rounds_(rounds),
         warmup_(warmup),
-        inline_(data_bytes <= backends::internal::kInlineLimit),
+        inline_(data_bytes <= backends::tensorpipe::internal::kInlineLimit),
         out_(kFrameBytes + (inline_ ? data_bytes : 0), 'x'),
         out_payload_(inline_ ? 0 : data_bytes, 'y'),
         in_payload_(out_payload_.size()) {
@@ -141,11 +141,11 @@ class Side : public std::enable_shared_from_this<Side> {
 std::shared_ptr<tp::transport::Context> make_transport(const std::string& name,
                                                       int rank) {
   if (name == "uv") return tp::transport::uv::create();
-  tether::backends::internal::TcpTransportOptions options;
+  tether::backends::tensorpipe::internal::TcpTransportOptions options;
   options.self = absl::StrCat("w", rank);
   options.members = {"w0", "w1"};
   options.log_prefix = "tensorpipe pipe ping-pong";
-  return tether::backends::internal::create_tcp_transport(std::move(options));
+  return tether::backends::tensorpipe::internal::create_tcp_transport(std::move(options));
 }
 
 }  // namespace

@@ -15,7 +15,9 @@
 #include <thread>
 #include <utility>
 
-namespace tether::backends::grpc_internal {
+#include "backends/common/refusals.h"
+
+namespace tether::backends::grpc::internal {
 namespace {
 
 using tether::internal::SerialExecutor;
@@ -71,7 +73,7 @@ void drive_queue(::grpc::ServerCompletionQueue& queue, absl::Duration spin) {
 
 absl::Status AgentState::start_server() {
   std::shared_ptr<::grpc::ServerCredentials> credentials;
-  const grpc_internal::TlsSettings& tls = settings_.tls;
+  const grpc::internal::TlsSettings& tls = settings_.tls;
   if (tls.enabled()) {
     ::grpc::SslServerCredentialsOptions options(
         tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
@@ -100,7 +102,7 @@ absl::Status AgentState::start_server() {
     queues.back()->queue = builder.AddCompletionQueue();
   }
   const int frame_limit = static_cast<int>(2 * settings_.chunk_bytes +
-                                           grpc_internal::kMaxHeadFrameBytes);
+                                           grpc::internal::kMaxHeadFrameBytes);
   builder.SetMaxReceiveMessageSize(frame_limit);
   builder.SetMaxSendMessageSize(frame_limit);
   // Another process must not share our port.
@@ -130,7 +132,7 @@ absl::Status AgentState::start_server() {
       }
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        "gRPC agent of worker '", self_.name, "' cannot listen on ", address,
+        who(), " cannot listen on ", address,
         " (setting grpc.address)"));
   }
   for (const std::unique_ptr<Queue>& queue : queues) {
@@ -208,7 +210,7 @@ std::shared_ptr<::grpc::Channel> AgentState::make_channel(
     const std::string& address) const {
   ::grpc::ChannelArguments args;
   const int frame_limit = static_cast<int>(2 * settings_.chunk_bytes +
-                                           grpc_internal::kMaxHeadFrameBytes);
+                                           grpc::internal::kMaxHeadFrameBytes);
   args.SetMaxReceiveMessageSize(frame_limit);
   args.SetMaxSendMessageSize(frame_limit);
   if (settings_.keepalive > absl::ZeroDuration()) {
@@ -267,9 +269,7 @@ std::shared_ptr<Link> AgentState::link_for(int rank, int64_t id) {
   std::optional<common::Peer> peer = peers_.by_rank(rank);
   if (!peer.has_value()) {
     // Left the group meanwhile (dynamic groups). Not inside send().
-    fail_later(id, absl::UnavailableError(absl::StrCat(
-                       "the worker of rank ", rank,
-                       " has left the group of worker '", self_.name, "'")));
+    fail_later(id, common::peer_left(self_.name, "", rank));
     return nullptr;
   }
   {
@@ -313,8 +313,8 @@ Future<Message> AgentState::start_send(const common::Peer& peer,
       absl::StrCat(message_type_name(request.type), " request to worker '",
                    peer.info.name, "'");
   std::shared_ptr<const OutgoingMessage> message =
-      grpc_internal::make_request(std::move(request));
-  if (absl::Status fits = grpc_internal::check_limits(
+      grpc::internal::make_request(std::move(request));
+  if (absl::Status fits = grpc::internal::check_limits(
           *message, settings_.max_message_bytes, description);
       !fits.ok()) {
     fail_later(pending.id, std::move(fits));
@@ -391,7 +391,7 @@ void AgentState::on_received(const std::shared_ptr<Link>& link,
   }
   if (!received.result.ok()) {
     // Refused here (too large): the sender learns why.
-    link->enqueue(grpc_internal::make_response(received.id, received.result));
+    link->enqueue(grpc::internal::make_response(received.id, received.result));
     return;
   }
   incoming_.arrived(std::weak_ptr<Link>(link), *std::move(received.result));
@@ -400,12 +400,12 @@ void AgentState::on_received(const std::shared_ptr<Link>& link,
 void AgentState::send_response(const std::weak_ptr<Link>& weak_link, int64_t id,
                                const absl::StatusOr<Message>& result) {
   std::shared_ptr<const OutgoingMessage> message =
-      grpc_internal::make_response(id, result);
-  if (absl::Status fits = grpc_internal::check_limits(
+      grpc::internal::make_response(id, result);
+  if (absl::Status fits = grpc::internal::check_limits(
           *message, settings_.max_message_bytes,
           absl::StrCat("the response of worker '", self_.name, "'"));
       !fits.ok()) {
-    message = grpc_internal::make_response(id, fits);
+    message = grpc::internal::make_response(id, fits);
   }
   // If the link broke, the sender has failed the request already.
   if (std::shared_ptr<Link> link = weak_link.lock()) {
@@ -456,18 +456,15 @@ void AgentState::on_link_done(const std::shared_ptr<Link>& link,
     std::shared_ptr<Link> next = link_for(link->rank(), id);
     if (next != nullptr) next->enqueue(std::move(message));
   }
-  const std::string peer =
-      absl::StrCat("worker '", link->peer(), "' (rank ", link->rank(), ")");
   pending_.fail_connection(
       link->connection(),
       code == absl::StatusCode::kUnauthenticated
-          ? absl::UnauthenticatedError(
-                absl::StrCat("worker '", self_.name, "' and ", peer,
-                             " did not authenticate each other: ", why))
-          : absl::Status(code,
-                         absl::StrCat("lost the connection between "
-                                      "worker '",
-                                      self_.name, "' and ", peer, ": ", why)));
+          ? absl::UnauthenticatedError(absl::StrCat(
+                "worker '", self_.name, "' and ",
+                common::describe_peer(link->peer(), link->rank()),
+                " did not authenticate each other: ", why))
+          : common::connection_lost(self_.name, link->peer(), link->rank(),
+                                    why, code));
 }
 
 // --------------------------------------------------------- join, shutdown
@@ -504,8 +501,8 @@ void AgentState::join_resources(Resources& resources) {
       return live_streams_ == 0;
     };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ended), kStreamsEndBound)) {
-      LOG(WARNING) << "gRPC agent of worker '" << self_.name
-                   << "': " << live_streams_ << " stream(s) still open after "
+      LOG(WARNING) << who()
+                   << ": " << live_streams_ << " stream(s) still open after "
                    << absl::FormatDuration(kStreamsEndBound) << " of shutdown";
     }
   }
@@ -531,4 +528,4 @@ void AgentState::join_resources(Resources& resources) {
   resources.queues.clear();
 }
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal

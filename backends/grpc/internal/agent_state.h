@@ -30,7 +30,7 @@
 #include "backends/grpc/internal/settings.h"
 #include "core/toolkit/serial_executor.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 
 inline constexpr common::BackendNames kGrpcNames{
     "grpc",           "gRPC",
@@ -158,6 +158,6 @@ class AgentState
       ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal
 
 #endif  // TETHER_BACKENDS_GRPC_INTERNAL_AGENT_STATE_H_

@@ -12,7 +12,7 @@
 #include "backends/grpc/internal/settings.h"
 #include "core/toolkit/receive_buffers.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 namespace {
 
 using common::get_le;
@@ -518,4 +518,4 @@ absl::Status Assembler::consume_chunk(bool is_response, Reader& body,
   return absl::OkStatus();
 }
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal

@@ -66,7 +66,7 @@
 
 #include "core/message.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 
 enum class FrameKind : uint8_t {
   kRequest = 1,
@@ -234,6 +234,6 @@ class Assembler {
       partial_;
 };
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal
 
 #endif  // TETHER_BACKENDS_GRPC_INTERNAL_FRAMING_H_

@@ -18,18 +18,18 @@
 #include <vector>
 
 #include "backends/grpc/internal/framing.h"
+#include "core/toolkit/check.h"
 
 namespace {
 
-using tether::backends::grpc_internal::Assembler;
-using tether::backends::grpc_internal::AuthFrame;
-using tether::backends::grpc_internal::AuthStep;
-using tether::backends::grpc_internal::Received;
+using tether::backends::grpc::internal::Assembler;
+using tether::backends::grpc::internal::AuthFrame;
+using tether::backends::grpc::internal::AuthStep;
+using tether::backends::grpc::internal::Received;
 
 constexpr uint64_t kMaxMessageBytes = 1 << 20;
 
-std::vector<::grpc::Slice> cut(const uint8_t* data, size_t size,
-                               size_t piece) {
+std::vector<::grpc::Slice> cut(const uint8_t* data, size_t size, size_t piece) {
   std::vector<::grpc::Slice> slices;
   for (size_t at = 0; at < size; at += piece) {
     const size_t n = size - at < piece ? size - at : piece;
@@ -54,7 +54,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (gated) assembler.close_gate("no messages before authentication");
   bool open = !gated;
   Assembler::AuthHandler on_auth = [&](const AuthFrame& frame) {
-    if (frame.name.size() > 4096 || frame.data.size() > 4096) std::abort();
+    TETHER_CHECK(frame.name.size() <= 4096 && frame.data.size() <= 4096,
+                 "an auth frame larger than its bound");
     if (frame.step == AuthStep::kProof) {
       assembler.open_gate();
       open = true;
@@ -73,7 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const bool allowed =
           status.code() == absl::StatusCode::kInvalidArgument ||
           (status.code() == absl::StatusCode::kUnauthenticated && !was_open);
-      if (!allowed) std::abort();
+      TETHER_CHECK(allowed,
+                   "a malformed frame is not INVALID_ARGUMENT, nor "
+                   "UNAUTHENTICATED before the gate opened");
       return 0;
     }
     for (const Received& received : done) {
@@ -82,9 +85,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (const auto& storage : received.result->storages) {
           total += storage.nbytes();
         }
-        if (total > kMaxMessageBytes) std::abort();
-      } else if (received.result.status().code() == absl::StatusCode::kOk) {
-        std::abort();
+        TETHER_CHECK(total <= kMaxMessageBytes,
+                     "a message larger than the limit was assembled");
+      } else {
+        TETHER_CHECK(received.result.status().code() != absl::StatusCode::kOk,
+                     "a failed message with an OK status");
       }
     }
   }

@@ -10,7 +10,7 @@
 
 #include "testing/status_matchers.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 namespace {
 
 using ::testing::HasSubstr;
@@ -422,4 +422,4 @@ TEST(GrpcFraming, MalformedAuthFramesAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal

@@ -4,7 +4,7 @@
 
 #include "backends/grpc/internal/agent_state.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 
 thread_local const void* t_completion_of = nullptr;
 
@@ -65,7 +65,7 @@ absl::Status Link::on_auth(const AuthFrame& frame) {
 
 void Link::send_auth(std::vector<auth::HandshakeMessage> messages) {
   for (auth::HandshakeMessage& message : messages) {
-    control_.push_back(grpc_internal::make_auth_frame(
+    control_.push_back(grpc::internal::make_auth_frame(
         {message.step == auth::HandshakeStep::kHello ? AuthStep::kHello
                                                      : AuthStep::kProof,
          std::move(message.name), std::move(message.data)}));
@@ -80,8 +80,8 @@ void Link::check_authenticated() {
   const std::string why =
       absl::StrCat("worker '", peer_, "' did not authenticate within ",
                    absl::FormatDuration(auth_timeout_));
-  LOG(WARNING) << "gRPC agent of worker '" << self_
-               << "' refuses a stream with worker '" << peer_ << "': " << why;
+  LOG(WARNING) << common::agent_of(kGrpcNames, self_)
+               << " refuses a stream with worker '" << peer_ << "': " << why;
   close(why, absl::StatusCode::kUnauthenticated);
 }
 
@@ -151,8 +151,8 @@ void Link::on_read_done(bool ok, const ::grpc::ByteBuffer& buffer) {
   slices.clear();
   if (!consumed.ok()) {
     if (consumed.code() == absl::StatusCode::kUnauthenticated) {
-      LOG(WARNING) << "gRPC agent of worker '" << self_
-                   << "' refuses a stream with worker '" << peer_
+      LOG(WARNING) << common::agent_of(kGrpcNames, self_)
+                   << " refuses a stream with worker '" << peer_
                    << "': " << consumed.message();
       close(consumed.message(), absl::StatusCode::kUnauthenticated);
       return;
@@ -412,4 +412,4 @@ void ServerStream::retire() {
   delete this;
 }
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal

@@ -37,7 +37,7 @@
 #include "core/auth/handshake.h"
 #include "core/toolkit/pending_requests.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 
 using common::ScopedMark;
 using tether::internal::PendingRequests;
@@ -363,6 +363,6 @@ class ServerStream final : public QueueStream {
   ::grpc::Status refusal_;
 };
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal
 
 #endif  // TETHER_BACKENDS_GRPC_INTERNAL_LINK_H_

@@ -10,7 +10,7 @@
 
 namespace {
 
-using namespace tether::backends::grpc_internal;  // NOLINT
+using namespace tether::backends::grpc::internal;  // NOLINT
 using tether::backends::common::corpus_storage;
 using tether::backends::common::CorpusDir;
 

@@ -15,7 +15,7 @@
 
 #include "backends/common/settings_toolkit.h"
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 namespace {
 
 // The keys named outside the table too.
@@ -191,4 +191,4 @@ absl::StatusOr<Settings> parse_settings(
   return static_cast<Settings>(std::move(reading));
 }
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal

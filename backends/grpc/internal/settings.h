@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-namespace tether::backends::grpc_internal {
+namespace tether::backends::grpc::internal {
 
 // The highest grpc.max_message_bytes: no agent sends a larger message, so a
 // frame that announces one is not from an agent (internal/framing.h).
@@ -62,6 +62,6 @@ struct Settings {
 [[nodiscard]] absl::StatusOr<Settings> parse_settings(
     const absl::flat_hash_map<std::string, std::string>& raw);
 
-}  // namespace tether::backends::grpc_internal
+}  // namespace tether::backends::grpc::internal
 
 #endif  // TETHER_BACKENDS_GRPC_INTERNAL_SETTINGS_H_

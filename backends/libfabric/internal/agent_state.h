@@ -1,4 +1,4 @@
-// The State of a libfabric agent (internal to the libfabric backend): what
+// The AgentState of a libfabric agent (internal to the libfabric backend): what
 // one agent has beyond the agent skeleton it is built on, shared by the
 // public Agent (common::SharedStateAgent) and the callbacks of its futures,
 // and used by its progress thread until shutdown() has joined it.
@@ -43,8 +43,9 @@
 #include "backends/common/agent_skeleton.h"
 #include "backends/common/fd_assist.h"
 #include "backends/common/peer_table.h"
+#include "backends/common/refusals.h"
 #include "backends/libfabric/internal/fabric.h"
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 #include "backends/libfabric/internal/listener_guard.h"
 #include "backends/libfabric/internal/mr_cache.h"
 #include "backends/libfabric/internal/operations.h"
@@ -71,9 +72,9 @@ extern thread_local const void* t_progress_of;
 using tether::internal::PendingRequests;
 using tether::internal::TimerQueue;
 
-// The wire format's names (internal/frame.h) read frame::kHeaderSize, as
+// The wire format's names (internal/framing.h) read framing::kHeaderSize, as
 // they did before the split out of libfabric_agent.cc.
-namespace frame = libfabric::internal;
+namespace framing = libfabric::internal;
 
 // Everything an agent has, over the agent skeleton
 // (backends/common/agent_skeleton.h), which owns the setup, the peer table
@@ -92,14 +93,14 @@ namespace frame = libfabric::internal;
 // while it does (t_progress_of). Other threads hand the progress thread work
 // with post() and wake() (commands_, under the skeleton's mu_); the members
 // set by the constructor and by init() before the thread starts are const.
-class State : public common::AgentSkeleton<State, int>,
+class AgentState : public common::AgentSkeleton<AgentState, int>,
               public common::AssistSource {
  public:
-  State(AgentSetup setup, Settings settings)
+  AgentState(AgentSetup setup, Settings settings)
       : AgentSkeleton(setup, kLibfabricNames),
         settings_(as_wished(std::move(settings), setup.address_defaulted)) {}
 
-  ~State() {
+  ~AgentState() {
     // WARNING: this may run on any thread that held the last reference;
     // shutdown() has joined the progress thread and closed the fabric.
     if (event_fd_ >= 0) ::close(event_fd_);
@@ -124,7 +125,7 @@ class State : public common::AgentSkeleton<State, int>,
   void end_assist() override ABSL_LOCKS_EXCLUDED(drive_mu_, assist_mu_);
 
  private:
-  friend class AgentSkeleton<State, int>;
+  friend class AgentSkeleton<AgentState, int>;
 
   // What shutdown() takes out of the state, closes and joins, outside the
   // lock: the commands may hold user objects.
@@ -285,11 +286,12 @@ class State : public common::AgentSkeleton<State, int>,
     return (static_cast<uint64_t>(peer.epoch) << 32) |
            static_cast<uint64_t>(peer.rank + 1);
   }
+  // The name of the worker at `rank`, "" if it has none (yet).
+  std::string name_at(int rank) const {
+    return installed(rank) ? ranks_[rank].name : std::string();
+  }
   std::string describe(int rank) const {
-    if (installed(rank) && !ranks_[rank].name.empty()) {
-      return absl::StrCat("worker '", ranks_[rank].name, "' (rank ", rank, ")");
-    }
-    return absl::StrCat("rank ", rank);
+    return common::describe_peer(name_at(rank), rank);
   }
   static bool absent(const Peer& peer) { return peer.rank < 0 || peer.left; }
   // Whether install_peer() has given `rank` a slot (it may have left since).

@@ -13,7 +13,7 @@ constexpr absl::Duration kCallBound = absl::Seconds(10);
 
 }  // namespace
 
-bool State::post(std::function<void()> command) {
+bool AgentState::post(std::function<void()> command) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return false;
@@ -23,7 +23,7 @@ bool State::post(std::function<void()> command) {
   return true;
 }
 
-absl::Status State::call_on_progress_thread(std::function<void()> command,
+absl::Status AgentState::call_on_progress_thread(std::function<void()> command,
                                             absl::string_view doing) {
   if (on_own_thread()) {  // an assisting thread, which holds the token
     command();
@@ -45,7 +45,7 @@ absl::Status State::call_on_progress_thread(std::function<void()> command,
   return absl::OkStatus();
 }
 
-void State::wake() {
+void AgentState::wake() {
   // Pairs with idle(): it sets sleeping_ before it looks at commands_ for
   // the last time, and we look at sleeping_ after adding to commands_.
   if (!sleeping_.load()) return;
@@ -53,27 +53,27 @@ void State::wake() {
   [[maybe_unused]] ssize_t written = ::write(event_fd_, &one, sizeof(one));
 }
 
-bool State::has_commands() {
+bool AgentState::has_commands() {
   absl::MutexLock lock(&mu_);
   return !commands_.empty() || closed_;
 }
 
-void State::take_resources(Resources& out) {
+void AgentState::take_resources(Resources& out) {
   out.progress = std::move(progress_);
   out.commands.swap(commands_);
 }
 
-void State::close_resources(Resources& /*resources*/) {
+void AgentState::close_resources(Resources& /*resources*/) {
   if (event_fd_ < 0) return;  // init() failed before the thread
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t written = ::write(event_fd_, &one, sizeof(one));
 }
 
-void State::join_resources(Resources& resources) {
+void AgentState::join_resources(Resources& resources) {
   if (resources.progress.joinable()) resources.progress.join();
 }
 
-Future<Message> State::start_send(const common::Peer& peer, Message request,
+Future<Message> AgentState::start_send(const common::Peer& peer, Message request,
                                   PendingRequests::Request pending) {
   for (const c10::Storage& storage : request.storages) {
     if (!storage.device().is_cpu()) {
@@ -100,7 +100,7 @@ Future<Message> State::start_send(const common::Peer& peer, Message request,
   return std::move(pending.response);
 }
 
-void State::send_response(int rank, int64_t id,
+void AgentState::send_response(int rank, int64_t id,
                           const absl::StatusOr<Message>& result) {
   auto shared = std::make_shared<absl::StatusOr<Message>>(result);
   if (!post([this, rank, id, shared] { respond(rank, id, *shared); })) {
@@ -108,12 +108,12 @@ void State::send_response(int rank, int64_t id,
   }
 }
 
-void State::run_deferred_later(Incoming::Deferred deferred) {
+void AgentState::run_deferred_later(Incoming::Deferred deferred) {
   auto shared = std::make_shared<Incoming::Deferred>(std::move(deferred));
   post([this, shared] { incoming_.run_deferred(std::move(*shared)); });
 }
 
-absl::StatusOr<std::optional<Endpoint>> State::endpoint_of(
+absl::StatusOr<std::optional<Endpoint>> AgentState::endpoint_of(
     const WorkerInfo& worker) const {
   // The skeleton's answers whether `worker` is in the group and published;
   // it finds no host:port in a record, which is read here.
@@ -132,7 +132,7 @@ absl::StatusOr<std::optional<Endpoint>> State::endpoint_of(
   return endpoint_in_record(*record);
 }
 
-absl::StatusOr<LibfabricStats> State::stats() {
+absl::StatusOr<LibfabricStats> AgentState::stats() {
   auto result = std::make_shared<std::optional<LibfabricStats>>();
   absl::Status called = call_on_progress_thread(
       [this, result] {

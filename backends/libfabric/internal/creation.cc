@@ -36,12 +36,12 @@ constexpr absl::Duration kMaxTick = absl::Milliseconds(100);
 
 }  // namespace
 
-absl::Status State::open_fabric() {
+absl::Status AgentState::open_fabric() {
   const size_t world = workers_.size();
-  if (world > frame::kMaxRanks) {
+  if (world > framing::kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("the libfabric backend supports groups of up to ",
-                     frame::kMaxRanks, " workers, not ", world));
+                     framing::kMaxRanks, " workers, not ", world));
   }
   FabricOptions options;
   options.provider = settings_.provider;
@@ -123,7 +123,7 @@ absl::Status State::open_fabric() {
   return absl::OkStatus();
 }
 
-absl::Status State::grow_pool(size_t peers) {
+absl::Status AgentState::grow_pool(size_t peers) {
   if (peers <= pool_peers_) return absl::OkStatus();
   const size_t slots = (peers - pool_peers_) * (credits_ + 1);
   if (rx_limit_ < slots + rx_reserve_) {
@@ -156,7 +156,7 @@ absl::Status State::grow_pool(size_t peers) {
     op->buffer = base + slot * buffer_size_;
     op->length = buffer_size_;
     op->desc = desc;
-    op->tag = frame::kEagerTag;
+    op->tag = framing::kEagerTag;
     Op* raw = op.get();
     receive_ops_.push_back(std::move(op));
     const int rc = issue(raw);
@@ -171,7 +171,7 @@ absl::Status State::grow_pool(size_t peers) {
   return absl::OkStatus();
 }
 
-absl::Status State::exchange_records() {
+absl::Status AgentState::exchange_records() {
   absl::StatusOr<std::string> name = fabric_->name();
   if (!name.ok()) return name.status();
   if (absl::StartsWith(fabric_->provider_name(), "tcp")) {
@@ -229,14 +229,14 @@ absl::Status State::exchange_records() {
     op->slot = i;
     op->buffer = send_slab_.data() + i * send_buffer_size_;
     op->desc = send_region_->desc();
-    op->tag = frame::kEagerTag;
+    op->tag = framing::kEagerTag;
     send_ops_.push_back(std::move(op));
     free_send_buffers_.push_back(kSendBuffers - 1 - i);
   }
   return absl::OkStatus();
 }
 
-absl::Status State::set_up_wakeups() {
+absl::Status AgentState::set_up_wakeups() {
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) {
     return absl::InternalError(
@@ -280,7 +280,7 @@ absl::Status State::set_up_wakeups() {
   return absl::OkStatus();
 }
 
-absl::Status State::init() {
+absl::Status AgentState::init() {
   absl::Status status = open_fabric();
   if (status.ok()) status = set_up_wakeups();
   if (status.ok()) status = exchange_records();

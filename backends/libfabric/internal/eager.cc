@@ -11,7 +11,7 @@
 
 namespace tether::backends::libfabric::internal {
 
-void State::enqueue(int rank, OutFrame frame) {
+void AgentState::enqueue(int rank, OutFrame frame) {
   Peer& peer = ranks_[rank];
   if (peer.lost) return;
   peer.queue.push_back(std::move(frame));
@@ -22,7 +22,7 @@ void State::enqueue(int rank, OutFrame frame) {
   }
 }
 
-void State::send_control(int rank, FrameKind kind, uint64_t arg0,
+void AgentState::send_control(int rank, FrameKind kind, uint64_t arg0,
                          uint64_t arg1, uint64_t arg2) {
   OutFrame frame;
   frame.header.kind = kind;
@@ -32,24 +32,24 @@ void State::send_control(int rank, FrameKind kind, uint64_t arg0,
   enqueue(rank, std::move(frame));
 }
 
-State::Sent State::transmit(Peer& peer, OutFrame& out, bool control) {
+AgentState::Sent AgentState::transmit(Peer& peer, OutFrame& out, bool control) {
   if (control ? !peer.control_slot_free : peer.credits == 0) {
     if (!control) ++stats_.credit_waits;
     return Sent::kWait;
   }
   if (free_send_buffers_.empty() || !have_tx_room()) return Sent::kWait;
-  const size_t length = frame::kHeaderSize + out.tail.size();
+  const size_t length = framing::kHeaderSize + out.tail.size();
   TETHER_CHECK(length <= peer.buffer_size && length <= send_buffer_size_,
                "a libfabric frame larger than the peer's eager buffer");
   Op* op = send_ops_[free_send_buffers_.back()].get();
   FrameHeader header = out.header;
   header.src_rank = static_cast<uint32_t>(self_.id);
   header.credits = static_cast<uint16_t>(std::min<uint32_t>(peer.owed, 0xffff));
-  if (peer.control_slot_owed) header.flags |= frame::kFlagReturnsControlSlot;
-  if (control) header.flags |= frame::kFlagControlSlot;
-  frame::write_header(header, op->buffer);
+  if (peer.control_slot_owed) header.flags |= framing::kFlagReturnsControlSlot;
+  if (control) header.flags |= framing::kFlagControlSlot;
+  framing::write_header(header, op->buffer);
   if (!out.tail.empty()) {
-    std::memcpy(op->buffer + frame::kHeaderSize, out.tail.data(),
+    std::memcpy(op->buffer + framing::kHeaderSize, out.tail.data(),
                 out.tail.size());
   }
   op->length = length;
@@ -90,7 +90,7 @@ State::Sent State::transmit(Peer& peer, OutFrame& out, bool control) {
   return Sent::kSent;
 }
 
-bool State::flush(Peer& peer) {
+bool AgentState::flush(Peer& peer) {
   bool worked = false;
   while (!peer.queue.empty()) {
     const Sent sent = transmit(peer, peer.queue.front(), /*control=*/false);
@@ -102,7 +102,7 @@ bool State::flush(Peer& peer) {
   return worked;
 }
 
-bool State::send_due_credits() {
+bool AgentState::send_due_credits() {
   bool worked = false;
   std::vector<int> ranks;
   ranks.swap(credit_due_);
@@ -124,9 +124,9 @@ bool State::send_due_credits() {
   return worked;
 }
 
-void State::on_frame(Op* op, size_t length) {
+void AgentState::on_frame(Op* op, size_t length) {
   absl::string_view bytes(op->buffer, length);
-  absl::StatusOr<FrameHeader> header = frame::read_header(bytes);
+  absl::StatusOr<FrameHeader> header = framing::read_header(bytes);
   const bool unknown = header.ok() && (header->src_rank >= ranks_.size() ||
                                        absent(ranks_[header->src_rank]));
   // In a dynamic group, a joiner's first word (its hello or a request) may
@@ -150,10 +150,10 @@ void State::on_frame(Op* op, size_t length) {
   heard_from(peer);
   peer.talked = true;
   peer.credits = std::min(peer.granted, peer.credits + header->credits);
-  if (header->flags & frame::kFlagReturnsControlSlot) {
+  if (header->flags & framing::kFlagReturnsControlSlot) {
     peer.control_slot_free = true;
   }
-  if (header->flags & frame::kFlagControlSlot) {
+  if (header->flags & framing::kFlagControlSlot) {
     peer.control_slot_owed = true;
   } else {
     ++peer.owed;
@@ -171,12 +171,12 @@ void State::on_frame(Op* op, size_t length) {
   if (!admitted(peer, *header)) return;
   switch (header->kind) {
     case FrameKind::kAuth:
-      on_auth_frame(peer, bytes.substr(frame::kHeaderSize));
+      on_auth_frame(peer, bytes.substr(framing::kHeaderSize));
       return;
     case FrameKind::kRequest:
     case FrameKind::kResponse:
     case FrameKind::kError:
-      on_message_frame(peer, *header, bytes.substr(frame::kHeaderSize));
+      on_message_frame(peer, *header, bytes.substr(framing::kHeaderSize));
       return;
     case FrameKind::kRelease: {
       auto it = transfers_.find(header->arg0);
@@ -199,14 +199,12 @@ void State::on_frame(Op* op, size_t length) {
     case FrameKind::kCredit:
       return;
     case FrameKind::kGoodbye:
-      fail_peer(peer.rank,
-                absl::UnavailableError(absl::StrCat(
-                    describe(peer.rank), " has shut down (libfabric agent of "
-                    "worker '", self_.name, "' was told)")));
+      fail_peer(peer.rank, common::peer_shut_down(
+                               self_.name, name_at(peer.rank), peer.rank));
       peer.gone = true;
       if (peer.leaving) {
-        drop_peer(peer.rank, absl::UnavailableError(absl::StrCat(
-                                 describe(peer.rank), " has left the group")));
+        drop_peer(peer.rank,
+                  common::peer_left(self_.name, name_at(peer.rank), peer.rank));
       }
       return;
   }

@@ -50,7 +50,7 @@ bool process_ended(int64_t pid) {
 
 }  // namespace
 
-void State::heard_from(Peer& peer) {
+void AgentState::heard_from(Peer& peer) {
   peer.last_heard = absl::Now();
   if (peer.lost && !peer.gone) {
     LOG(INFO) << who() << ": " << describe(peer.rank) << " is back";
@@ -58,7 +58,7 @@ void State::heard_from(Peer& peer) {
   }
 }
 
-void State::fail_peer(int rank, const absl::Status& status) {
+void AgentState::fail_peer(int rank, const absl::Status& status) {
   if (sending_directly_) {
     // Inside a caller's send(): no future completes there (its callbacks
     // could take the caller's locks); the progress thread fails them.
@@ -97,7 +97,7 @@ void State::fail_peer(int rank, const absl::Status& status) {
   peer.expecting_since = absl::InfiniteFuture();
 }
 
-void State::housekeeping(absl::Time now) {
+void AgentState::housekeeping(absl::Time now) {
   mr_cache_->drop_unheld();
   if (listener_guard_ != nullptr && now - last_guard_sweep_ >= kGuardInterval) {
     last_guard_sweep_ = now;
@@ -136,9 +136,9 @@ void State::housekeeping(absl::Time now) {
     }
     if (peer.same_host && peer.pid > 0 && process_ended(peer.pid)) {
       fail_peer(peer.rank,
-                absl::UnavailableError(absl::StrCat(
-                    describe(peer.rank), " is lost: its process (pid ",
-                    peer.pid, ") is gone")));
+                common::peer_lost(name_at(peer.rank), peer.rank,
+                                  absl::StrCat("its process (pid ", peer.pid,
+                                               ") is gone")));
       continue;
     }
     const absl::Time quiet_since = std::max(peer.last_heard, peer.expecting_since);
@@ -155,11 +155,12 @@ void State::housekeeping(absl::Time now) {
         now - peer.asked_at >= settings_.peer_timeout - keepalive_interval_;
     if (silence > settings_.peer_timeout && asked_in_vain) {
       fail_peer(peer.rank,
-                absl::UnavailableError(absl::StrCat(
-                    describe(peer.rank), " is lost: no word from it for ",
-                    absl::FormatDuration(silence),
-                    " while worker '", self_.name,
-                    "' waited on it (libfabric.peer_timeout_ms)")));
+                common::peer_lost(
+                    name_at(peer.rank), peer.rank,
+                    absl::StrCat("no word from it for ",
+                                 absl::FormatDuration(silence), " while worker '",
+                                 self_.name,
+                                 "' waited on it (libfabric.peer_timeout_ms)")));
       continue;
     }
     if (silence >= keepalive_interval_ &&

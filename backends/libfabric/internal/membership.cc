@@ -12,7 +12,7 @@
 
 namespace tether::backends::libfabric::internal {
 
-absl::StatusOr<Record> State::peer_record(const WorkerInfo& worker,
+absl::StatusOr<Record> AgentState::peer_record(const WorkerInfo& worker,
                                           absl::string_view published) const {
   absl::StatusOr<Record> record = decode_record(published);
   if (!record.ok()) {
@@ -35,12 +35,12 @@ absl::StatusOr<Record> State::peer_record(const WorkerInfo& worker,
   return record;
 }
 
-absl::Status State::install_peer(const WorkerInfo& worker,
+absl::Status AgentState::install_peer(const WorkerInfo& worker,
                                  const Record& record) {
-  if (worker.id < 0 || static_cast<uint32_t>(worker.id) >= frame::kMaxRanks) {
+  if (worker.id < 0 || static_cast<uint32_t>(worker.id) >= framing::kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("the libfabric backend takes ranks below ",
-                     frame::kMaxRanks, ", not ", worker.id));
+                     framing::kMaxRanks, ", not ", worker.id));
   }
   const size_t rank = static_cast<size_t>(worker.id);
   if (rank >= ranks_.size()) ranks_.resize(rank + 1);
@@ -78,7 +78,7 @@ absl::Status State::install_peer(const WorkerInfo& worker,
   return grow_pool(known_peers_);
 }
 
-void State::drop_peer(int rank, const absl::Status& why) {
+void AgentState::drop_peer(int rank, const absl::Status& why) {
   Peer& peer = ranks_[rank];
   if (absent(peer)) return;
   fail_peer(rank, why);
@@ -97,7 +97,7 @@ void State::drop_peer(int rank, const absl::Status& why) {
   --known_peers_;
 }
 
-bool State::adopt_unknown(int rank) {
+bool AgentState::adopt_unknown(int rank) {
   const WorkerInfo unknown{absl::StrCat("rank ", rank), rank};
   absl::StatusOr<std::string> text = common::lookup_address(
       *store_, kLibfabricNames.address_key_prefix, unknown, who());
@@ -136,7 +136,7 @@ bool State::adopt_unknown(int rank) {
   return true;
 }
 
-absl::Status State::on_peer_added(const common::Peer& peer) {
+absl::Status AgentState::on_peer_added(const common::Peer& peer) {
   const WorkerInfo& worker = peer.info;
   auto result = std::make_shared<absl::Status>();
   absl::Status called = call_on_progress_thread(
@@ -169,7 +169,7 @@ absl::Status State::on_peer_added(const common::Peer& peer) {
   return *result;
 }
 
-void State::on_peer_removed(const WorkerInfo& worker) {
+void AgentState::on_peer_removed(const WorkerInfo& worker) {
   post([this, worker] {
     if (!installed(worker.id) || absent(ranks_[worker.id]) ||
         ranks_[worker.id].name != worker.name) {

@@ -20,7 +20,7 @@ absl::Status status_from_code(int32_t code, std::string text) {
 
 }  // namespace
 
-void State::start_request(int rank, int64_t id, Message request) {
+void AgentState::start_request(int rank, int64_t id, Message request) {
   if (!installed(rank)) {  // in the table, not yet installed (add_peer())
     pending_.complete(
         id, absl::UnavailableError(absl::StrCat(
@@ -48,7 +48,7 @@ void State::start_request(int rank, int64_t id, Message request) {
   send_message(rank, FrameKind::kRequest, id, 0, std::move(request));
 }
 
-void State::respond(int rank, int64_t id,
+void AgentState::respond(int rank, int64_t id,
                     const absl::StatusOr<Message>& result) {
   if (result.ok()) {
     send_message(rank, FrameKind::kResponse, id, 0, *result);
@@ -61,7 +61,7 @@ void State::respond(int rank, int64_t id,
   incoming_.answered();
 }
 
-void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
+void AgentState::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
                          Message message) {
   Peer& peer = ranks_[rank];
   auto fail = [&](const absl::Status& status) {
@@ -104,9 +104,9 @@ void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
       any_remote = true;
     }
   }
-  const uint64_t body = frame::body_size(segments);
+  const uint64_t body = framing::body_size(segments);
   const bool body_remote =
-      frame::kHeaderSize + frame::kMessageHeadSize + body > peer.buffer_size;
+      framing::kHeaderSize + framing::kMessageHeadSize + body > peer.buffer_size;
 
   OutFrame out;
   out.header.kind = kind;
@@ -165,7 +165,7 @@ void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
     }
     if (body_remote) {
       transfer->body.resize(body);
-      frame::write_body(segments, data, transfer->body.data());
+      framing::write_body(segments, data, transfer->body.data());
       absl::StatusOr<std::unique_ptr<MemoryRegion>> made =
           fabric_->register_memory(transfer->body.data(), body, access);
       if (!made.ok()) {
@@ -173,7 +173,7 @@ void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
         return;
       }
       transfer->body_region = *std::move(made);
-      out.header.flags |= frame::kFlagBodyRemote;
+      out.header.flags |= framing::kFlagBodyRemote;
       if (read) {
         head.body_address =
             transfer->body_region->remote_address(transfer->body.data());
@@ -183,10 +183,10 @@ void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
     if (!read) {
       absl::Status planned = absl::OkStatus();
       if (body_remote) {
-        planned = frame::plan_body_chunks(body, chunk_size_, transfer->chunks);
+        planned = framing::plan_body_chunks(body, chunk_size_, transfer->chunks);
       }
       if (planned.ok()) {
-        planned = frame::plan_chunks(segments, chunk_size_, transfer->chunks);
+        planned = framing::plan_chunks(segments, chunk_size_, transfer->chunks);
       }
       if (!planned.ok()) {
         fail(absl::InvalidArgumentError(absl::StrCat(
@@ -204,20 +204,20 @@ void State::send_message(int rank, FrameKind kind, int64_t id, int32_t code,
     peer.transfers.insert(transfer->id);
     ++stats_.rendezvous_sent;
   }
-  out.tail.resize(frame::kMessageHeadSize + (body_remote ? 0 : body));
-  frame::write_message_head(head, out.tail.data());
+  out.tail.resize(framing::kMessageHeadSize + (body_remote ? 0 : body));
+  framing::write_message_head(head, out.tail.data());
   if (!body_remote) {
-    frame::write_body(segments, data,
-                      out.tail.data() + frame::kMessageHeadSize);
+    framing::write_body(segments, data,
+                      out.tail.data() + framing::kMessageHeadSize);
   }
   enqueue(rank, std::move(out));
 }
 
-void State::on_message_frame(Peer& peer, const FrameHeader& header,
+void AgentState::on_message_frame(Peer& peer, const FrameHeader& header,
                              absl::string_view rest) {
   const int rank = peer.rank;
   const uint64_t transfer = header.arg0;
-  absl::StatusOr<MessageHead> head = frame::read_message_head(rest);
+  absl::StatusOr<MessageHead> head = framing::read_message_head(rest);
   if (!head.ok()) {
     LOG(WARNING) << who() << " drops a message from " << describe(rank) << ": "
                  << head.status().message();
@@ -243,15 +243,15 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   }
   absl::Status status = absl::OkStatus();
   const bool remote = transfer != 0;
-  if (remote && (in->chunk_size < frame::kMinChunkSize ||
+  if (remote && (in->chunk_size < framing::kMinChunkSize ||
                  in->chunk_size > fabric_->max_message_size())) {
     status = absl::InvalidArgumentError(
         absl::StrCat("chunk size ", in->chunk_size, " from ", describe(rank)));
   }
-  if (status.ok() && (header.flags & frame::kFlagBodyRemote)) {
+  if (status.ok() && (header.flags & framing::kFlagBodyRemote)) {
     if (!remote) {
       status = absl::InvalidArgumentError("a remote body without a transfer");
-    } else if (head->body_size > frame::max_body_size(limits_)) {
+    } else if (head->body_size > framing::max_body_size(limits_)) {
       // Before allocating it: no message within the limits has one as large.
       status = absl::ResourceExhaustedError(absl::StrCat(
           "a message body of ", head->body_size,
@@ -274,7 +274,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
                 mode_ == RendezvousMode::kRead ? FI_READ : FI_RECV);
         if (region.ok()) {
           in->body_region = *std::move(region);
-          status = frame::plan_body_chunks(head->body_size, in->chunk_size,
+          status = framing::plan_body_chunks(head->body_size, in->chunk_size,
                                            in->chunks);
         } else {
           status = region.status();
@@ -282,7 +282,7 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
       }
     }
   } else if (status.ok()) {
-    absl::string_view body = rest.substr(frame::kMessageHeadSize);
+    absl::string_view body = rest.substr(framing::kMessageHeadSize);
     if (body.size() != head->body_size) {
       status = absl::InvalidArgumentError(absl::StrCat(
           "an inline body of ", body.size(), " bytes announced as ",
@@ -307,14 +307,14 @@ void State::on_message_frame(Peer& peer, const FrameHeader& header,
   pump_pull(in);
 }
 
-absl::Status State::set_up_segments(Arrival& in, absl::string_view bytes) {
-  absl::StatusOr<Body> body = frame::read_body(bytes);
+absl::Status AgentState::set_up_segments(Arrival& in, absl::string_view bytes) {
+  absl::StatusOr<Body> body = framing::read_body(bytes);
   if (!body.ok()) return body.status();
   if (in.kind == FrameKind::kError && body->segments.size() != 1) {
     return absl::InvalidArgumentError("storages in an error message");
   }
   // Before allocating anything for it (storages, pulls).
-  if (absl::Status within = frame::check_limits(*body, limits_); !within.ok()) {
+  if (absl::Status within = framing::check_limits(*body, limits_); !within.ok()) {
     return within;
   }
   Message& message = in.message;
@@ -356,10 +356,10 @@ absl::Status State::set_up_segments(Arrival& in, absl::string_view bytes) {
     return absl::InvalidArgumentError("remote segments without a transfer");
   }
   in.segments = std::move(body->segments);
-  return frame::plan_chunks(in.segments, in.chunk_size, in.chunks);
+  return framing::plan_chunks(in.segments, in.chunk_size, in.chunks);
 }
 
-void State::finish_incoming(const std::shared_ptr<Arrival>& in) {
+void AgentState::finish_incoming(const std::shared_ptr<Arrival>& in) {
   Peer& peer = ranks_[in->rank];
   peer.incoming.erase(in);
   in->segment_regions.clear();
@@ -390,7 +390,7 @@ void State::finish_incoming(const std::shared_ptr<Arrival>& in) {
   }
 }
 
-void State::deliver(Arrival& in) {
+void AgentState::deliver(Arrival& in) {
   Peer& peer = ranks_[in.rank];
   switch (in.kind) {
     case FrameKind::kRequest:

@@ -19,7 +19,7 @@
 #include <absl/status/status.h>
 
 #include "backends/libfabric/internal/fabric.h"
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 #include "backends/libfabric/internal/mr_cache.h"
 #include "core/message.h"
 

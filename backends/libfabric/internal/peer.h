@@ -86,7 +86,7 @@ struct Peer {
   // Its endpoint's name, as inserted.
   std::string raw_address;
 
-  // Authentication (AgentSetup::auth; internal/frame.h has the envelope),
+  // Authentication (AgentSetup::auth; internal/framing.h has the envelope),
   // one core/auth Handshake per direction. Our requests to it wait in
   // auth_waiting until it has verified our proof and proved itself.
   enum class ClientAuth { kNone, kStarted, kReady };

@@ -4,14 +4,14 @@
 
 namespace tether::backends::libfabric::internal {
 
-void State::send_auth(int rank, AuthFrame frame) {
+void AgentState::send_auth(int rank, AuthFrame frame) {
   OutFrame out;
   out.header.kind = FrameKind::kAuth;
-  out.tail = frame::write_auth(frame);
+  out.tail = framing::write_auth(frame);
   enqueue(rank, std::move(out));
 }
 
-void State::send_handshake(
+void AgentState::send_handshake(
     Peer& peer, auth::Role role,
     const std::vector<auth::HandshakeMessage>& messages) {
   const bool client = role == auth::Role::kClient;
@@ -29,7 +29,7 @@ void State::send_handshake(
   }
 }
 
-void State::start_client_auth(Peer& peer) {
+void AgentState::start_client_auth(Peer& peer) {
   peer.client_handshake = std::make_unique<auth::Handshake>(
       *auth_, auth::Role::kClient, self_.name, peer.name,
       auth::HandshakeShape::initiator());
@@ -37,7 +37,7 @@ void State::start_client_auth(Peer& peer) {
   send_handshake(peer, auth::Role::kClient, peer.client_handshake->start());
 }
 
-bool State::admitted(Peer& peer, const FrameHeader& header) {
+bool AgentState::admitted(Peer& peer, const FrameHeader& header) {
   if (!auth_) return true;
   const bool client_ready = peer.client_auth == Peer::ClientAuth::kReady;
   const bool server_ready =
@@ -66,7 +66,7 @@ bool State::admitted(Peer& peer, const FrameHeader& header) {
   LOG(WARNING) << who() << " drops a frame (kind "
                << static_cast<int>(header.kind) << ") from "
                << describe(peer.rank) << ", which has not authenticated";
-  if (frame::carries_message(header.kind) && header.arg0 != 0) {
+  if (framing::carries_message(header.kind) && header.arg0 != 0) {
     // Its buffers are not pulled: let it release them.
     send_control(peer.rank, FrameKind::kRelease, header.arg0);
   }
@@ -78,8 +78,8 @@ bool State::admitted(Peer& peer, const FrameHeader& header) {
   return false;
 }
 
-void State::on_auth_frame(Peer& peer, absl::string_view tail) {
-  absl::StatusOr<AuthFrame> frame = frame::read_auth(tail);
+void AgentState::on_auth_frame(Peer& peer, absl::string_view tail) {
+  absl::StatusOr<AuthFrame> frame = framing::read_auth(tail);
   if (!frame.ok()) {
     LOG(WARNING) << who() << " drops an authentication frame from "
                  << describe(peer.rank) << ": " << frame.status().message();
@@ -178,14 +178,14 @@ void State::on_auth_frame(Peer& peer, absl::string_view tail) {
                << describe(peer.rank);
 }
 
-void State::refuse(Peer& peer, const std::string& why) {
+void AgentState::refuse(Peer& peer, const std::string& why) {
   LOG(WARNING) << who() << " refused " << describe(peer.rank) << ": " << why;
   peer.server_auth = Peer::ServerAuth::kNone;
   peer.server_handshake.reset();
   send_auth(peer.rank, AuthFrame{AuthStep::kRefused, self_.name, "", why});
 }
 
-void State::fail_client_auth(Peer& peer, const absl::Status& status) {
+void AgentState::fail_client_auth(Peer& peer, const absl::Status& status) {
   LOG(WARNING) << who() << " fails its requests to " << describe(peer.rank)
                << ": " << status.message();
   peer.client_auth = Peer::ClientAuth::kNone;

@@ -30,7 +30,7 @@ constexpr absl::Duration kLongestNap = absl::Milliseconds(20);
 
 }  // namespace
 
-void State::run() {
+void AgentState::run() {
   drive_mu_.Lock();
   driving_ = true;
   t_progress_of = this;
@@ -72,7 +72,7 @@ void State::run() {
   drive_mu_.Unlock();
 }
 
-bool State::run_commands(bool* stop) {
+bool AgentState::run_commands(bool* stop) {
   std::deque<std::function<void()>> batch;
   {
     absl::MutexLock lock(&mu_);
@@ -86,7 +86,7 @@ bool State::run_commands(bool* stop) {
   return !batch.empty();
 }
 
-bool State::idle(absl::Time next_tick, absl::Duration* poll_sleep,
+bool AgentState::idle(absl::Time next_tick, absl::Duration* poll_sleep,
                  absl::Duration* nap) {
   absl::Duration timeout =
       std::max(absl::ZeroDuration(), next_tick - absl::Now());
@@ -174,7 +174,7 @@ class Driving {
 
 }  // namespace
 
-int State::begin_assist() {
+int AgentState::begin_assist() {
   if (cq_fd_ < 0 || t_progress_of == this) return -1;
   {
     absl::MutexLock lock(&assist_mu_);
@@ -200,7 +200,7 @@ int State::begin_assist() {
   return -1;
 }
 
-bool State::assist_step() {
+bool AgentState::assist_step() {
   absl::MutexLock token(&drive_mu_);
   if (torn_down_) return false;
   Driving driving(this);
@@ -216,7 +216,7 @@ bool State::assist_step() {
   }
 }
 
-bool State::send_directly(int rank, int64_t id, Message& request) {
+bool AgentState::send_directly(int rank, int64_t id, Message& request) {
   if (!drive_mu_.TryLock()) return false;
   bool sent = false;
   bool more = false;
@@ -233,9 +233,9 @@ bool State::send_directly(int rank, int64_t id, Message& request) {
       segments[i + 1].size = request.storages[i].nbytes();
       small = small && segments[i + 1].size < threshold_;
     }
-    const uint64_t frame_bytes = frame::kHeaderSize +
-                                 frame::kMessageHeadSize +
-                                 frame::body_size(segments);
+    const uint64_t frame_bytes = framing::kHeaderSize +
+                                 framing::kMessageHeadSize +
+                                 framing::body_size(segments);
     if (small && frame_bytes <= peer.buffer_size && !peer.lost &&
         peer.queue.empty() && peer.credits > 0 &&
         (!auth_ || peer.client_auth == Peer::ClientAuth::kReady) &&
@@ -255,7 +255,7 @@ bool State::send_directly(int rank, int64_t id, Message& request) {
   return sent;
 }
 
-void State::end_assist() {
+void AgentState::end_assist() {
   {
     absl::MutexLock lock(&assist_mu_);
     if (--assistants_ > 0) return;
@@ -272,7 +272,7 @@ void State::end_assist() {
   if (more) wake();
 }
 
-State::Drove State::drive_once() {
+AgentState::Drove AgentState::drive_once() {
   bool stop = false;
   bool worked = run_commands(&stop);
   if (stop) return Drove::kStopped;
@@ -284,14 +284,14 @@ State::Drove State::drive_once() {
                                                                : Drove::kWorked;
 }
 
-bool State::waiting() {
+bool AgentState::waiting() {
   return !queued_ranks_.empty() || !credit_due_.empty() ||
          !transfers_.empty() || !inflight_.empty() ||
          !pulls_waiting_.empty() || !sends_waiting_.empty() ||
          pending_.size() > 0;
 }
 
-bool State::poll_completions() {
+bool AgentState::poll_completions() {
   fi_cq_tagged_entry entries[kCompletionBatch];
   const ssize_t n = fi_cq_read(fabric_->cq(), entries, kCompletionBatch);
   if (n > 0) {
@@ -313,7 +313,7 @@ bool State::poll_completions() {
   return false;
 }
 
-int State::issue(Op* op) {
+int AgentState::issue(Op* op) {
   fid_ep* ep = fabric_->ep();
   const fi_addr_t address =
       op->rank >= 0 ? ranks_[op->rank].address : FI_ADDR_UNSPEC;
@@ -321,7 +321,7 @@ int State::issue(Op* op) {
   switch (op->kind) {
     case OpKind::kEagerReceive:
       rc = fi_trecv(ep, op->buffer, op->length, op->desc, FI_ADDR_UNSPEC,
-                    op->tag, frame::kEagerIgnore, &op->context);
+                    op->tag, framing::kEagerIgnore, &op->context);
       break;
     case OpKind::kEagerSend:
     case OpKind::kBulkSend:
@@ -340,7 +340,7 @@ int State::issue(Op* op) {
   return static_cast<int>(rc);
 }
 
-void State::post_receive(Op* op) {
+void AgentState::post_receive(Op* op) {
   const int rc = issue(op);
   if (rc == -FI_EAGAIN) {
     refused_ = true;
@@ -351,7 +351,7 @@ void State::post_receive(Op* op) {
   }
 }
 
-void State::on_completion(Op* op, size_t length) {
+void AgentState::on_completion(Op* op, size_t length) {
   switch (op->kind) {
     case OpKind::kEagerReceive:
       on_frame(op, length);
@@ -373,7 +373,7 @@ void State::on_completion(Op* op, size_t length) {
   }
 }
 
-void State::on_error(const fi_cq_err_entry& error) {
+void AgentState::on_error(const fi_cq_err_entry& error) {
   Op* op = static_cast<OpContext*>(error.op_context)->op;
   char text[256] = {0};
   const char* detail = fi_cq_strerror(fabric_->cq(), error.prov_errno,
@@ -420,7 +420,7 @@ void State::on_error(const fi_cq_err_entry& error) {
   }
 }
 
-bool State::pump() {
+bool AgentState::pump() {
   bool worked = false;
   while (!retry_.empty()) {
     Op* op = retry_.front();
@@ -461,7 +461,7 @@ bool State::pump() {
   return worked;
 }
 
-void State::teardown() {
+void AgentState::teardown() {
   if (fabric_ != nullptr && fabric_->ep() != nullptr && !ranks_.empty() &&
       !send_ops_.empty()) {
     // Goodbyes, so that peers fail what waits for us at once.

@@ -15,11 +15,11 @@
 #include <fstream>
 #include <utility>
 
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 
 namespace tether::backends::libfabric::internal {
 
-namespace frame = libfabric::internal;
+namespace framing = libfabric::internal;
 
 std::string encode_record(const Record& record) {
   return absl::StrCat(
@@ -83,7 +83,7 @@ absl::StatusOr<Record> decode_record(absl::string_view text) {
       ok = value.size() % 2 == 0 && !record.address.empty();
     } else if (key == "buffer") {
       ok = absl::SimpleAtoi(value, &record.buffer_size) &&
-           record.buffer_size >= frame::kHeaderSize + frame::kMessageHeadSize;
+           record.buffer_size >= framing::kHeaderSize + framing::kMessageHeadSize;
     } else if (key == "credits") {
       ok = absl::SimpleAtoi(value, &record.credits) && record.credits > 0;
     } else if (key == "rendezvous") {

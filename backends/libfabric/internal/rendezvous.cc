@@ -7,7 +7,7 @@
 
 namespace tether::backends::libfabric::internal {
 
-void State::pump_pull(const std::shared_ptr<Arrival>& in) {
+void AgentState::pump_pull(const std::shared_ptr<Arrival>& in) {
   const bool read = mode_ == RendezvousMode::kRead;
   while (in->next_chunk < in->chunks.size() && in->error.ok()) {
     if (read ? !have_tx_room() : rx_inflight_ >= rx_limit_) break;
@@ -17,7 +17,7 @@ void State::pump_pull(const std::shared_ptr<Arrival>& in) {
     op->rank = in->rank;
     op->length = chunk.length;
     op->incoming = in;
-    if (chunk.segment == frame::kBodySegment) {
+    if (chunk.segment == framing::kBodySegment) {
       op->buffer = in->body.data() + chunk.offset;
       op->desc = in->body_region->desc();
       op->remote_address = in->head.body_address + chunk.offset;
@@ -33,7 +33,7 @@ void State::pump_pull(const std::shared_ptr<Arrival>& in) {
       op->remote_address = segment.address + chunk.offset;
       op->key = segment.key;
     }
-    op->tag = frame::bulk_tag(static_cast<uint32_t>(in->rank),
+    op->tag = framing::bulk_tag(static_cast<uint32_t>(in->rank),
                               in->sequence_base + in->next_chunk);
     const int rc = issue(op.get());
     if (rc == -FI_EAGAIN) {
@@ -68,7 +68,7 @@ void State::pump_pull(const std::shared_ptr<Arrival>& in) {
   if (in->next_chunk < in->chunks.size()) pulls_waiting_.push_back(in);
 }
 
-void State::on_pulled(Op* raw, const absl::Status& status) {
+void AgentState::on_pulled(Op* raw, const absl::Status& status) {
   std::unique_ptr<Op> op(raw);
   inflight_.erase(raw);
   if (op->kind == OpKind::kRead) {
@@ -117,7 +117,7 @@ void State::on_pulled(Op* raw, const absl::Status& status) {
   finish_incoming(in);
 }
 
-void State::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
+void AgentState::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
                              uint64_t count) {
   auto it = transfers_.find(transfer);
   if (it == transfers_.end() || it->second->rank != peer.rank) return;
@@ -131,7 +131,7 @@ void State::on_clear_to_send(Peer& peer, uint64_t transfer, uint64_t first,
   pump_sends();
 }
 
-bool State::pump_sends() {
+bool AgentState::pump_sends() {
   bool worked = false;
   while (!sends_waiting_.empty()) {
     SendRange& range = sends_waiting_.front();
@@ -147,14 +147,14 @@ bool State::pump_sends() {
       op->rank = transfer->rank;
       op->length = chunk.length;
       op->transfer = transfer;
-      const char* base = chunk.segment == frame::kBodySegment
+      const char* base = chunk.segment == framing::kBodySegment
                              ? transfer->body.data()
                              : transfer->segment_data[chunk.segment];
       op->buffer = const_cast<char*>(base) + chunk.offset;
-      op->desc = chunk.segment == frame::kBodySegment
+      op->desc = chunk.segment == framing::kBodySegment
                      ? transfer->body_region->desc()
                      : transfer->segment_desc[chunk.segment];
-      op->tag = frame::bulk_tag(static_cast<uint32_t>(self_.id),
+      op->tag = framing::bulk_tag(static_cast<uint32_t>(self_.id),
                                 transfer->sequence_base + range.next);
       const int rc = issue(op.get());
       if (rc == -FI_EAGAIN) {

@@ -11,11 +11,12 @@
 #include <string>
 #include <utility>
 
+#include "backends/common/refusals.h"
 #include "backends/tensorpipe/internal/agent_state.h"
 #include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/auth/auth.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 // ------------------------------------------------------------- client side
 
@@ -121,10 +122,7 @@ void AgentState::write_request(int rank, int64_t id,
     }
     std::optional<common::Peer> peer = peers_.by_rank(rank);
     if (!peer.has_value()) {
-      pending_.complete(
-          id, absl::UnavailableError(absl::StrCat(
-                  "worker of rank ", rank, " has left the group of worker '",
-                  self_.name, "'")));
+      pending_.complete(id, common::peer_left(self_.name, "", rank));
       return;
     }
     std::shared_ptr<::tensorpipe::Pipe> pipe;
@@ -396,17 +394,16 @@ void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
     }
   }
   client->pipe->close();
+  std::optional<common::Peer> known = peers_.by_rank(client->rank);
+  const std::string peer = known.has_value() ? known->info.name : "";
   pending_.fail_connection(
       client->connection,
-      absl::Status(code, absl::StrCat(code == absl::StatusCode::kUnauthenticated
-                                          ? "worker '"
-                                          : "lost the connection from worker '",
-                                      self_.name,
-                                      code == absl::StatusCode::kUnauthenticated
-                                          ? "' may not connect to worker '"
-                                          : "' to worker '",
-                                      peers_.name_of(client->rank), "' (rank ",
-                                      client->rank, "): ", what)));
+      code == absl::StatusCode::kUnauthenticated
+          ? absl::UnauthenticatedError(absl::StrCat(
+                "worker '", self_.name, "' may not connect to ",
+                common::describe_peer(peer, client->rank), ": ", what))
+          : common::connection_lost(self_.name, peer, client->rank, what,
+                                    code));
 }
 
 void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
@@ -420,4 +417,4 @@ void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
   on_client_pipe_error(client, error.what());
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

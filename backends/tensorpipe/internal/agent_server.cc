@@ -17,7 +17,7 @@
 #include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/auth/auth.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 // How long a failed listener is given to free its addresses.
@@ -70,8 +70,8 @@ void AgentState::on_accept(
     // tensorpipe fails the whole listener when one incoming connection dies
     // before its first packet (a peer that crashed or shut down while
     // connecting). Peers know our addresses: listen on them again.
-    LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
-                 << "': the listener failed (" << error.what()
+    LOG(WARNING) << who()
+                 << ": the listener failed (" << error.what()
                  << "); listening again";
     post_io([](AgentState& state) { state.listen_again(0); });
     return;
@@ -154,16 +154,16 @@ void AgentState::listen_again(int attempt) {
                         });
       return;
     }
-    LOG(ERROR) << "tensorpipe agent of worker '" << self_.name
-               << "' no longer accepts connections: " << usable.message();
+    LOG(ERROR) << who()
+               << " no longer accepts connections: " << usable.message();
     return;
   }
   std::shared_ptr<::tensorpipe::Listener> listener;
   try {
     listener = context->listen(listening_urls_);
   } catch (const std::exception& e) {
-    LOG(ERROR) << "tensorpipe agent of worker '" << self_.name
-               << "' cannot listen again on "
+    LOG(ERROR) << who()
+               << " cannot listen again on "
                << absl::StrJoin(listening_urls_, ", ") << ": " << e.what()
                << "; it no longer accepts connections";
     return;
@@ -219,8 +219,8 @@ void AgentState::on_request_descriptor(
   if (!allocated.ok()) {
     // Broken or beyond any limit: the pipe is unusable from here on. (A
     // message merely over this worker's limits is refused alone, below.)
-    LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
-                 << "' drops a connection from '" << pipe->getRemoteName()
+    LOG(WARNING) << who()
+                 << " drops a connection from '" << pipe->getRemoteName()
                  << "': " << allocated.status().ToString();
     drop_server_pipe(pipe);
     return;
@@ -364,8 +364,8 @@ bool AgentState::on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
 
 void AgentState::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
                         absl::string_view peer, absl::string_view why) {
-  LOG(WARNING) << "tensorpipe agent of worker '" << self_.name
-               << "' refused a connection from '" << peer << "': " << why;
+  LOG(WARNING) << who()
+               << " refused a connection from '" << peer << "': " << why;
   std::shared_ptr<ClientPipe> adopted;
   {
     absl::MutexLock lock(&mu_);
@@ -419,4 +419,4 @@ void AgentState::write_response(
   });
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -22,7 +22,7 @@
 #include "backends/tensorpipe/internal/cma_write_channel.h"
 #include "backends/tensorpipe/internal/tcp_transport.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 thread_local const void* t_tp_callback_of = nullptr;
 thread_local const void* t_io_task_of = nullptr;
@@ -275,7 +275,7 @@ AgentState::make_tcp_transport() const {
   options.connect_timeout = peer_timeout_;
   options.busy_poll = busy_poll_;
   options.log_prefix =
-      absl::StrCat("tensorpipe agent of worker '", self_.name, "'");
+      who();
   return internal::create_tcp_transport(std::move(options));
 }
 
@@ -334,8 +334,8 @@ absl::Status AgentState::init() {
     }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensorpipe agent of worker '", self_.name,
-                     "' cannot listen on ", settings_.address, ": ", e.what()));
+        absl::StrCat(who(),
+                     " cannot listen on ", settings_.address, ": ", e.what()));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -442,4 +442,4 @@ auth::HandshakeMessage AgentState::handshake_message(
           frame.name, frame.data};
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

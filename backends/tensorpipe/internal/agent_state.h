@@ -38,7 +38,7 @@
 #include "core/toolkit/serial_executor.h"
 #include "core/toolkit/timer.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 using common::ScopedMark;
 using tether::internal::SerialExecutor;
@@ -362,6 +362,6 @@ class AgentState
   int direct_writes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_AGENT_STATE_H_

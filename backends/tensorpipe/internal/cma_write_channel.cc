@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 namespace tp = ::tensorpipe;
@@ -371,4 +371,4 @@ std::shared_ptr<tp::channel::Context> create_cma_write_channel() {
   return std::make_shared<tp::channel::ContextBoilerplate<ContextImpl, ChannelImpl>>();
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -49,7 +49,7 @@
 #include <cstddef>
 #include <memory>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 // Bytes of every note of the channel's protocol.
 inline constexpr size_t kCmaWriteNoteBytes = 32;
@@ -58,6 +58,6 @@ inline constexpr size_t kCmaWriteNoteBytes = 32;
 // channel is not.
 std::shared_ptr<::tensorpipe::channel::Context> create_cma_write_channel();
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_CMA_WRITE_CHANNEL_H_

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 namespace tp = ::tensorpipe;
@@ -211,4 +211,4 @@ TEST_F(CmaWriteChannel, AFailedWriteFailsBothSidesNamingTheCall) {
 }
 
 }  // namespace
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

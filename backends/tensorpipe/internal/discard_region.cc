@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 constexpr uint64_t kMinBuffer = uint64_t{1} << 20;
@@ -79,4 +79,4 @@ void DiscardRegion::quarantine() {
   quarantined_ = true;
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <memory>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 class DiscardRegion {
  public:
@@ -73,6 +73,6 @@ class DiscardRegion {
   bool quarantined_ = false;
 };
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_DISCARD_REGION_H_

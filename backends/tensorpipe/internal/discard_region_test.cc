@@ -9,7 +9,7 @@
 
 #include "testing/status_matchers.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 using ::tether::testing::IsOk;
@@ -68,4 +68,4 @@ TEST(DiscardRegion, RefusesEmptyAndHugeLengths) {
 }
 
 }  // namespace
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

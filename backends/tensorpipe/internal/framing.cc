@@ -12,7 +12,7 @@
 #include "backends/common/bytes.h"
 #include "core/toolkit/receive_buffers.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 using common::get_le;
@@ -454,4 +454,4 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
   return frame;
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

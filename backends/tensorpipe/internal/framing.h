@@ -57,7 +57,7 @@
 #include "backends/tensorpipe/internal/discard_region.h"
 #include "core/message.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 enum class FrameKind : uint8_t {
   kRequest = 1,
@@ -176,6 +176,6 @@ struct IncomingFrame {
     const ::tensorpipe::Descriptor& descriptor,
     const MessageLimits& limits = MessageLimits());
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_FRAMING_H_

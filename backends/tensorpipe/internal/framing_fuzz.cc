@@ -22,9 +22,10 @@
 #include <string>
 
 #include "backends/tensorpipe/internal/framing.h"
+#include "core/toolkit/check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using tether::backends::internal::FrameKind;
+  using tether::backends::tensorpipe::internal::FrameKind;
   if (size == 0) return 0;
   const int payloads = (data[0] & 1) + ((data[0] >> 3) & 7);
   const int tensors = (data[0] >> 1) & 3;
@@ -55,28 +56,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_payload_bytes = 1 << 20;
   limits.max_storages = 64;
   limits.max_storage_bytes = 1 << 20;
-  auto frame =
-      tether::backends::internal::allocate_frame(descriptor, limits);
+  auto frame = tether::backends::tensorpipe::internal::allocate_frame(
+      descriptor, limits);
   if (!frame.ok()) {
-    if (frame.status().code() != absl::StatusCode::kInvalidArgument &&
-        frame.status().code() != absl::StatusCode::kResourceExhausted) {
-      std::abort();
-    }
+    TETHER_CHECK(
+        frame.status().code() == absl::StatusCode::kInvalidArgument ||
+            frame.status().code() == absl::StatusCode::kResourceExhausted,
+        "a refused descriptor is not INVALID_ARGUMENT or RESOURCE_EXHAUSTED");
     return 0;
   }
   if ((*frame)->header.kind == FrameKind::kAuth) {
     auto auth = (*frame)->take_auth();
-    if (!auth.ok() &&
-        auth.status().code() != absl::StatusCode::kInvalidArgument) {
-      std::abort();
-    }
+    TETHER_CHECK(
+        auth.ok() || auth.status().code() == absl::StatusCode::kInvalidArgument,
+        "a malformed auth frame is not INVALID_ARGUMENT");
     return 0;
   }
   const bool refused = !(*frame)->refused.ok();
   absl::StatusOr<tether::Message> result = (*frame)->take_result();
-  if (refused &&
-      result.status().code() != absl::StatusCode::kResourceExhausted) {
-    std::abort();
-  }
+  TETHER_CHECK(!refused || result.status().code() ==
+                               absl::StatusCode::kResourceExhausted,
+               "a refused frame's result is not RESOURCE_EXHAUSTED");
   return 0;
 }

@@ -9,7 +9,7 @@
 
 #include "testing/status_matchers.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 using ::testing::ElementsAre;
@@ -398,9 +398,9 @@ TEST(Framing, UnknownStatusCodeBecomesUnknown) {
 }
 
 }  // namespace
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 // A message over the limits is refused before anything is allocated for it:
@@ -480,4 +480,4 @@ TEST(Framing, PayloadFramesOverTheLimitsAreDiscarded) {
 }
 
 }  // namespace
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

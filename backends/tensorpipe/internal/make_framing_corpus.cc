@@ -9,7 +9,7 @@
 
 namespace {
 
-using namespace tether::backends::internal;  // NOLINT
+using namespace tether::backends::tensorpipe::internal;  // NOLINT
 using tether::backends::common::corpus_storage;
 using tether::backends::common::CorpusDir;
 

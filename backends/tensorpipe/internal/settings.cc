@@ -2,7 +2,7 @@
 
 #include "backends/common/settings_toolkit.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 absl::StatusOr<Settings> parse_settings(
     const absl::flat_hash_map<std::string, std::string>& raw) {
@@ -27,4 +27,4 @@ absl::StatusOr<Settings> parse_settings(
   return settings;
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 inline constexpr int kMaxMptLanes = 64;
 
@@ -42,6 +42,6 @@ struct Settings {
 [[nodiscard]] absl::StatusOr<Settings> parse_settings(
     const absl::flat_hash_map<std::string, std::string>& raw);
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_SETTINGS_H_

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <limits>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 constexpr char kMagic[] = "tethertp";
@@ -145,4 +145,4 @@ absl::StatusOr<std::optional<ParsedHandshakeFrame>> parse_handshake_frame(
   return parsed;
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -32,7 +32,7 @@
 #include <optional>
 #include <string>
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 // 2: frames inline up to 64 KiB (framing.h; 16 KiB in version 1, whose
 // peers would refuse the larger ones as malformed). 3: mid-size storages as
@@ -74,6 +74,6 @@ struct ParsedHandshakeFrame {
 absl::StatusOr<std::optional<ParsedHandshakeFrame>> parse_handshake_frame(
     absl::string_view input);
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_HANDSHAKE_H_

@@ -9,7 +9,7 @@
 
 #include "testing/status_matchers.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 using ::testing::HasSubstr;
@@ -108,4 +108,4 @@ TEST(TcpHandshake, MutatedFramesNeverCrash) {
 }
 
 }  // namespace
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -14,7 +14,7 @@
 #include "backends/tensorpipe/internal/tcp_transport_context.h"
 #include "backends/tensorpipe/internal/tcp_transport_listener.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 bool parse_socket_address(const std::string& text, sockaddr_storage* storage,
                           socklen_t* length) {
@@ -82,4 +82,4 @@ std::shared_ptr<::tensorpipe::transport::Context> create_tcp_transport(
       std::move(options));
 }
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -59,7 +59,7 @@
 
 #include "core/auth/auth.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 
 inline constexpr size_t kMaxHandshakes = 64;
 
@@ -143,6 +143,6 @@ class GatheredWrites {
 bool parse_socket_address(const std::string& text, sockaddr_storage* storage,
                           socklen_t* length);
 
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_

@@ -16,7 +16,7 @@
 #include "backends/common/fd_assist.h"
 #include "backends/tensorpipe/internal/tcp_transport_listener.h"
 
-namespace tether::backends::internal {
+namespace tether::backends::tensorpipe::internal {
 namespace {
 
 thread_local GatheredWrites* t_gathering = nullptr;
@@ -480,4 +480,4 @@ void ConnectionImpl::handleErrorImpl() {
 }
 
 }  // namespace tcp
-}  // namespace tether::backends::internal
+}  // namespace tether::backends::tensorpipe::internal

@@ -36,7 +36,7 @@
 #include "backends/tensorpipe/internal/tcp_transport_context.h"
 #include "core/auth/handshake.h"
 
-namespace tether::backends::internal::tcp {
+namespace tether::backends::tensorpipe::internal::tcp {
 
 // Reads go through a buffer in chunks of this size (one recv() takes a
 // whole inline message, up to 48 KiB of storages).
@@ -220,6 +220,6 @@ class ConnectionImpl final
   std::deque<WriteOp> writes_;
 };
 
-}  // namespace tether::backends::internal::tcp
+}  // namespace tether::backends::tensorpipe::internal::tcp
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONNECTION_H_

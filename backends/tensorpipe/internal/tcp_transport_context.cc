@@ -14,7 +14,7 @@
 #include <mutex>
 #include <vector>
 
-namespace tether::backends::internal::tcp {
+namespace tether::backends::tensorpipe::internal::tcp {
 
 tp::Error refused_error(std::string reason) {
   return TCP_TRANSPORT_ERROR(RefusedError, std::move(reason));
@@ -237,4 +237,4 @@ void ContextImpl::wake() {
   [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
 }
 
-}  // namespace tether::backends::internal::tcp
+}  // namespace tether::backends::tensorpipe::internal::tcp

@@ -29,7 +29,7 @@
 
 #include "backends/tensorpipe/internal/tcp_transport.h"
 
-namespace tether::backends::internal::tcp {
+namespace tether::backends::tensorpipe::internal::tcp {
 
 namespace tp = ::tensorpipe;
 namespace tpt = ::tensorpipe::transport;
@@ -184,6 +184,6 @@ class ContextImpl final
   std::thread::id poller_id_;
 };
 
-}  // namespace tether::backends::internal::tcp
+}  // namespace tether::backends::tensorpipe::internal::tcp
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_CONTEXT_H_

@@ -12,7 +12,7 @@
 #include "backends/tensorpipe/internal/tcp_transport_connection.h"
 #include "backends/tensorpipe/internal/tcp_transport_listener.h"
 
-namespace tether::backends::internal::tcp {
+namespace tether::backends::tensorpipe::internal::tcp {
 
 void ConnectionImpl::start_client_handshake() {
   state_ = State::kHandshake;
@@ -322,4 +322,4 @@ void ConnectionImpl::notify_listener(bool ok) {
   });
 }
 
-}  // namespace tether::backends::internal::tcp
+}  // namespace tether::backends::tensorpipe::internal::tcp

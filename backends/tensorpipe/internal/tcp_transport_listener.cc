@@ -11,7 +11,7 @@
 
 #include "backends/tensorpipe/internal/tcp_transport_connection.h"
 
-namespace tether::backends::internal::tcp {
+namespace tether::backends::tensorpipe::internal::tcp {
 
 void ListenerImpl::initImplFromLoop() {
   context_->enroll(*this);
@@ -142,4 +142,4 @@ void ListenerImpl::handleErrorImpl() {
   context_->unenroll(*this);
 }
 
-}  // namespace tether::backends::internal::tcp
+}  // namespace tether::backends::tensorpipe::internal::tcp

@@ -19,7 +19,7 @@
 
 #include "backends/tensorpipe/internal/tcp_transport_context.h"
 
-namespace tether::backends::internal::tcp {
+namespace tether::backends::tensorpipe::internal::tcp {
 
 class ListenerImpl final
     : public tpt::ListenerImplBoilerplate<ContextImpl, ListenerImpl,
@@ -61,6 +61,6 @@ class ListenerImpl final
   std::unordered_map<uint64_t, std::shared_ptr<tpt::Connection>> handshaking_;
 };
 
-}  // namespace tether::backends::internal::tcp
+}  // namespace tether::backends::tensorpipe::internal::tcp
 
 #endif  // TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_LISTENER_H_

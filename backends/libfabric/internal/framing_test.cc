@@ -1,4 +1,4 @@
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -33,8 +33,8 @@
 // Chunks of at most the message's chunk size cut the remote body first,
 // then the remote segments, in order; both sides number them alike
 // (plan_chunks()).
-#ifndef TETHER_BACKENDS_LIBFABRIC_INTERNAL_FRAME_H_
-#define TETHER_BACKENDS_LIBFABRIC_INTERNAL_FRAME_H_
+#ifndef TETHER_BACKENDS_LIBFABRIC_INTERNAL_FRAMING_H_
+#define TETHER_BACKENDS_LIBFABRIC_INTERNAL_FRAMING_H_
 
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
@@ -228,4 +228,4 @@ struct Chunk {
 
 }  // namespace tether::backends::libfabric::internal
 
-#endif  // TETHER_BACKENDS_LIBFABRIC_INTERNAL_FRAME_H_
+#endif  // TETHER_BACKENDS_LIBFABRIC_INTERNAL_FRAMING_H_

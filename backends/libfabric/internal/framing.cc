@@ -1,4 +1,4 @@
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 
 #include <absl/status/status.h>
 #include <absl/strings/str_cat.h>

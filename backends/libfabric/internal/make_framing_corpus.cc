@@ -1,13 +1,13 @@
-// Writes the seed inputs of frame_corpus/ for frame_fuzz.cc (run by hand):
+// Writes the seed inputs of framing_corpus/ for framing_fuzz.cc (run by hand):
 // real eager frames of every kind, as they land in a receiver's buffer.
-//   bazel run //backends/libfabric:make_frame_corpus -- \
-//       $PWD/backends/libfabric/internal/frame_corpus
+//   bazel run //backends/libfabric:make_framing_corpus -- \
+//       $PWD/backends/libfabric/internal/framing_corpus
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "backends/libfabric/internal/frame.h"
+#include "backends/libfabric/internal/framing.h"
 
 namespace {
 
@@ -54,7 +54,7 @@ SegmentDesc remote_segment(uint64_t size) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: make_frame_corpus DIR\n");
+    std::fprintf(stderr, "usage: make_framing_corpus DIR\n");
     return 2;
   }
   const std::string dir = argv[1];
