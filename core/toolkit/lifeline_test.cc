@@ -30,21 +30,21 @@ TEST(LifelineTest, CloseWaitsForTheUseRunning) {
   Lifeline<int> lifeline(object);
   absl::Notification entered;
   absl::Notification release;
-  std::atomic<bool> use_returned{false};
+  std::atomic<bool> use_finished{false};
   std::thread user([&] {
     lifeline.use([&](int&) {
       entered.Notify();
       release.WaitForNotification();
+      use_finished = true;
     });
-    use_returned = true;
   });
   ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
 
   std::atomic<bool> closed{false};
-  std::atomic<bool> use_returned_before_close{false};
+  std::atomic<bool> use_finished_before_close{false};
   std::thread closer([&] {
     lifeline.close();
-    use_returned_before_close = use_returned.load();
+    use_finished_before_close = use_finished.load();
     closed = true;
   });
   // Once close has begun, new uses are refused; it still waits for the one
@@ -60,7 +60,7 @@ TEST(LifelineTest, CloseWaitsForTheUseRunning) {
   user.join();
   closer.join();
   EXPECT_TRUE(closed);
-  EXPECT_TRUE(use_returned_before_close);
+  EXPECT_TRUE(use_finished_before_close);
 }
 
 TEST(LifelineTest, UsesRunConcurrently) {
