@@ -9,17 +9,9 @@
 
 namespace tether::autograd::internal {
 
-std::string describe(const WorkerInfo& info) {
-  return absl::StrCat(info.id, " (", info.name, ")");
-}
-
 void AutogradState::close() {
+  worker_.close();
   absl::MutexLock lock(&mu_);
-  worker_ = nullptr;
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return in_use_ == 0;
-  };
-  mu_.Await(absl::Condition(&idle));
   contexts_.clear();
 }
 

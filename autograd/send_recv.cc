@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "core/wire/capsules.h"
+
 namespace tether::autograd::internal {
 
 namespace {

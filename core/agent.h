@@ -57,6 +57,18 @@ struct WorkerInfo {
   }
 };
 
+// "<id> (<name>)": how an error raised on a worker names it ("Error on
+// worker 0 (a): ...").
+inline std::string describe(const WorkerInfo& info) {
+  return absl::StrCat(info.id, " (", info.name, ")");
+}
+
+// "worker '<name>' (rank <id>)": how a refusal names the worker it is about
+// ("worker 'b' (rank 1) has left the group ...").
+inline std::string named_worker(const WorkerInfo& info) {
+  return absl::StrCat("worker '", info.name, "' (rank ", info.id, ")");
+}
+
 // An ip address and a port a worker listens on (Agent::endpoint_of).
 struct Endpoint {
   std::string ip;

@@ -132,7 +132,7 @@ absl::Status Worker::probe(const WorkerInfo& who) {
     return pong.status();
   }
   return absl::UnavailableError(absl::StrCat(
-      "worker ", who.id, " (", who.name, ") is lost: it did not answer a "
+      "worker ", describe(who), " is lost: it did not answer a "
       "liveness probe within ", absl::FormatDuration(options_.peer_timeout),
       " (", pong.status().message(), ")"));
 }

@@ -58,7 +58,7 @@ enum class MessageType : int32_t {
   // (core/profiling.h): it wraps the request as it would travel otherwise;
   // the callee runs it under a profiler of its own and answers with a
   // PROFILED_RESPONSE wrapping its response and the events it recorded.
-  // Payloads: core/wire/codec.h (ProfiledRequest, ProfiledResponse).
+  // Payloads: core/wire/profiled.h (wrap_profiled_request, ...).
   kProfiledRequest = 18,
   kProfiledResponse = 19,
 };

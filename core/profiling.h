@@ -13,7 +13,7 @@
 //
 // The Worker does the wrapping (core/worker.cc): a profiled request travels
 // as a PROFILED_REQUEST and its response as a PROFILED_RESPONSE (payloads
-// in core/wire/codec.h); backends move them as any other message. The
+// in core/wire/profiled.h); backends move them as any other message. The
 // callee serves the wrapped request as usual, on whatever threads serve it,
 // each under Serving::state(), and what it calls onward from there is
 // profiled in turn: those events come back nested under both keys.
@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "core/wire/codec.h"
+#include "core/wire/profiled.h"
 
 namespace tether::profiling {
 

@@ -18,12 +18,13 @@
 
 #include "core/huge_pages.h"
 #include "core/internal/blas_check.h"
-#include "core/toolkit/store_client.h"
 #include "core/ivalue_future.h"
 #include "core/join/membership.h"
 #include "core/profiling.h"
 #include "core/rendezvous.h"
+#include "core/toolkit/store_client.h"
 #include "core/wire/codec.h"
+#include "core/wire/profiled.h"
 
 namespace tether {
 namespace {
@@ -53,10 +54,6 @@ MessageLimits message_limits(const wire::Limits& limits) {
   out.max_storages = limits.max_storages;
   out.max_storage_bytes = limits.max_storage_bytes;
   return out;
-}
-
-std::string describe(const WorkerInfo& info) {
-  return absl::StrCat(info.id, " (", info.name, ")");
 }
 
 }  // namespace
@@ -196,9 +193,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
     if (absl::Status claimed = token->claim(); !claimed.ok()) {
       return absl::Status(
           claimed.code(),
-          absl::StrCat("worker '", name, "' (rank ", group->self.id,
-                       ") cannot join the group at '", options.init_method,
-                       "': ", claimed.message()));
+          absl::StrCat(named_worker(group->self), " cannot join the group at '",
+                       options.init_method, "': ", claimed.message()));
     }
     absl::StatusOr<std::vector<WorkerInfo>> listed = token->members();
     if (!listed.ok()) {
@@ -277,22 +273,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::create(
 Worker::Worker(RpcOptions options, std::unique_ptr<Agent> agent)
     : options_(std::move(options)),
       default_timeout_ns_(-1),
-      lifeline_(std::make_shared<Lifeline>()),
+      lifeline_(std::make_shared<internal::Lifeline<Worker>>(*this)),
       pool_(std::make_unique<c10::ThreadPool>(options_.num_worker_threads)),
       agent_(std::move(agent)) {
   set_rpc_timeout(options_.default_timeout);
-  absl::MutexLock lock(&lifeline_->mu);
-  lifeline_->worker = this;
 }
 
 Worker::~Worker() {
   absl::Status stopped = shutdown(/*graceful=*/false);
   (void)stopped;  // A non-graceful shutdown cannot fail.
-  {
-    // A function's future that completes from now on answers nobody.
-    absl::MutexLock lock(&lifeline_->mu);
-    lifeline_->worker = nullptr;
-  }
+  // A function's future that completes from now on answers nobody.
+  lifeline_->close();
   // Extensions go first, while everything they may touch still exists.
   extensions_.clear();
 }
@@ -597,9 +588,9 @@ absl::StatusOr<WorkerInfo> Worker::get_worker_info(const To& to) const {
                       -> std::optional<absl::Status> {
     for (const auto& [unused, info] : left_) {
       if (info.name == name || info.id == rank) {
-        return absl::UnavailableError(absl::StrCat(
-            "worker '", info.name, "' (rank ", info.id,
-            ") has left the group of worker '", agent_->self().name, "'"));
+        return absl::UnavailableError(
+            absl::StrCat(named_worker(info), " has left the group of worker '",
+                         agent_->self().name, "'"));
       }
     }
     return std::nullopt;
@@ -1020,19 +1011,15 @@ Future<Message> Worker::run_call(DecodedCall& call) {
   // The function answers later: the response is made on the thread that
   // completes its future, and until then no thread of this worker waits.
   Promise<Message> response;
-  std::shared_ptr<Lifeline> lifeline = lifeline_;
   settle(*std::move(result))
-      .on_complete([lifeline, response, fn, context, pass](
-                       const absl::StatusOr<c10::IValue>& value) {
+      .on_complete([lifeline = lifeline_, response, fn, context,
+                    pass](const absl::StatusOr<c10::IValue>& value) {
         Message message;
-        {
-          absl::ReaderMutexLock lock(&lifeline->mu);
-          if (lifeline->worker == nullptr) {
-            message = exception_message(absl::CancelledError(absl::StrCat(
-                "the worker that ran '", fn, "' shut down before it answered")));
-          } else {
-            message = lifeline->worker->response_to(fn, value, context);
-          }
+        if (!lifeline->use([&](Worker& worker) {
+              message = worker.response_to(fn, value, context);
+            })) {
+          message = exception_message(absl::CancelledError(absl::StrCat(
+              "the worker that ran '", fn, "' shut down before it answered")));
         }
         response.set(std::move(message));
       });

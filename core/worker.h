@@ -40,7 +40,9 @@
 #include "core/future.h"
 #include "core/native_function.h"
 #include "core/rendezvous.h"  // kDynamicGroup, for callers of create()
+#include "core/toolkit/lifeline.h"
 #include "core/wire/codec.h"
+#include "core/wire/profiled.h"
 #include "core/worker_extension.h"
 
 namespace at {
@@ -456,13 +458,6 @@ class Worker {
                       const absl::StatusOr<c10::IValue>& result,
                       const wire::ContextMeta& context);
 
-  // Lets a function's future, which may complete after this Worker is
-  // gone, find out whether it still is (set to null by the destructor).
-  struct Lifeline {
-    absl::Mutex mu;
-    Worker* worker ABSL_GUARDED_BY(mu);
-  };
-
   // ---- Dynamic membership (core/worker_membership.cc). ----
   // Tells every member of `members` (this worker not among them) that this
   // worker joined, under `token`; a member found lost is forgotten.
@@ -521,7 +516,9 @@ class Worker {
   CallGate call_gate_;
   CallGateWaits call_gate_waits_;
   bool building_ = true;
-  std::shared_ptr<Lifeline> lifeline_;
+  // Lets a function's future, which may complete after this Worker is
+  // gone, find out whether it still is (closed by the destructor).
+  std::shared_ptr<internal::Lifeline<Worker>> lifeline_;
   // all_gather's calls this worker leads (core/collective.cc).
   std::shared_ptr<internal::CollectiveState> collectives_;
   std::unique_ptr<c10::ThreadPool> pool_;

@@ -33,7 +33,8 @@
 #include "core/agent.h"
 #include "core/future.h"
 #include "core/message.h"
-#include "core/wire/codec.h"
+#include "core/wire/context_meta.h"
+#include "core/wire/references.h"
 
 namespace tether {
 

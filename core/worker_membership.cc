@@ -54,12 +54,11 @@ absl::Status Worker::count_send_to(const WorkerInfo& to) {
     const WorkerInfo& self = agent_->self();
     if (gone != left_.end()) {
       return absl::UnavailableError(absl::StrCat(
-          "worker '", to.name, "' (rank ", to.id,
-          ") has left the group of worker '", self.name, "'"));
+          named_worker(to), " has left the group of worker '", self.name, "'"));
     }
     return absl::NotFoundError(absl::StrCat(
-        "worker '", to.name, "' (rank ", to.id,
-        ") is not a member of the group of worker '", self.name, "'"));
+        named_worker(to), " is not a member of the group of worker '",
+        self.name, "'"));
   }
   ++in_flight_to_[to.id];
   ++in_flight_;
@@ -98,9 +97,9 @@ absl::Status Worker::tell_members(MessageType type,
                                    absl::InfiniteDuration()));
   }
   auto drop = [&](const WorkerInfo& member, absl::string_view why) {
-    LOG(WARNING) << "worker '" << self.name << "' drops worker '"
-                 << member.name << "' (rank " << member.id
-                 << ") from the group, lost while it was told of a "
+    LOG(WARNING) << "worker '" << self.name << "' drops "
+                 << named_worker(member)
+                 << " from the group, lost while it was told of a "
                  << message_type_name(type) << ": " << why;
     gone.push_back(member);
   };
@@ -154,10 +153,9 @@ absl::Status Worker::tell_members(MessageType type,
     }
     if (!refused.ok() && first_error.ok()) {
       first_error = absl::Status(
-          refused.code(),
-          absl::StrCat("worker '", to[i].name, "' (rank ", to[i].id,
-                       ") refused the ", message_type_name(type), " of '",
-                       self.name, "': ", refused.message()));
+          refused.code(), absl::StrCat(named_worker(to[i]), " refused the ",
+                                       message_type_name(type), " of '",
+                                       self.name, "': ", refused.message()));
     }
   }
   return first_error;

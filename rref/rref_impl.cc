@@ -11,6 +11,7 @@
 
 #include "core/ivalue_future.h"
 #include "core/rpc.h"
+#include "core/wire/capsules.h"
 
 namespace tether {
 namespace rref {
@@ -112,12 +113,8 @@ void collect_rrefs(const c10::IValue& v,
 }  // namespace
 
 void ContextState::close() {
+  worker_.close();
   absl::MutexLock lock(&mu_);
-  closed_ = true;
-  auto idle = [this]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_use_ == 0; };
-  mu_.Await(absl::Condition(&idle));
-  worker_ = nullptr;
   owners_.clear();
   forks_.clear();
   // References that are users are dropped outside the lock (by
@@ -482,8 +479,8 @@ absl::StatusOr<c10::IValue> ContextState::run_call(const c10::IValue& call) {
   if (!result.ok()) {
     result = absl::Status(
         result.status().code(),
-        absl::StrCat("Error on worker ", self_.id, " (", self_.name,
-                     ") calling ", describe_target(parts[0]), ": ",
+        absl::StrCat("Error on worker ", describe(self_), " calling ",
+                     describe_target(parts[0]), ": ",
                      result.status().message()));
   }
   return result;
@@ -587,7 +584,7 @@ Future<c10::IValue> ContextState::settle_call(
     return Future<c10::IValue>::ready(std::move(result));
   }
   std::string prefix =
-      absl::StrCat("Error on worker ", self_.id, " (", self_.name, ") calling ",
+      absl::StrCat("Error on worker ", describe(self_), " calling ",
                    describe_target(call.toTupleRef().elements()[0]), ": ");
   return settle(*std::move(result))
       .then([prefix](const absl::StatusOr<c10::IValue>& value)

@@ -48,8 +48,9 @@
 #include <vector>
 
 #include "core/future.h"
-#include "core/toolkit/timer.h"
 #include "core/message.h"
+#include "core/toolkit/lifeline.h"
+#include "core/toolkit/timer.h"
 #include "core/wire/codec.h"
 #include "core/worker.h"
 #include "rref/messages.h"
@@ -149,7 +150,7 @@ class ContextState : public wire::ReferenceHook,
                      public std::enable_shared_from_this<ContextState> {
  public:
   explicit ContextState(Worker& worker)
-      : worker_(&worker), self_(worker.get_current_worker_info()) {}
+      : worker_(worker), self_(worker.get_current_worker_info()) {}
 
   // The worker is going away; waits for calls into it to finish.
   void close();
@@ -159,17 +160,7 @@ class ContextState : public wire::ReferenceHook,
   // Runs `fn` with the worker unless closed (then returns false).
   template <typename F>
   bool with_worker(F fn) {
-    Worker* worker;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closed_) return false;
-      worker = worker_;
-      ++in_use_;
-    }
-    fn(*worker);
-    absl::MutexLock lock(&mu_);
-    --in_use_;
-    return true;
+    return worker_.use(std::move(fn));
   }
 
   GloballyUniqueId new_id() { return {self_.id, next_local_++}; }
@@ -323,10 +314,8 @@ class ContextState : public wire::ReferenceHook,
   absl::StatusOr<std::vector<int64_t>> control_ints(const Message& request,
                                                     size_t n);
 
+  tether::internal::Lifeline<Worker> worker_;
   absl::Mutex mu_;
-  Worker* worker_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  int in_use_ ABSL_GUARDED_BY(mu_) = 0;
   const WorkerInfo self_;
   // From 0, as the peer's ids (its tests print them).
   std::atomic<int64_t> next_local_{0};

@@ -29,7 +29,8 @@
 #include "autograd/autograd.h"
 #include "autograd/internal/functions.h"
 #include "core/rpc.h"
-#include "core/wire/codec.h"
+#include "core/toolkit/lifeline.h"
+#include "core/wire/context_meta.h"
 
 namespace tether::autograd::internal {
 
@@ -44,9 +45,6 @@ inline thread_local int64_t thread_context = -1;
 
 // Context ids: the creating worker's id above this bit.
 inline constexpr int kWorkerShift = 48;
-
-// "<id> (<name>)", how errors name a worker.
-std::string describe(const WorkerInfo& info);
 
 // One context on one worker.
 struct ContextRecord {
@@ -171,24 +169,14 @@ class AutogradState final : public ContextHook,
                             public std::enable_shared_from_this<AutogradState> {
  public:
   explicit AutogradState(Worker& worker)
-      : worker_(&worker), self_(worker.get_current_worker_info()) {}
+      : worker_(worker), self_(worker.get_current_worker_info()) {}
 
   const WorkerInfo& self() const { return self_; }
 
   // Runs fn(worker) unless closed; true if it ran.
   template <typename F>
   bool with_worker(F fn) {
-    Worker* worker;
-    {
-      absl::MutexLock lock(&mu_);
-      if (worker_ == nullptr) return false;
-      worker = worker_;
-      ++in_use_;
-    }
-    fn(*worker);
-    absl::MutexLock lock(&mu_);
-    --in_use_;
-    return true;
+    return worker_.use(std::move(fn));
   }
 
   // The worker is going away: waits out the calls that use it.
@@ -333,9 +321,8 @@ class AutogradState final : public ContextHook,
   Future<Message> on_cleanup(Message request);
 
  private:
+  tether::internal::Lifeline<Worker> worker_;
   absl::Mutex mu_;
-  Worker* worker_ ABSL_GUARDED_BY(mu_);
-  int in_use_ ABSL_GUARDED_BY(mu_) = 0;
   const WorkerInfo self_;
   std::atomic<int64_t> next_context_{0};
   // Shared with the callbacks that end a pass, which may outlive this.

@@ -133,19 +133,18 @@ absl::StatusOr<std::unique_ptr<MembershipToken>> MembershipToken::acquire(
         }
       }
       if (now >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "worker '", self.name, "' (rank ", self.id,
-            ") timed out waiting to ", op == Op::kJoin ? "join" : "leave",
-            " the group: the membership token is held by ",
-            describe_holder(holder), ", which is alive"));
+        return absl::DeadlineExceededError(
+            absl::StrCat(named_worker(self), " timed out waiting to ",
+                         op == Op::kJoin ? "join" : "leave",
+                         " the group: the membership token is held by ",
+                         describe_holder(holder), ", which is alive"));
       }
       absl::SleepFor(std::min(pause, deadline - now));
       pause = std::min(pause * 2, absl::Milliseconds(20));
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("worker '", self.name, "' (rank ", self.id,
-                     "): the rendezvous store failed: ", e.what()));
+    return absl::UnavailableError(absl::StrCat(
+        named_worker(self), ": the rendezvous store failed: ", e.what()));
   }
   std::unique_ptr<MembershipToken> token(
       new MembershipToken(std::move(store), self, mine, beat_interval));

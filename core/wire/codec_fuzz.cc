@@ -20,6 +20,7 @@
 
 #include "core/message.h"
 #include "core/wire/codec.h"
+#include "core/wire/profiled.h"
 
 namespace {
 

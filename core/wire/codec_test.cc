@@ -26,6 +26,8 @@
 
 #include "absl/status/status.h"
 #include "core/message.h"
+#include "core/wire/capsules.h"
+#include "core/wire/profiled.h"
 #include "core/wire/wire.pb.h"
 #include "testing/status_matchers.h"
 

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "core/message.h"
+#include "core/wire/capsules.h"
 #include "core/wire/codec.h"
+#include "core/wire/profiled.h"
 
 namespace {
 
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
        tuple_of({c10::List<int64_t>({1, 2, 3}), c10::List<bool>({true, false}),
                  state, maybe, by_int})},
   };
-  // The wrappers of profiled calls (codec.h): a CALL under the profiler,
+  // The wrappers of profiled calls (profiled.h): a CALL under the profiler,
   // and its response with two events.
   tether::wire::ProfiledEvent push;
   push.kind = 1;

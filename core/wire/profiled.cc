@@ -1,5 +1,5 @@
 // The payloads of PROFILED_REQUEST and PROFILED_RESPONSE.
-#include "core/wire/internal/codec_support.h"
+#include "core/wire/profiled.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/wire/internal/codec_support.h"
 #include "core/wire/wire.pb.h"
 
 namespace tether::wire {

@@ -15,6 +15,7 @@
 
 #include <vector>
 
+#include "core/wire/capsules.h"
 #include "core/wire/codec.h"
 #include "rref/rref.h"
 

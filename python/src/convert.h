@@ -1,19 +1,19 @@
 // Python objects <-> tether's wire values (c10::IValue), for the extension
 // module tether._C.
 //
-// What travels is the codec's value set (core/wire/codec.h): tensors (as
-// torch.Tensor, no copy), None, bool, int, float, complex, str, lists,
-// tuples, dicts, torch.device, torch.dtype, torch.layout,
-// torch.memory_format (wire::TorchEnum) and RRefs (a torch.Size is a
-// tuple; sparse COO tensors stay sparse), and a
-// caller's functions and classes by reference (the name tether.rpc gives
-// them as `func`; the receiver resolves it under its policy,
-// tether.rpc._callee.resolve_value). A caller's argument of any other type
-// travels pickled (wire::Pickled, by tether.rpc._pickle, its tensors and
-// RRefs lifted out), and is unpickled by the receiver under its own policy
-// (docs/security.md). A callee's result of another type (an nn.Module made
-// by remote()) is kept as an opaque Python object on its owner, and is
-// pickled the same way (the codec's ObjectEncoder) only if it travels.
+// What travels is the codec's value set (core/wire/codec.h and
+// capsules.h): tensors (as torch.Tensor, no copy), None, bool, int, float,
+// complex, str, lists, tuples, dicts, torch.device, torch.dtype,
+// torch.layout, torch.memory_format (wire::TorchEnum) and RRefs (a
+// torch.Size is a tuple; sparse COO tensors stay sparse), and a caller's
+// functions and classes by reference (the name tether.rpc gives them as `func`;
+// the receiver resolves it under its policy, tether.rpc._callee.resolve_value).
+// A caller's argument of any other type travels pickled (wire::Pickled, by
+// tether.rpc._pickle, its tensors and RRefs lifted out), and is unpickled by
+// the receiver under its own policy (docs/security.md). A callee's result of
+// another type (an nn.Module made by remote()) is kept as an opaque Python
+// object on its owner, and is pickled the same way (the codec's ObjectEncoder)
+// only if it travels.
 //
 // Thread safety: every function needs the GIL.
 #ifndef TETHER_PYTHON_SRC_CONVERT_H_

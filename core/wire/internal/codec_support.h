@@ -23,6 +23,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/wire/capsules.h"
 #include "core/wire/codec.h"
 #include "core/wire/wire.pb.h"
 
