@@ -37,8 +37,9 @@ struct PollPolicy {
 
 // True when no thread of the machine waits for a core: the threads ready to
 // run (the kernel's count in /proc/loadavg, the pollers among them) are at
-// most the cores online. Read at most once a millisecond per process, so a
-// polling loop may ask on every turn; false when it cannot be read.
+// most the cores this process may use (online, and allowed by its CPU
+// affinity). Read at most once a millisecond per process, so a polling loop
+// may ask on every turn; false when it cannot be read.
 bool cores_are_spare();
 
 namespace internal {
