@@ -76,7 +76,10 @@ bool read_spare() {
   if (n <= 0) return false;
   const std::optional<int> runnable =
       internal::runnable_threads(std::string_view(text, n));
-  return runnable.has_value() && *runnable <= cores;
+  // One more than the cores: a poller yields its core at every turn, so
+  // one thread ready beside the pollers (the pool thread running the call
+  // they wait for) still runs at once.
+  return runnable.has_value() && *runnable <= cores + 1;
 }
 
 }  // namespace

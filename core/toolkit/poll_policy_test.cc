@@ -50,7 +50,7 @@ TEST(PollWindowTest, AZeroWindowNeverPolls) {
 TEST(PollWindowTest, StopsWhenThreadsWaitForACore) {
   std::atomic<bool> stop{false};
   std::vector<std::thread> busy;
-  for (int i = 0; i < ::get_nprocs() + 2; ++i) {
+  for (int i = 0; i < ::get_nprocs() + 3; ++i) {
     busy.emplace_back([&stop] {
       while (!stop.load(std::memory_order_relaxed)) {
       }
