@@ -163,9 +163,14 @@ expect_workers_gone 5 "the launcher was killed with SIGKILL"
 echo "SIGKILL to tether_run: every worker ended within $(( $(ms) - sent )) ms"
 
 # --max_restarts: rank 1 fails in attempts 0 and 1 and succeeds in attempt
-# 2; every rank starts again each time, told its attempt.
-"$run" --nproc 2 --grace_ms 1000 --max_restarts 2 -- sh -c \
-  'echo "attempt $TORCHELASTIC_RESTART_COUNT of max $TORCHELASTIC_MAX_RESTARTS"; if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then exit 4; fi; [ "$RANK" = 1 ] || exec sleep 1' \
+# 2; every rank starts again each time, told its attempt. Rank 1 fails only
+# once rank 0 has printed its line (a marker file, waited for at most 10 s),
+# so that the launcher's SIGTERM cannot reach rank 0 before it prints.
+MARK="$tmp/printed" "$run" --nproc 2 --grace_ms 1000 --max_restarts 2 -- sh -c \
+  'echo "attempt $TORCHELASTIC_RESTART_COUNT of max $TORCHELASTIC_MAX_RESTARTS"
+   if [ "$RANK" = 0 ]; then touch "$MARK.$TORCHELASTIC_RESTART_COUNT"; exec sleep 1; fi
+   n=0; while [ ! -e "$MARK.$TORCHELASTIC_RESTART_COUNT" ] && [ "$n" -lt 200 ]; do sleep 0.05; n=$((n + 1)); done
+   [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ] && exit 4; exit 0' \
   >"$tmp/out" 2>&1
 status=$?
 [ "$status" -eq 0 ] || fail "exit status $status after a successful third attempt: $(cat "$tmp/out")"
