@@ -23,6 +23,7 @@
 #define TETHER_CORE_FUTURE_H_
 
 #include <absl/base/thread_annotations.h>
+#include <absl/container/inlined_vector.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
@@ -113,7 +114,7 @@ class FutureState {
 
   // Returns false if the state was already complete (the value is dropped).
   bool complete(absl::StatusOr<T> result) {
-    std::vector<Callback> callbacks;
+    Callbacks callbacks;
     {
       absl::MutexLock lock(&mu_);
       if (result_.has_value()) return false;
@@ -195,7 +196,10 @@ class FutureState {
   std::optional<absl::StatusOr<T>> result_ ABSL_GUARDED_BY(mu_);
   // Set with result_, for waits that poll without the lock.
   std::atomic<bool> done_{false};
-  std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
+  // A future mostly has one callback (a `then`, or its agent's answer):
+  // held inline, it costs no allocation.
+  using Callbacks = absl::InlinedVector<Callback, 1>;
+  Callbacks callbacks_ ABSL_GUARDED_BY(mu_);
   // The assist of the thread waiting through one (WaitAssist), if any.
   mutable WaitAssist* assisted_by_ ABSL_GUARDED_BY(mu_) = nullptr;
 };

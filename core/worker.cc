@@ -1,5 +1,6 @@
 #include "core/worker.h"
 
+#include <absl/container/inlined_vector.h>
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
@@ -348,7 +349,7 @@ void Worker::set_call_gate(CallGate gate, CallGateWaits waits) {
 }
 
 absl::Status Worker::check_limits(const Message& message) const {
-  std::vector<uint64_t> storage_bytes;
+  absl::InlinedVector<uint64_t, 4> storage_bytes;
   storage_bytes.reserve(message.storages.size());
   for (const c10::Storage& storage : message.storages) {
     storage_bytes.push_back(storage.nbytes());
@@ -676,9 +677,10 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
   absl::StatusOr<WorkerInfo> target = get_worker_info(to);
   if (!target.ok()) return Future<c10::IValue>::ready(target.status());
 
+  // The name's string is shared by the call and its error messages.
+  c10::IValue name{std::string(fn)};
   c10::IValue call = c10::ivalue::Tuple::create(
-      {c10::IValue(std::string(fn)),
-       c10::ivalue::Tuple::create(std::move(args)),
+      {name, c10::ivalue::Tuple::create(std::move(args)),
        kwargs_to_wire(std::move(kwargs))});
   Message request;
   request.type = MessageType::kCall;
@@ -691,9 +693,10 @@ Future<c10::IValue> Worker::rpc_async(const To& to, absl::string_view fn,
   }
   Future<Message> sent = send_counted(*target, std::move(request), timeout);
   return sent.then(
-      [this, fn_name = std::string(fn), callee = *std::move(target)](
+      [this, name = std::move(name), callee = *std::move(target)](
           const absl::StatusOr<Message>& response)
           -> absl::StatusOr<c10::IValue> {
+        const std::string& fn_name = name.toStringRef();
         if (!response.ok()) {
           return absl::Status(
               response.status().code(),

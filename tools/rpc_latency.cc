@@ -25,7 +25,9 @@
 // transport alone (under strace -c or perf stat the counts are then that
 // variant's), --variants=tcp,raw adds the baseline. --set=KEY=VALUE
 // (repeatable) gives every variant of KEY's backend that setting, e.g.
-// --set=libfabric.provider=shm. --busy_poll_us=N sets RpcOptions::busy_poll.
+// --set=libfabric.provider=shm. --busy_poll_us=N sets RpcOptions::busy_poll,
+// --spare_core_poll_us=N RpcOptions::spare_core_poll (0 under callgrind,
+// whose counts polling would make depend on timing).
 #include <ATen/ATen.h>
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
@@ -83,6 +85,7 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
                                    int store_port, int calls, bool tensors,
                                    int floats, int64_t echo_bytes,
                                    absl::Duration busy_poll,
+                                   std::optional<absl::Duration> spare_core_poll,
                                    const tether::BackendRegistry& registry) {
   tether::RpcOptions options;
   options.backend = variant.backend;
@@ -90,6 +93,7 @@ absl::StatusOr<Result> run_variant(const Variant& variant, int rank,
   options.backend_settings = variant.settings;
   options.num_worker_threads = 2;
   options.busy_poll = busy_poll;
+  if (spare_core_poll.has_value()) options.spare_core_poll = *spare_core_poll;
   options.scripts = {"def inc(x: int) -> int:\n    return x + 1\n"};
   absl::StatusOr<std::unique_ptr<tether::Worker>> worker = tether::Worker::create(
       absl::StrCat("w", rank), rank, 2, options, registry);
@@ -143,6 +147,8 @@ int main(int argc, char** argv) {
   int calls = 5000;
   bool tensors = true;
   int busy_poll_us = 0;
+  std::optional<absl::Duration> spare_core_poll;
+  int spare_core_poll_us = 0;
   int floats = 2;
   int64_t echo_bytes = 0;
   std::vector<std::string> only;
@@ -155,6 +161,12 @@ int main(int argc, char** argv) {
     }
     if (arg.rfind("--busy_poll_us=", 0) == 0 &&
         absl::SimpleAtoi(arg.substr(15), &busy_poll_us) && busy_poll_us >= 0) {
+      continue;
+    }
+    if (arg.rfind("--spare_core_poll_us=", 0) == 0 &&
+        absl::SimpleAtoi(arg.substr(21), &spare_core_poll_us) &&
+        spare_core_poll_us >= 0) {
+      spare_core_poll = absl::Microseconds(spare_core_poll_us);
       continue;
     }
     if (arg.rfind("--floats=", 0) == 0 && absl::SimpleAtoi(arg.substr(9), &floats) &&
@@ -182,7 +194,7 @@ int main(int argc, char** argv) {
                  "usage: rpc_latency [--calls=N] [--no_tensors] [--floats=N] "
                  "[--echo=BYTES] "
                  "[--variants=WORD,...] [--set=KEY=VALUE ...] "
-                 "[--busy_poll_us=N]\n");
+                 "[--busy_poll_us=N] [--spare_core_poll_us=N]\n");
     return 2;
   }
   const tether::LauncherEnv env = tether::bench::launched("rpc_latency");
@@ -235,7 +247,8 @@ int main(int argc, char** argv) {
     if (!wanted(variants[v].label)) continue;
     absl::StatusOr<Result> r = run_variant(
         variants[v], rank, base_port + 1 + static_cast<int>(v), calls, tensors,
-        floats, echo_bytes, absl::Microseconds(busy_poll_us), registry);
+        floats, echo_bytes, absl::Microseconds(busy_poll_us), spare_core_poll,
+        registry);
     if (!r.ok()) die(variants[v].label, r.status());
     results.push_back(*r);
   }

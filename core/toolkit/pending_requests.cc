@@ -44,18 +44,32 @@ absl::StatusOr<PendingRequests::Request> PendingRequests::add(
     // Scheduled under the lock, so the entry knows its timer before the
     // timer can look for the entry.
     entry.timer = table_->timers->schedule(
-        absl::Now() + timeout,
-        [weak = std::weak_ptr<Table>(table_), id = request.id, type,
-         peer = std::string(peer), timeout] {
+        entry.added + timeout,
+        [weak = std::weak_ptr<Table>(table_), id = request.id, type, timeout] {
           if (std::shared_ptr<Table> table = weak.lock()) {
-            finish(*table, id,
-                   absl::DeadlineExceededError(absl::StrCat(
-                       message_type_name(type), " request to worker '", peer,
-                       "' timed out after ", absl::FormatDuration(timeout))));
+            time_out(*table, id, type, timeout);
           }
         });
   }
   return request;
+}
+
+void PendingRequests::time_out(Table& table, Id id, MessageType type,
+                               absl::Duration timeout) {
+  std::optional<Promise<Message>> promise;
+  std::string peer;
+  {
+    absl::MutexLock lock(&table.mu);
+    auto it = table.entries.find(id);
+    if (it == table.entries.end()) return;
+    // The words are made only now: the entry has the peer's name, so the
+    // timer of every request need not carry a copy.
+    peer = it->second.peer;
+    promise = table.take(id);
+  }
+  promise->set(absl::DeadlineExceededError(
+      absl::StrCat(message_type_name(type), " request to worker '", peer,
+                   "' timed out after ", absl::FormatDuration(timeout))));
 }
 
 bool PendingRequests::set_connection(Id id, Connection connection) {

@@ -154,6 +154,10 @@ class PendingRequests {
 
   // Completes `id` with `result` if it is still pending in `table`.
   static bool finish(Table& table, Id id, absl::StatusOr<Message> result);
+  // Fails `id`, if it is still pending in `table`, with DEADLINE_EXCEEDED
+  // naming its type, its peer and `timeout`.
+  static void time_out(Table& table, Id id, MessageType type,
+                       absl::Duration timeout);
 
   const std::shared_ptr<Table> table_;
 };

@@ -24,11 +24,12 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "absl/base/attributes.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
@@ -433,14 +434,17 @@ bool ships_storage_whole(const at::Tensor& t) {
 }
 
 void Encoder::assign_storages() {
-  std::unordered_set<const c10::StorageImpl*> whole;
+  // Absl's flat tables: one allocation each for a message's few tensors,
+  // where the standard ones took a node per entry and a bucket array.
+  absl::flat_hash_set<const c10::StorageImpl*> whole;
   for (const PendingTensor& p : pending_) {
     if (ships_storage_whole(p.tensor)) {
       whole.insert(p.tensor.storage().unsafeGetStorageImpl());
     }
   }
-  std::unordered_map<const c10::StorageImpl*, int64_t> index_of;
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> clones;
+  absl::flat_hash_map<const c10::StorageImpl*, int64_t> index_of;
+  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> clones;
+  storages_.reserve(pending_.size());
   for (PendingTensor& p : pending_) {
     at::Tensor shipped = p.tensor;
     if (p.tensor.numel() == 0 ||

@@ -40,7 +40,7 @@ Future<Message> AgentState::start_send(const common::Peer& peer,
   return std::move(pending.response);
 }
 
-bool AgentState::write_directly(const std::function<void()>& write) {
+bool AgentState::write_directly(absl::FunctionRef<void()> write) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return false;
@@ -277,7 +277,7 @@ void AgentState::on_response_descriptor(
     on_client_pipe_error(client, error);
     return;
   }
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> allocated =
       internal::allocate_frame(descriptor, limits_);
   // Requests come too: the peer may send its own on this pipe
   // (on_pipe_from).

@@ -206,7 +206,7 @@ void AgentState::on_request_descriptor(
     opened = opening_.erase(pipe.get()) > 0;
   }
   if (opened) on_pipe_from(pipe, pipe->getRemoteName());
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> allocated =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> allocated =
       internal::allocate_frame(descriptor, limits_);
   if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest &&
       (*allocated)->header.kind != FrameKind::kAuth) {

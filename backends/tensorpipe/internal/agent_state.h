@@ -14,6 +14,7 @@
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
+#include <absl/functional/function_ref.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
@@ -206,7 +207,7 @@ class AgentState
   // shutdown() waits for it before joining tensorpipe's threads; false (and
   // nothing done) once shut down. Saves the hand-off to the io thread and
   // its wake-up, most of a small call's cost on a loaded machine.
-  bool write_directly(const std::function<void()>& write)
+  bool write_directly(absl::FunctionRef<void()> write)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A request from a thread that is not ours goes straight to its pipe
   // when that pipe is ready and nothing queued on the io thread could be

@@ -290,10 +290,10 @@ namespace {
 // The frame of a message refused for `why`: its bytes are read into a
 // DiscardRegion (nothing for an inline frame, whose bytes are in the
 // descriptor already) and dropped.
-absl::StatusOr<std::unique_ptr<IncomingFrame>> discard_frame(
+absl::StatusOr<std::shared_ptr<IncomingFrame>> discard_frame(
     FrameHeader header, const ::tensorpipe::Descriptor& descriptor,
     absl::Status why) {
-  auto frame = std::make_unique<IncomingFrame>();
+  auto frame = std::make_shared<IncomingFrame>();
   frame->header = std::move(header);
   frame->refused = std::move(why);
   if (frame->header.inline_data) return frame;
@@ -331,7 +331,7 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> discard_frame(
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
+absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
     const ::tensorpipe::Descriptor& descriptor, const MessageLimits& limits) {
   absl::StatusOr<FrameHeader> header = decode_header(descriptor.metadata);
   if (!header.ok()) return header.status();
@@ -401,7 +401,7 @@ absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
         static_cast<int>(header->kind)));
   }
 
-  auto frame = std::make_unique<IncomingFrame>();
+  auto frame = std::make_shared<IncomingFrame>();
   if (header->inline_data) {
     const char* data = descriptor.metadata.data() + header_size(*header);
     frame->payload.assign(data, header->payload_size);

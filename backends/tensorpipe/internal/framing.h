@@ -43,6 +43,7 @@
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_FRAMING_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_FRAMING_H_
 
+#include <absl/container/inlined_vector.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
@@ -105,7 +106,8 @@ struct FrameHeader {
   // Only for kError; 0 otherwise.
   int32_t code = 0;
   uint64_t payload_size = 0;
-  std::vector<uint64_t> storage_sizes;
+  // Inline up to two: a small call's frame allocates nothing for them.
+  absl::InlinedVector<uint64_t, 2> storage_sizes;
 };
 
 // Bounds on what a peer may announce; more is a protocol error.
@@ -165,6 +167,8 @@ struct IncomingFrame {
 
 // Checks `descriptor` against its header (counts, sizes, CPU only) and
 // `limits`, and allocates the payload and one storage per announced size.
+// Shared, as the pipe's read callback holds it (one allocation with its
+// count).
 // A request or response over `limits` (checked before allocating) is not an
 // error: its frame is `refused` with the RESOURCE_EXHAUSTED of
 // check_message_limits() and reads its bytes into a DiscardRegion, so that
@@ -172,7 +176,7 @@ struct IncomingFrame {
 // be used: INVALID_ARGUMENT for a malformed or inconsistent frame,
 // RESOURCE_EXHAUSTED when the memory (or the discard region) cannot be had,
 // or for an error or authentication frame over the payload limit.
-[[nodiscard]] absl::StatusOr<std::unique_ptr<IncomingFrame>> allocate_frame(
+[[nodiscard]] absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
     const ::tensorpipe::Descriptor& descriptor,
     const MessageLimits& limits = MessageLimits());
 

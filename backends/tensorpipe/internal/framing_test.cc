@@ -134,7 +134,7 @@ TEST(Framing, LargeRequestTravelsWithPayloadAndStoragesOutOfBand) {
   EXPECT_EQ(message.tensors[0].buffer.unwrap<::tensorpipe::CpuBuffer>().ptr,
             request.storages[0].data());
 
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> in =
       allocate_frame(descriptor_of(message));
   ASSERT_THAT(in, IsOk());
   deliver(message, **in);
@@ -172,7 +172,7 @@ TEST(Framing, MidSizeRequestTravelsAsPipePayloads) {
   // Zero-copy: the payloads point at the caller's bytes.
   EXPECT_EQ(message.payloads[1].data, request.storages[0].data());
 
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> in =
       allocate_frame(descriptor_of(message));
   ASSERT_THAT(in, IsOk());
   ASSERT_EQ((*in)->allocation.payloads.size(), 3u);
@@ -224,7 +224,7 @@ absl::StatusOr<Message> through_inline_frame(const Message& request) {
   ::tensorpipe::Message message = make_request_frame(request)->to_tensorpipe();
   EXPECT_TRUE(message.payloads.empty());
   EXPECT_TRUE(message.tensors.empty());
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> in =
       allocate_frame(descriptor_of(message));
   if (!in.ok()) return in.status();
   return (*in)->take_result();
@@ -299,7 +299,7 @@ TEST(Framing, ErrorResponseCarriesCodeAndText) {
   std::shared_ptr<OutgoingFrame> out = make_response_frame(
       7, absl::StatusOr<Message>(absl::NotFoundError("no such op")));
   ::tensorpipe::Message message = out->to_tensorpipe();
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> in =
       allocate_frame(descriptor_of(message));
   ASSERT_THAT(in, IsOk());
   EXPECT_EQ((*in)->header.kind, FrameKind::kError);
@@ -391,7 +391,7 @@ TEST(Framing, UnknownStatusCodeBecomesUnknown) {
   header.code = 99;
   ::tensorpipe::Descriptor descriptor;
   descriptor.metadata = encode_header(header);
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> in =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> in =
       allocate_frame(descriptor);
   ASSERT_THAT(in, IsOk());
   EXPECT_THAT((*in)->take_result(), StatusIs(absl::StatusCode::kUnknown));
@@ -418,7 +418,7 @@ TEST(Framing, FramesOverTheLimitsAreRefusedBeforeAllocating) {
   ASSERT_THAT(allocate_frame(descriptor, limits), IsOk());
   auto expect_refused = [&descriptor](const MessageLimits& limits,
                                       const std::string& why) {
-    absl::StatusOr<std::unique_ptr<IncomingFrame>> frame =
+    absl::StatusOr<std::shared_ptr<IncomingFrame>> frame =
         allocate_frame(descriptor, limits);
     ASSERT_THAT(frame, IsOk());
     EXPECT_THAT((*frame)->refused,
@@ -463,7 +463,7 @@ TEST(Framing, PayloadFramesOverTheLimitsAreDiscarded) {
   ASSERT_EQ(message.payloads.size(), 3u);
   MessageLimits limits;
   limits.max_storage_bytes = kInlineLimit;
-  absl::StatusOr<std::unique_ptr<IncomingFrame>> frame =
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> frame =
       allocate_frame(descriptor_of(message), limits);
   ASSERT_THAT(frame, IsOk());
   EXPECT_THAT((*frame)->refused, StatusIs(absl::StatusCode::kResourceExhausted,
