@@ -13,6 +13,7 @@
 #define TETHER_CORE_TOOLKIT_TIMER_H_
 
 #include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 
@@ -62,7 +63,9 @@ class TimerQueue {
     // Keyed by (deadline, id) so equal deadlines keep their order.
     std::map<std::pair<absl::Time, Id>, std::function<void()>> timers
         ABSL_GUARDED_BY(mu);
-    std::map<Id, absl::Time> deadlines ABSL_GUARDED_BY(mu);
+    // A call's timer is added and cancelled on every call: a flat table
+    // takes no allocation per timer, as a tree's node would.
+    absl::flat_hash_map<Id, absl::Time> deadlines ABSL_GUARDED_BY(mu);
   };
 
   static void run(const std::shared_ptr<State>& state, const void* owner);

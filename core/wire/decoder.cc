@@ -652,7 +652,6 @@ absl::StatusOr<at::Tensor> Decoder::sparse_coo(const pb::Tensor& t,
 
 }  // namespace codec_internal
 
-using codec_internal::arena_on;
 using codec_internal::has_unknown_fields;
 using codec_internal::kArenaBlockBytes;
 using codec_internal::kParseRecursionLimit;
@@ -676,7 +675,7 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
   }
   try {
     alignas(16) char block[kArenaBlockBytes];
-    google::protobuf::Arena arena(arena_on(block));
+    google::protobuf::Arena arena(block, kArenaBlockBytes);
     auto* envelope =
         google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
     google::protobuf::io::CodedInputStream stream(

@@ -476,7 +476,6 @@ void Encoder::assign_storages() {
 
 }  // namespace codec_internal
 
-using codec_internal::arena_on;
 using codec_internal::kArenaBlockBytes;
 using codec_internal::kWireVersion;
 using codec_internal::object_encoder;
@@ -492,7 +491,7 @@ absl::Status encode(const c10::IValue& value, Message& out,
                     const ContextMeta* autograd, const Limits& limits) {
   try {
     alignas(16) char block[kArenaBlockBytes];
-    google::protobuf::Arena arena(arena_on(block));
+    google::protobuf::Arena arena(block, kArenaBlockBytes);
     auto* envelope =
         google::protobuf::Arena::CreateMessage<pb::Envelope>(&arena);
     codec_internal::Encoder encoder(rrefs, limits);
@@ -514,8 +513,12 @@ absl::Status encode(const c10::IValue& value, Message& out,
           absl::StrCat("encoded payload of ", size,
                        " bytes is over protobuf's 2 GiB limit"));
     }
-    std::string payload;
-    if (!envelope->SerializeToString(&payload)) {
+    // Written with the sizes ByteSizeLong() has just cached: the same
+    // bytes as SerializeToString(), which would compute them again.
+    std::string payload(size, '\0');
+    uint8_t* end = envelope->SerializeWithCachedSizesToArray(
+        reinterpret_cast<uint8_t*>(payload.data()));
+    if (end != reinterpret_cast<uint8_t*>(payload.data()) + size) {
       return absl::InternalError("serializing the wire envelope failed");
     }
     out.payload = std::move(payload);
