@@ -3,6 +3,7 @@ processes, without tether (bench_worker --raw: TCP, memcpy, TensorPipe's
 pipe alone; and the tools in EXTERNAL_BASELINES, "n/a" when not built)."""
 import time
 
+from .hosts import BASELINES_NOT_ACROSS
 from .processes import common_args, find_binary, run_two_process, short
 from .variants import BIG
 from .workers import worker_args
@@ -68,7 +69,14 @@ EXTERNAL_BASELINES = [
 ]
 
 
+RAW_LABELS = ["raw TCP", "raw TCP stream", "memcpy", "memcpy, fresh buffer",
+              "memcpy, huge pages"]
+
+
 def run_baselines(args, log):
+    if args.hosts:
+        return {label: raw_record(label, BASELINES_NOT_ACROSS)
+                for label in RAW_LABELS + [l for l, *_ in EXTERNAL_BASELINES]}
     baselines = {}
     start = time.time()
     raw = run_two_process(args, [args.worker, "--raw"] + worker_args(args),
@@ -99,8 +107,7 @@ def run_baselines(args, log):
             bw_bytes=BIG, note="one thread, between buffers on transparent "
             "huge pages (as tensors are with THP_MEM_ALLOC_ENABLE=1)")
     else:
-        for label in ("raw TCP", "raw TCP stream", "memcpy",
-                      "memcpy, fresh buffer", "memcpy, huge pages"):
+        for label in RAW_LABELS:
             baselines[label] = raw_record(label, raw.get("status", "failed"))
     log("%-24s %-10s %5.1f s" % ("raw TCP, memcpy", short(raw["status"]),
                                  time.time() - start))
