@@ -52,8 +52,9 @@ namespaces on a bridge, each host with its own pid, mount and uts
 namespaces; needs root), rank 0 on host 0 and rank 1 on host 1 with
 MASTER_ADDR host 0's address, so the network path is timed, not loopback,
 shm or cma. The peer runs there too (peer_bench.py --launched; its
-TensorPipe can only negotiate uv + basic between the hosts). The raw
-baselines listen on 127.0.0.1 and are n/a. Where namespaces cannot be made
+TensorPipe can only negotiate uv + basic between the hosts). Raw TCP and
+TensorPipe's pipe alone run between the hosts too; the external baselines
+listen on 127.0.0.1 and are n/a. Where namespaces cannot be made
 the bench says why and exits 2 (it never falls back to loopback):
 
     tools/bench.py --hosts --quick --only "tensorpipe negotiated"

@@ -13,10 +13,11 @@ from .processes import TOOLS_DIR, run, tail
 
 # Each simulated host's network interface (testing/hosts/hosts.sh).
 HOSTS_IFACE = "eth0"
-# The raw baselines listen on 127.0.0.1 (tools/internal/raw_baselines.h,
-# grpc_echo.h, fabric_pingpong.cc): they cannot run across hosts.
-BASELINES_NOT_ACROSS = ("n/a: not across hosts (the raw baselines listen on "
-                        "127.0.0.1 only)")
+# bench_worker --raw (raw TCP, TensorPipe's pipe alone, memcpy) listens
+# where tether's backends do (tools/internal/launcher_env.h:
+# listen_address()); the external baselines listen on 127.0.0.1
+# (tools/internal/grpc_echo.h, tools/fabric_pingpong.cc): not across hosts.
+BASELINES_NOT_ACROSS = "n/a: not across hosts (it listens on 127.0.0.1 only)"
 # The peer's TensorPipe (uv) and Gloo find their address from these; without
 # them, with no name for the host, they fall back to 127.0.0.1.
 PEER_ENV = {"TP_SOCKET_IFNAME": HOSTS_IFACE, "GLOO_SOCKET_IFNAME": HOSTS_IFACE}
