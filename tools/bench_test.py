@@ -216,6 +216,16 @@ class HostsTest(unittest.TestCase):
         self.assertEqual(hosts.launcher("/x/on_hosts.sh", 5)[2], "1")
         self.assertTrue(os.access(hosts.launcher_script(), os.X_OK))
 
+    def test_across_hosts_the_bandwidth_bound_is_raw_tcp(self):
+        results = fake_results()
+        results["placement"] = "two simulated hosts"
+        limits = {r["variant"]: r for r in limit_rows(results)}
+        negotiated = limits["tensorpipe negotiated"]
+        self.assertEqual(negotiated["bandwidth_baseline"], "raw TCP")
+        self.assertAlmostEqual(negotiated["bandwidth_ratio"], 2.0)  # 2 / 1
+        self.assertEqual(limits["tensorpipe uv"]["bandwidth_baseline"],
+                         "raw TCP")
+
     def test_loopback_pins_move_to_the_host_interface(self):
         self.assertEqual(
             hosts.placed_env({"FI_TCP_IFACE": "lo", "THP_MEM_ALLOC_ENABLE": "1"}),
