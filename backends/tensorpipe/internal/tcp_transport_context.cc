@@ -217,22 +217,28 @@ void ContextImpl::deferToLoop(TTask fn) {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       } else if (flushes_.empty()) {
+        tasks_since_flush_ = 0;
         loop_thread_ = std::thread::id();
         return;
       }
     }
     if (task) {
       task();
-      continue;
+      if (++tasks_since_flush_ < kTasksPerFlush) continue;
     }
-    // Idle: the writes queued in this turn leave. What their callbacks
-    // queue runs next, and its writes are flushed in their turn.
-    flushing_.swap(flushes_);
-    for (const std::shared_ptr<ConnectionImpl>& connection : flushing_) {
-      connection->flush();
-    }
-    flushing_.clear();
+    flush_writes();
   }
+}
+
+void ContextImpl::flush_writes() {
+  // What the writes' callbacks queue runs next, and its writes leave with
+  // the next flush.
+  tasks_since_flush_ = 0;
+  flushing_.swap(flushes_);
+  for (const std::shared_ptr<ConnectionImpl>& connection : flushing_) {
+    connection->flush();
+  }
+  flushing_.clear();
 }
 
 void ContextImpl::run_in_loop(const std::function<void()>& fn) {

@@ -36,6 +36,10 @@ namespace tether::backends::tensorpipe::internal::tcp {
 namespace tp = ::tensorpipe;
 namespace tpt = ::tensorpipe::transport;
 
+// The most tasks the loop runs between two flushes of the queued writes
+// (ContextImpl): about as many writes as one sendmsg() takes (kMaxIov).
+inline constexpr int kTasksPerFlush = 64;
+
 // Refusals logged per window; the rest are counted in the next line.
 inline constexpr int kLogBurst = 10;
 inline constexpr auto kLogWindow = std::chrono::seconds(10);
@@ -111,8 +115,10 @@ class Handler {
 // one by one: the answers to a batch of requests read at once (written by
 // handlers that run in the loop, each queued as a task behind the one
 // that read them) leave in one sendmsg() per connection, and the peer is
-// woken once for them. A lone write costs the same sendmsg() as before,
-// at the end of the same turn of the loop.
+// woken once for them. A lone write leaves at the end of the turn that
+// made it; one made while another thread is in the loop, with that
+// thread's turn. A loop that does not run dry sends what it gathered every
+// kTasksPerFlush tasks.
 //
 // The poller is one thread per context that waits in epoll_wait on the
 // watched sockets, the eventfd (which wakes it for a new earliest timer
@@ -174,6 +180,8 @@ class ContextImpl final
  private:
   // The poller thread's body.
   void poll();
+  // Loop only: sends the writes of every connection in flushes_.
+  void flush_writes();
   // Loop only: calls the handlers of `ready` and the due timers.
   void dispatch(const std::vector<epoll_event>& ready);
   // Wakes the poller.
@@ -189,9 +197,11 @@ class ContextImpl final
   std::atomic<std::thread::id> loop_thread_{std::thread::id()};
   std::deque<TTask> tasks_;  // guarded by loop_mu_
   // Loop only: connections whose writes wait for the loop to be idle, and
-  // those being flushed (kept to reuse their storage).
+  // those being flushed (kept to reuse their storage); tasks run since the
+  // last flush.
   std::vector<std::shared_ptr<ConnectionImpl>> flushes_;
   std::vector<std::shared_ptr<ConnectionImpl>> flushing_;
+  int tasks_since_flush_ = 0;
   std::atomic<bool> stopping_{false};
   // The earliest timer's deadline (steady clock, ns since its epoch), or
   // kNoTimer; written in the loop, read by the poller.
