@@ -9,7 +9,7 @@ import sys
 import tempfile
 import unittest
 
-from tools.benchlib import baselines, cli, processes, tables
+from tools.benchlib import baselines, cli, hosts, processes, tables
 from tools.benchlib import scale as bench_scale
 from tools.benchlib import variants
 from tools.benchlib.results import limit_rows, merge_runs, peer_rows
@@ -194,6 +194,88 @@ class ScaleTest(unittest.TestCase):
                          "--out=.../run1")
         self.assertEqual(cli.relative_to_workspace("--only=grpc", root),
                          "--only=grpc")
+
+
+BENCH = os.path.join(os.path.dirname(__file__), "bench.py")
+PEER_BENCH = os.path.join(os.path.dirname(__file__), "peer_bench.py")
+
+
+class HostsTest(unittest.TestCase):
+    """--hosts: its arguments, and what it changes without namespaces."""
+
+    def test_hosts_is_refused_with_scale(self):
+        run = subprocess.run([sys.executable, BENCH, "--hosts", "--scale", "2"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("--hosts runs the two-process workloads", run.stderr)
+
+    def test_launcher_places_two_ranks_and_ends_them_first(self):
+        command = hosts.launcher("/x/on_hosts.sh", 120)
+        self.assertEqual(command, ["/x/on_hosts.sh", "--timeout", "110", "2",
+                                   "--"])
+        self.assertEqual(hosts.launcher("/x/on_hosts.sh", 5)[2], "1")
+        self.assertTrue(os.access(hosts.launcher_script(), os.X_OK))
+
+    def test_across_hosts_the_bandwidth_bound_is_raw_tcp(self):
+        results = fake_results()
+        results["placement"] = "two simulated hosts"
+        limits = {r["variant"]: r for r in limit_rows(results)}
+        negotiated = limits["tensorpipe negotiated"]
+        self.assertEqual(negotiated["bandwidth_baseline"], "raw TCP")
+        self.assertAlmostEqual(negotiated["bandwidth_ratio"], 2.0)  # 2 / 1
+        self.assertEqual(limits["tensorpipe uv"]["bandwidth_baseline"],
+                         "raw TCP")
+
+    def test_loopback_pins_move_to_the_host_interface(self):
+        self.assertEqual(
+            hosts.placed_env({"FI_TCP_IFACE": "lo", "THP_MEM_ALLOC_ENABLE": "1"}),
+            {"FI_TCP_IFACE": "eth0", "THP_MEM_ALLOC_ENABLE": "1"})
+        self.assertEqual(hosts.placed_env({"FI_TCP_IFACE": "ib0"}),
+                         {"FI_TCP_IFACE": "ib0"})
+
+
+    def test_launched_peer_needs_the_launcher_variables(self):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "MASTER_ADDR", "MASTER_PORT")}
+        run = subprocess.run([sys.executable, PEER_BENCH, "--launched"],
+                             capture_output=True, text=True, timeout=60,
+                             env=env)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("--launched needs RANK, MASTER_ADDR and MASTER_PORT",
+                      run.stderr)
+
+
+class HostsSmokeTest(unittest.TestCase):
+    """One variant across two simulated hosts (needs root and namespaces:
+    //tools:bench_hosts_test, exclusive; skipped where they cannot be made,
+    as the bench says)."""
+
+    def test_one_variant_across_hosts(self):
+        out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        run = subprocess.run(
+            [sys.executable, BENCH, "--hosts", "--smoke", "--quick",
+             "--only", "tensorpipe negotiated", "--no_peer", "--no_plots",
+             "--max_bytes=4096", "--out", out],
+            capture_output=True, text=True, timeout=240)
+        if run.returncode == 2 and "no simulated hosts here" in run.stderr:
+            self.skipTest(run.stderr.strip().splitlines()[-1])
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(out, "results.json")) as f:
+            results = json.load(f)
+        self.assertEqual(results["placement"], "two simulated hosts")
+        negotiated = results["variants"]["tensorpipe negotiated"]
+        self.assertEqual(negotiated["status"], "ok", negotiated)
+        self.assertGreater(negotiated["builtin_rpc_sync_p50_us"], 0)
+        # Raw TCP and TensorPipe's pipe alone between the hosts too; the
+        # external baselines, on 127.0.0.1 only, are not measured there.
+        self.assertEqual(results["baselines"]["raw TCP"]["status"], "ok")
+        self.assertIn("between the hosts",
+                      results["baselines"]["raw TCP"]["note"])
+        self.assertEqual(
+            results["baselines"]["TensorPipe pipe alone"]["status"], "ok")
+        self.assertEqual(results["baselines"]["bare gRPC"]["status"],
+                         hosts.BASELINES_NOT_ACROSS)
+        self.assertIn("on two simulated hosts", run.stdout)
 
 
 class SmokeTest(unittest.TestCase):

@@ -10,7 +10,10 @@ tools/bench_worker.cc, with the same JSON keys, on PyTorch's own RPC
 
 The parent (which does not load torch: it is slow to import) starts two
 children (rank 0 and rank 1) of this same script; rank 0 times every call
-and prints one line `JSON {...}`, which the parent passes on. Without
+and prints one line `JSON {...}`, which the parent passes on. With
+--launched there is no parent: a launcher started this process as one of
+the two (as tools/bench --hosts does, one per simulated host), and RANK,
+MASTER_ADDR and MASTER_PORT say which and where rank 0 is. Without
 torch.distributed.rpc (or TensorPipe) the children exit with status 3 and
 the parent prints `JSON {"status": "n/a: ..."}` and exits 0, so the bench
 CLI shows the peer as not available instead of failing.
@@ -192,7 +195,8 @@ def child(args):
         print(why, file=sys.stderr, flush=True)
         sys.exit(NOT_AVAILABLE)
     options = rpc.TensorPipeRpcBackendOptions(
-        init_method="tcp://127.0.0.1:%d" % args.port, rpc_timeout=300)
+        init_method="tcp://%s:%d" % (args.master_addr, args.port),
+        rpc_timeout=300)
     if args.transports:
         options._transports = args.transports.split(",")
     if args.channels:
@@ -249,8 +253,13 @@ def main():
     parser.add_argument("--channels", default="",
                         help="TensorPipe channels, e.g. basic (default: all)")
     parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--launched", action="store_true",
+                        help="one of the two, started by a launcher: RANK, "
+                        "MASTER_ADDR and MASTER_PORT from the environment")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--master_addr", default="127.0.0.1",
+                        help=argparse.SUPPRESS)
     for name in PRESETS:
         parser.add_argument("--" + name, type=int, default=None)
     argv = sys.argv[1:]
@@ -258,6 +267,14 @@ def main():
     for name, (full, quick) in PRESETS.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
+    if args.launched:
+        try:
+            args.rank = int(os.environ["RANK"])
+            args.port = int(os.environ["MASTER_PORT"])
+            args.master_addr = os.environ["MASTER_ADDR"]
+        except (KeyError, ValueError) as error:
+            parser.error("--launched needs RANK, MASTER_ADDR and MASTER_PORT "
+                         "set by a launcher (%r)" % error)
     if args.rank is not None:
         child(args)
         return 0

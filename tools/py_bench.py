@@ -7,7 +7,7 @@ process; only the module differs (tether.rpc or torch.distributed.rpc).
     /usr/bin/python3 tools/py_bench.py [--quick] [--backend tensorpipe]
         [--transports shm,tcp] [--rounds 3] [--workloads sync,async]
         [--busy_poll_us 100] [--spare_core_poll_us 0] [--idle_s 5]
-        [--out results.json]
+        [--out results.json] [--plot py_bench.png]
 
 --rounds runs tether and the peer alternately that many times each
 (tether, peer, tether, peer, ...) and reports each side's median over its
@@ -32,7 +32,9 @@ CPU: beside each workload, the CPU time (user + system, every thread of
 both processes; tools/benchlib/python_rpc.py) per call over its measured
 calls; and, after all of them, each process's idle CPU over --idle_s
 seconds (5; 2 with --quick) with no calls, in % of a core. --out FILE
-writes every round's numbers as JSON.
+writes every round's numbers as JSON; --plot FILE draws tether's speed over
+the peer's per workload, CPU per call and idle CPU, tether beside the peer,
+as a PNG.
 
 Needs `import tether` (scripts/python_setup.sh). Prints one table; each
 workload is a median over N calls (p99 beside it), timed in rank 0:
@@ -291,6 +293,57 @@ def idle_row(tether, peer):
             % ((tether[0]["idle"]["seconds"],) + one(tether) + one(peer)))
 
 
+def speedup(name, tether, peer):
+    """How many times better tether is at a workload (medians of rounds)."""
+    key = {"echo 64 MiB": "GBps", "rpc_async builtin": "calls_per_s"}.get(
+        name, "p50_us")
+    a = median([r[name][key] for r in tether])
+    b = median([r[name][key] for r in peer])
+    return a / b if key != "p50_us" else b / a
+
+
+def plot(path, tether, peer, workloads):
+    """Three panels: tether's speed over the peer's per workload, CPU per
+    call (both processes) and idle CPU per process, medians of the rounds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 1.8 + 0.4 * len(workloads)),
+                             dpi=80)
+    ys = range(len(workloads))
+    axes[0].barh(ys, [speedup(w, tether, peer) for w in workloads])
+    axes[0].axvline(1, color="black", linewidth=0.8)
+    axes[0].set_xlabel("tether's speed / the peer's (x)")
+    axes[0].set_yticks(list(ys))
+    axes[0].set_yticklabels(workloads, fontsize=8)
+    for i, (side, rounds) in enumerate((("tether", tether), ("peer", peer))):
+        axes[1].barh([y + 0.4 * i for y in ys],
+                     [median([r[w]["cpu_us_per_call"] for r in rounds])
+                      for w in workloads], height=0.4, label=side)
+    axes[1].set_xlabel("CPU per call, both processes (us)")
+    axes[1].set_yticks([y + 0.2 for y in ys])
+    axes[1].set_yticklabels(workloads, fontsize=8)
+    axes[1].legend(fontsize=8)
+    roles = ("caller_percent", "callee_percent")
+    for i, (side, rounds) in enumerate((("tether", tether), ("peer", peer))):
+        axes[2].bar([j + 0.4 * i for j in range(2)],
+                    [median([r["idle"][k] for r in rounds]) for k in roles],
+                    width=0.4, label=side)
+    axes[2].set_yscale("log")
+    axes[2].set_xticks([0.2, 1.2])
+    axes[2].set_xticklabels(["caller", "callee"])
+    axes[2].set_ylabel("idle CPU (% of a core, log)")
+    axes[2].legend(fontsize=8)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    axes[0].invert_yaxis()
+    axes[1].invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -309,6 +362,9 @@ def main():
     parser.add_argument("--out", default="",
                         help="also write every round's numbers to this JSON "
                         "file")
+    parser.add_argument("--plot", default="",
+                        help="also draw speed, CPU per call and idle CPU, "
+                        "tether beside the peer, into this PNG file")
     args = parser.parse_args()
     if args.idle_s is None:
         args.idle_s = 2.0 if args.quick else 5.0
@@ -355,6 +411,9 @@ def main():
                        "load_average": os.getloadavg(),
                        "tether": tether, "peer": peer, "socket": sockets},
                       f, indent=1)
+    if args.plot:
+        plot(args.plot, tether, peer, workloads)
+        print("wrote %s" % args.plot)
     if floor:
         ping = median([r["tcp ping-pong"]["p50_us"] for r in sockets])
         ping99 = median([r["tcp ping-pong"]["p99_us"] for r in sockets])

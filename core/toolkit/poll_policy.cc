@@ -1,14 +1,13 @@
 #include "core/toolkit/poll_policy.h"
 
+#include "core/toolkit/usable_cores.h"
+
 #include <absl/strings/numbers.h>
 #include <absl/strings/string_view.h>
 
 #include <fcntl.h>
-#include <sched.h>
-#include <sys/sysinfo.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -55,17 +54,6 @@ int loadavg_fd() {
 
 std::atomic<int64_t> g_checked_ns{INT64_MIN / 2};
 std::atomic<bool> g_spare{false};
-
-// The cores this process may run on (a cpuset or taskset may allow fewer
-// than are online): the fewer, the sooner polling stops.
-int usable_cores() {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  const int online = ::get_nprocs();
-  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return online;
-  const int count = CPU_COUNT(&allowed);
-  return count > 0 ? std::min(count, online) : online;
-}
 
 bool read_spare() {
   static const int cores = usable_cores();

@@ -37,8 +37,9 @@ struct PollPolicy {
 
 // True when no thread of the machine waits long for a core: the threads
 // ready to run (the kernel's count in /proc/loadavg, the pollers among them)
-// are at most one more than the cores this process may use (online, and
-// allowed by its CPU affinity); pollers yield at every turn, so one more
+// are at most one more than the cores this process may use
+// (core/toolkit/usable_cores.h: online, allowed by its CPU affinity, within
+// its control group's CPU quota); pollers yield at every turn, so one more
 // thread runs at once. Read at most once a millisecond per process, so a
 // polling loop may ask on every turn; false when it cannot be read.
 bool cores_are_spare();

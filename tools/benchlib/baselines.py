@@ -3,6 +3,7 @@ processes, without tether (bench_worker --raw: TCP, memcpy, TensorPipe's
 pipe alone; and the tools in EXTERNAL_BASELINES, "n/a" when not built)."""
 import time
 
+from .hosts import BASELINES_NOT_ACROSS
 from .processes import common_args, find_binary, run_two_process, short
 from .variants import BIG
 from .workers import worker_args
@@ -68,6 +69,10 @@ EXTERNAL_BASELINES = [
 ]
 
 
+RAW_LABELS = ["raw TCP", "raw TCP stream", "memcpy", "memcpy, fresh buffer",
+              "memcpy, huge pages"]
+
+
 def run_baselines(args, log):
     baselines = {}
     start = time.time()
@@ -77,7 +82,8 @@ def run_baselines(args, log):
         baselines["raw TCP"] = raw_record(
             "raw TCP", small_p50_us=raw["tcp_pingpong_p50_us"],
             bw_GBps=raw["tcp_echo_64MB_GBps"], bw_bytes=BIG,
-            sweep=raw["sweep"], note="ping-pong, TCP_NODELAY, loopback")
+            sweep=raw["sweep"], note="ping-pong, TCP_NODELAY, %s"
+            % ("between the hosts" if args.hosts else "loopback"))
         baselines["raw TCP stream"] = raw_record(
             "raw TCP stream", bw_GBps=raw["tcp_stream_GBps"],
             note="one way, 1 MiB writes")
@@ -99,15 +105,16 @@ def run_baselines(args, log):
             bw_bytes=BIG, note="one thread, between buffers on transparent "
             "huge pages (as tensors are with THP_MEM_ALLOC_ENABLE=1)")
     else:
-        for label in ("raw TCP", "raw TCP stream", "memcpy",
-                      "memcpy, fresh buffer", "memcpy, huge pages"):
+        for label in RAW_LABELS:
             baselines[label] = raw_record(label, raw.get("status", "failed"))
     log("%-24s %-10s %5.1f s" % ("raw TCP, memcpy", short(raw["status"]),
                                  time.time() - start))
     for label, relative, measure in EXTERNAL_BASELINES:
         start = time.time()
         exe = find_binary(args, relative)
-        if exe is None:
+        if args.hosts:
+            baselines[label] = raw_record(label, BASELINES_NOT_ACROSS)
+        elif exe is None:
             baselines[label] = raw_record(
                 label, "n/a: %s is not built (bazel build -c opt //%s:%s)"
                 % (relative, *relative.rsplit("/", 1)))

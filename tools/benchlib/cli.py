@@ -46,6 +46,19 @@ time.process_time(), read in each process by a call) per rpc_sync and per
 rpc_async call over the measured calls, and each process's idle CPU over 5 s
 (2 s quick) with no calls, after the small calls.
 
+Across hosts (tools/benchlib/hosts.py): with --hosts each run's two
+processes are on two simulated hosts (testing/hosts/on_hosts.sh: network
+namespaces on a bridge, each host with its own pid, mount and uts
+namespaces; needs root), rank 0 on host 0 and rank 1 on host 1 with
+MASTER_ADDR host 0's address, so the network path is timed, not loopback,
+shm or cma. The peer runs there too (peer_bench.py --launched; its
+TensorPipe can only negotiate uv + basic between the hosts). Raw TCP and
+TensorPipe's pipe alone run between the hosts too; the external baselines
+listen on 127.0.0.1 and are n/a. Where namespaces cannot be made
+the bench says why and exits 2 (it never falls back to loopback):
+
+    tools/bench.py --hosts --quick --only "tensorpipe negotiated"
+
 Scale (tools/benchlib/scale.py): with --scale 2,4,8,16,32,64 it
 runs instead N scale_worker processes per world size and backend variant
 (--backends: labels or backend names; by default tensorpipe negotiated,
@@ -68,6 +81,7 @@ import time
 
 from . import scale as scale_workload
 from .baselines import run_baselines
+from .hosts import check_hosts, launcher
 from .peers import run_peers
 from .plots import plot, plot_anywhere
 from .processes import find_binary, search_dirs, workspace_dir
@@ -179,6 +193,10 @@ def main():
                         help="tests: a handful of calls (numbers meaningless)")
     parser.add_argument("--no_plots", action="store_true")
     parser.add_argument("--plot_only", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", action="store_true",
+                        help="each run's two processes on two simulated "
+                        "hosts (network namespaces; needs root): the network "
+                        "path, not loopback, shm or cma")
     parser.add_argument("--scale", default=None,
                         type=scale_workload.parse_sizes,
                         help="world sizes for the scale workload, e.g. "
@@ -191,6 +209,9 @@ def main():
     parser.add_argument("--scale_logs", default=None,
                         help="--scale: a folder for every world's output")
     args = parser.parse_args()
+    if args.hosts and (args.scale or args.plot_only):
+        parser.error("--hosts runs the two-process workloads, not --scale "
+                     "or --plot_only")
     cwd = os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd())
     out_dir = os.path.join(cwd, args.out or "bench_results")
     os.makedirs(out_dir, exist_ok=True)
@@ -207,6 +228,12 @@ def main():
     args.worker = find_tools(args, "bench_worker", log)
     if args.worker is None:
         return 2
+    args.launcher = lambda timeout: [args.tether_run, "--nproc", "2", "--"]
+    if args.hosts:
+        script = check_hosts(log)
+        if script is None:
+            return 2
+        args.launcher = lambda timeout: launcher(script, timeout)
 
     started = time.time()
     results = {
@@ -219,6 +246,8 @@ def main():
                  # Other work on the machine moves every number.
                  "loadavg_at_start": os.getloadavg()[0]},
         "quick": args.quick,
+        # Where the two processes ran: one machine, or two simulated hosts.
+        "placement": "two simulated hosts" if args.hosts else "one host",
     }
     runs = []
     for repeat in range(args.repeat):

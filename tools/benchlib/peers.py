@@ -1,9 +1,12 @@
 """The peer: the bench's workloads on torch.distributed.rpc
 (tools/peer_bench.py under --python, Debian's /usr/bin/python3 with
-python3-torch), each of PEERS in its own pair of processes."""
+python3-torch), each of PEERS in its own pair of processes: peer_bench.py
+starts them, or with --hosts the hosts' launcher does (one per host, the
+peer's TensorPipe and Gloo on the host's interface)."""
 import os
 import time
 
+from .hosts import PEER_ENV
 from .processes import (TOOLS_DIR, common_args, parse_json_line, run, short,
                         tail)
 from .variants import PEERS
@@ -25,7 +28,11 @@ def run_peers(args, log):
                                       "installs python3-torch)" % args.python}
             continue
         argv = [args.python, script] + extra + common_args(args)
-        code, out, err = run(argv, args.timeout)
+        env = None
+        if args.hosts:
+            argv = args.launcher(args.timeout) + argv + ["--launched"]
+            env = PEER_ENV
+        code, out, err = run(argv, args.timeout, env)
         result = parse_json_line(out) or {
             "status": "failed: exit %s: %s" % (code, tail(err))}
         peers[label] = result

@@ -1,8 +1,9 @@
 """Finding the tools' binaries and running them.
 
 A tool runs in its own process group, bounded by a timeout; a two-process
-tool runs under tether_run --nproc 2 and prints, from rank 0, one line
-`JSON {...}` (parse_json_line), or its record says why it has none.
+tool runs under tether_run --nproc 2 (with --hosts, on_hosts.sh: one rank
+per simulated host, tools/benchlib/hosts.py) and prints, from rank 0, one
+line `JSON {...}` (parse_json_line), or its record says why it has none.
 """
 import json
 import os
@@ -84,8 +85,9 @@ def tail(text, lines=3):
 
 
 def run_two_process(args, argv, timeout, env=None):
-    """bench_worker-style program under tether_run --nproc 2: its JSON."""
-    command = [args.tether_run, "--nproc", "2", "--"] + argv
+    """bench_worker-style program under args.launcher (tether_run --nproc
+    2, or one rank per host): its JSON."""
+    command = args.launcher(timeout) + argv
     code, out, err = run(command, timeout, env)
     result = parse_json_line(out)
     if result is None:

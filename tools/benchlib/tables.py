@@ -95,7 +95,10 @@ def report(results):
                           fmt(host.get("loadavg_at_start")),
                           fmt(host.get("loadavg_at_end")),
                           results.get("seconds", 0)), "",
-             "## Workloads (two processes, rank 0 -> rank 1)", "",
+             "## Workloads (two processes, rank 0 -> rank 1%s)"
+             % (", on two simulated hosts"
+                if results.get("placement") == "two simulated hosts" else ""),
+             "",
              workload_table(results), "",
              "## Against each backend's own raw baseline", "",
              limit_table(results["limits"]), "",

@@ -2,6 +2,7 @@
 processes (VARIANTS); a backend this build does not register is "n/a"."""
 import time
 
+from .hosts import placed_env
 from .processes import (common_args, parse_json_line, run, run_two_process,
                         short)
 from .variants import VARIANTS
@@ -39,6 +40,8 @@ def run_variants(args, log):
         argv = [args.worker, "--backend=" + backend, "--label=" + label]
         argv += ["--setting=%s=%s" % kv for kv in sorted(settings.items())]
         start = time.time()
+        if args.hosts:
+            env = placed_env(env)
         results[label] = run_two_process(args, argv + worker_args(args),
                                          args.timeout, env)
         log("%-24s %-10s %5.1f s" % (label, short(results[label]["status"]),

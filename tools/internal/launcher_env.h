@@ -8,6 +8,7 @@
 #ifndef TETHER_TOOLS_INTERNAL_LAUNCHER_ENV_H_
 #define TETHER_TOOLS_INTERNAL_LAUNCHER_ENV_H_
 
+#include <absl/status/statusor.h>
 #include <absl/strings/numbers.h>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "core/host_address.h"
 #include "core/rendezvous.h"
 
 namespace tether::bench {
@@ -63,6 +65,14 @@ inline std::unique_ptr<c10d::TCPStore> launcher_store(const char* tool,
   const char* host = std::getenv("MASTER_ADDR");
   return std::make_unique<c10d::TCPStore>(
       host != nullptr ? host : "127.0.0.1", options);
+}
+
+// The address a raw baseline's listening side listens on and publishes, as
+// tether's backends choose theirs (core/host_address.h) from MASTER_ADDR:
+// 127.0.0.1 under tether_run, the host's own address across hosts.
+inline absl::StatusOr<std::string> listen_address() {
+  const char* host = std::getenv("MASTER_ADDR");
+  return default_host_address(host != nullptr ? host : "");
 }
 
 }  // namespace tether::bench

@@ -2,6 +2,7 @@
 
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_split.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,16 +21,21 @@
 #include <vector>
 
 #include "core/toolkit/huge_page_memory.h"
+#include "tools/internal/launcher_env.h"
 #include "tools/internal/samples.h"
 
 namespace tether::bench {
 namespace {
 
-sockaddr_in loopback(int port) {
+// An IPv4 socket address of `host` (a literal) and `port`.
+absl::StatusOr<sockaddr_in> ipv4(const std::string& host, int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("raw TCP: '", host, "' is not an IPv4 address"));
+  }
   return addr;
 }
 
@@ -42,38 +48,45 @@ absl::Status errno_status(const char* what) {
 absl::StatusOr<TcpPair> TcpPair::connect(int rank, c10d::Store& store,
                                          absl::Duration timeout) {
   const int one = 1;
-  const std::string key = "tether_raw_tcp/port";
+  const std::string key = "tether_raw_tcp/address";
   int fd = -1;
   if (rank == 1) {
+    absl::StatusOr<std::string> host = listen_address();
+    if (!host.ok()) return host.status();
     // Port 0: the kernel picks a free one, so no other socket (a store's,
     // another run's, rank 0's own connect attempt) can hold it.
+    absl::StatusOr<sockaddr_in> addr = ipv4(*host, 0);
+    if (!addr.ok()) return addr.status();
     const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (listener < 0) return errno_status("raw TCP socket");
-    sockaddr_in addr = loopback(0);
-    socklen_t length = sizeof(addr);
-    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+    socklen_t length = sizeof(*addr);
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&*addr), sizeof(*addr)) != 0 ||
         ::listen(listener, 1) != 0 ||
-        ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+        ::getsockname(listener, reinterpret_cast<sockaddr*>(&*addr), &length) != 0) {
       absl::Status s = errno_status("raw TCP listen");
       ::close(listener);
       return s;
     }
-    const std::string port = std::to_string(ntohs(addr.sin_port));
-    store.set(key, std::vector<uint8_t>(port.begin(), port.end()));
+    const std::string published = absl::StrCat(*host, " ", ntohs(addr->sin_port));
+    store.set(key, std::vector<uint8_t>(published.begin(), published.end()));
     fd = ::accept(listener, nullptr, nullptr);
     ::close(listener);
     if (fd < 0) return errno_status("raw TCP accept");
   } else {
     store.wait({key}, absl::ToChronoMilliseconds(timeout));
-    const std::vector<uint8_t> text = store.get(key);
+    const std::vector<uint8_t> raw = store.get(key);
+    const std::string text(raw.begin(), raw.end());
+    const std::vector<std::string> parts = absl::StrSplit(text, ' ');
     int port = 0;
-    if (!absl::SimpleAtoi(std::string(text.begin(), text.end()), &port)) {
-      return absl::InternalError("raw TCP: rank 1 published no port");
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port)) {
+      return absl::InternalError(
+          absl::StrCat("raw TCP: rank 1 published '", text, "', not 'ADDRESS PORT'"));
     }
+    absl::StatusOr<sockaddr_in> addr = ipv4(parts[0], port);
+    if (!addr.ok()) return addr.status();
     fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return errno_status("raw TCP socket");
-    sockaddr_in addr = loopback(port);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof(*addr)) != 0) {
       absl::Status s = errno_status("raw TCP connect");
       ::close(fd);
       return s;

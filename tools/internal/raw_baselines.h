@@ -1,10 +1,11 @@
-// Raw baselines: what two local processes get without tether, measured by
+// Raw baselines: what two processes get without tether, measured by
 // the benchmark tools (tools/bench_worker.cc --raw, tools/rpc_latency.cc) in
 // the same run as tether's own numbers, so each backend is shown as a ratio
 // to its own limit.
 //
-// - TCP ping-pong: rank 0 sends N bytes on one loopback TCP connection
-//   (TCP_NODELAY), rank 1 sends them back; per round-trip samples.
+// - TCP ping-pong: rank 0 sends N bytes on one TCP connection (TCP_NODELAY;
+//   loopback, or between two hosts), rank 1 sends them back; per
+//   round-trip samples.
 // - TCP stream: rank 0 writes a stream of chunks, rank 1 reads it and
 //   acknowledges the end with one byte; one-way GB/s.
 // - memcpy: one thread copying a buffer of N bytes (what shared memory and
@@ -26,11 +27,14 @@
 
 namespace tether::bench {
 
-// One connected loopback TCP socket between rank 0 and rank 1 of a pair of
-// processes: rank 1 listens on 127.0.0.1, rank 0 connects.
+// One connected TCP socket between rank 0 and rank 1 of a pair of
+// processes: rank 1 listens on listen_address() (tools/internal/
+// launcher_env.h: 127.0.0.1 on one machine, its own address across hosts),
+// rank 0 connects.
 class TcpPair {
  public:
-  // Rank 1 listens on a port the kernel picks and publishes it in `store`;
+  // Rank 1 listens on a port the kernel picks and publishes its address and
+  // port in `store`;
   // rank 0 waits up to `timeout` for it and connects.
   [[nodiscard]] static absl::StatusOr<TcpPair> connect(int rank,
                                                        c10d::Store& store,

@@ -4,6 +4,7 @@
 // call and raw TCP in the same run).
 #include "tools/internal/tp_pipe.h"
 
+#include <absl/status/statusor.h>
 #include <absl/strings/str_cat.h>
 #include <absl/synchronization/mutex.h>
 #include <tensorpipe/tensorpipe.h>
@@ -17,6 +18,7 @@
 
 #include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/tcp_transport.h"
+#include "tools/internal/launcher_env.h"
 #include "tools/internal/samples.h"
 
 namespace tether::bench {
@@ -161,7 +163,9 @@ absl::StatusOr<std::vector<double>> tensorpipe_pipe_ping_pong(
   std::shared_ptr<Side> side;
   std::shared_ptr<tp::Listener> listener;
   if (rank == 1) {
-    listener = context->listen({absl::StrCat(name, "://127.0.0.1")});
+    absl::StatusOr<std::string> host = listen_address();
+    if (!host.ok()) return host.status();
+    listener = context->listen({absl::StrCat(name, "://", *host)});
     std::promise<std::shared_ptr<tp::Pipe>> accepted;
     std::future<std::shared_ptr<tp::Pipe>> pipe = accepted.get_future();
     listener->accept(
