@@ -111,17 +111,17 @@ namespace tcp {
 class ConnectionImpl;
 }  // namespace tcp
 
-// While one is alive on a thread, the writes this thread makes in the
-// transport's loop are queued on their connections and sent when it ends,
-// one sendmsg() per connection: a pipe's message of several writes (its
-// descriptor, then each payload) leaves in one segment instead of one
-// each, and the peer is woken once for it, not once per write. Writes the
-// loop runs on another thread (one that was in it already) go out as
-// usual. If it ends having gathered nothing, the pipe has queued the
-// writes in the loop this thread is running (a handler that answers from
-// the loop): the next write this thread makes is then sent, with the
-// writes queued behind it, once the loop's queue has run. Not nested: an
-// inner one does nothing.
+// The transport sends the writes made in one turn of its loop together,
+// once the loop has no task left (tcp_transport_context.h). A thread that
+// is not in the loop enters it for each write, so a pipe's message of
+// several writes (its descriptor, then each payload) would leave in one
+// sendmsg() each. While one of these is alive on a thread, the writes this
+// thread makes in the loop are queued on their connections and sent when
+// it ends, one sendmsg() per connection: the message leaves in one segment
+// instead of one each, and the peer is woken once for it, not once per
+// write. Writes the loop runs on another thread (one that was in it
+// already) go out with that thread's turn. Not nested: an inner one does
+// nothing.
 class GatheredWrites {
  public:
   GatheredWrites();

@@ -2,6 +2,7 @@
 // (tcp_transport_connection.h).
 #include "backends/tensorpipe/internal/tcp_transport_connection.h"
 
+#include <absl/container/inlined_vector.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -20,11 +21,6 @@ namespace tether::backends::tensorpipe::internal {
 namespace {
 
 thread_local GatheredWrites* t_gathering = nullptr;
-// A GatheredWrites on this thread ended before its writes were made: the
-// pipe queued them in a loop this thread is running, to be made once the
-// current task ends. The next write made here defers its flush to the end
-// of the loop's queue, behind the message's other writes.
-thread_local bool t_writes_to_come = false;
 
 }  // namespace
 
@@ -37,7 +33,6 @@ GatheredWrites::GatheredWrites() {
 GatheredWrites::~GatheredWrites() {
   if (!active_) return;
   t_gathering = nullptr;
-  t_writes_to_come = connections_.empty();
   for (const std::shared_ptr<tcp::ConnectionImpl>& connection : connections_) {
     connection->flush_gathered();
   }
@@ -55,12 +50,21 @@ void GatheredWrites::add(std::shared_ptr<tcp::ConnectionImpl> connection) {
 namespace tcp {
 
 void ConnectionImpl::flush_gathered() {
-  context_->deferToLoop([self = shared_from_this()] {
-    self->flush_queued_ = false;
-    if (self->error_) return;
-    if (self->state_ == State::kEstablished) self->process_writes();
-    self->update_interest();
-  });
+  context_->deferToLoop(
+      [self = shared_from_this()] { self->flush_when_idle(); });
+}
+
+void ConnectionImpl::flush_when_idle() {
+  if (flush_queued_) return;
+  flush_queued_ = true;
+  context_->flush_when_idle(shared_from_this());
+}
+
+void ConnectionImpl::flush() {
+  flush_queued_ = false;
+  if (error_) return;
+  if (state_ == State::kEstablished) process_writes();
+  update_interest();
 }
 
 int ConnectionImpl::begin_assist() {
@@ -192,7 +196,8 @@ void ConnectionImpl::update_interest() {
   if (fd_ < 0 || error_) return;
   uint32_t want = 0;
   const bool output = handshake_sent_ < handshake_out_.size() ||
-                      (state_ == State::kEstablished && !writes_.empty());
+                      (state_ == State::kEstablished && socket_full_ &&
+                       !writes_.empty());
   switch (state_) {
     case State::kConnecting:
       want = EPOLLOUT;
@@ -276,23 +281,12 @@ void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
     gathering->add(shared_from_this());
     return;
   }
-  // A flush queued behind this write sends it with the others.
-  if (flush_queued_) return;
-  // A message of several writes (its descriptor, then each payload) whose
-  // GatheredWrites ended before the pipe made them, as an answer written
-  // by a handler that runs in the loop: its writes reach here as tasks
-  // queued back to back. The flush, queued behind them, sends them in one
-  // sendmsg(), and the peer is woken once, not once per write
+  // Sent when the loop runs out of tasks, with every write queued behind
+  // this one: a message's writes (its descriptor, then each payload), and
+  // the answers to every request read in this turn when their handlers
+  // run in the loop. One sendmsg() for them, and the peer is woken once
   // (docs/decisions.md, "Mid-size messages on the tensorpipe backend").
-  // Any other write is sent at once.
-  if (t_writes_to_come) {
-    t_writes_to_come = false;
-    flush_queued_ = true;
-    flush_gathered();
-    return;
-  }
-  if (state_ == State::kEstablished) process_writes();
-  update_interest();
+  flush_when_idle();
 }
 
 void ConnectionImpl::process_reads(bool readable) {
@@ -421,7 +415,10 @@ void ConnectionImpl::process_writes() {
         }
       }
     }
-    if (count == 0) return;
+    if (count == 0) {
+      socket_full_ = false;
+      return;
+    }
     size_t offered = 0;
     for (size_t i = 0; i < count; ++i) offered += iov[i].iov_len;
     msghdr message{};
@@ -430,7 +427,10 @@ void ConnectionImpl::process_writes() {
     const ssize_t n = ::sendmsg(fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        socket_full_ = true;
+        return;
+      }
       setError(TCP_TRANSPORT_ERROR(tp::SystemError, "sendmsg", errno));
       return;
     }
@@ -442,7 +442,7 @@ void ConnectionImpl::process_writes() {
       handshake_out_.clear();
       handshake_sent_ = 0;
     }
-    std::vector<write_callback_fn> completed;
+    absl::InlinedVector<write_callback_fn, 8> completed;
     while (left > 0 && !writes_.empty()) {
       WriteOp& op = writes_.front();
       const size_t total = sizeof(op.header) + op.header;
@@ -455,7 +455,10 @@ void ConnectionImpl::process_writes() {
     }
     for (write_callback_fn& fn : completed) fn(tp::Error::kSuccess);
     // A short write: the socket's buffer is full; EPOLLOUT says when not.
-    if (static_cast<size_t>(n) < offered) return;
+    if (static_cast<size_t>(n) < offered) {
+      socket_full_ = true;
+      return;
+    }
   }
 }
 

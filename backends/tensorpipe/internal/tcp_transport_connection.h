@@ -85,10 +85,14 @@ class ConnectionImpl final
   // readable (or hung up): reads and handles what came; false once the
   // connection cannot be assisted any longer. end_assist(): the poller
   // reads it again.
-  // Sends the queued writes in the loop, after what the loop has queued
-  // already: what a GatheredWrites gathered (tcp_transport.h), or the
-  // writes made in one turn of the loop (writeImplFromLoop); any thread.
+  // Sends what a GatheredWrites gathered (tcp_transport.h) once the loop
+  // is idle; any thread.
   void flush_gathered();
+  // Loop only: the queued writes are sent once the loop has no task left
+  // (ContextImpl::flush_when_idle), with those queued meanwhile.
+  void flush_when_idle();
+  // Loop only: sends the queued writes (as much as the socket takes).
+  void flush();
 
   int begin_assist() override;
   bool assist_step() override;
@@ -207,8 +211,11 @@ class ConnectionImpl final
   // sockets are level-triggered): saves a recv() that would only say
   // EAGAIN after every message.
   bool drained_ = false;
-  // A flush of the queued writes is queued in the loop (writeImplFromLoop).
+  // A flush of the queued writes waits for the loop to be idle.
   bool flush_queued_ = false;
+  // The last sendmsg() left bytes unsent: the poller watches for EPOLLOUT
+  // (queued writes wait for a flush, not for it).
+  bool socket_full_ = false;
 
   std::vector<char> in_;
   size_t in_begin_ = 0;

@@ -14,6 +14,8 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/tensorpipe/internal/tcp_transport_connection.h"
+
 namespace tether::backends::tensorpipe::internal::tcp {
 
 tp::Error refused_error(std::string reason) {
@@ -198,6 +200,45 @@ void ContextImpl::poll() {
     // polled again before they were handled.
     run_in_loop([this, &ready] { dispatch(ready); });
   }
+}
+
+void ContextImpl::deferToLoop(TTask fn) {
+  {
+    std::lock_guard<std::mutex> lock(loop_mu_);
+    tasks_.push_back(std::move(fn));
+    if (loop_thread_ != std::thread::id()) return;
+    loop_thread_ = std::this_thread::get_id();
+  }
+  for (;;) {
+    TTask task;
+    {
+      std::lock_guard<std::mutex> lock(loop_mu_);
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      } else if (flushes_.empty()) {
+        tasks_since_flush_ = 0;
+        loop_thread_ = std::thread::id();
+        return;
+      }
+    }
+    if (task) {
+      task();
+      if (++tasks_since_flush_ < kTasksPerFlush) continue;
+    }
+    flush_writes();
+  }
+}
+
+void ContextImpl::flush_writes() {
+  // What the writes' callbacks queue runs next, and its writes leave with
+  // the next flush.
+  tasks_since_flush_ = 0;
+  flushing_.swap(flushes_);
+  for (const std::shared_ptr<ConnectionImpl>& connection : flushing_) {
+    connection->flush();
+  }
+  flushing_.clear();
 }
 
 void ContextImpl::run_in_loop(const std::function<void()>& fn) {

@@ -18,9 +18,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -33,6 +35,10 @@ namespace tether::backends::tensorpipe::internal::tcp {
 
 namespace tp = ::tensorpipe;
 namespace tpt = ::tensorpipe::transport;
+
+// The most tasks the loop runs between two flushes of the queued writes
+// (ContextImpl): about as many writes as one sendmsg() takes (kMaxIov).
+inline constexpr int kTasksPerFlush = 64;
 
 // Refusals logged per window; the rest are counted in the next line.
 inline constexpr int kLogBurst = 10;
@@ -98,12 +104,21 @@ class Handler {
 // The context owns the loop and the poller.
 //
 // The loop is not a thread: it is whichever thread is running the
-// transport's work at the moment (TensorPipe's OnDemandDeferredExecutor).
+// transport's work at the moment (as TensorPipe's OnDemandDeferredExecutor).
 // A thread that writes to a connection enters the loop and sendmsg()s
 // itself when no other thread is in it, instead of handing the write to a
 // loop thread and waking it (two context switches and an eventfd write per
 // small call); work deferred while another thread is in the loop runs
 // there, in order, before that thread leaves.
+//
+// Writes are sent when the loop runs out of tasks (flush_when_idle()), not
+// one by one: the answers to a batch of requests read at once (written by
+// handlers that run in the loop, each queued as a task behind the one
+// that read them) leave in one sendmsg() per connection, and the peer is
+// woken once for them. A lone write leaves at the end of the turn that
+// made it; one made while another thread is in the loop, with that
+// thread's turn. A loop that does not run dry sends what it gathered every
+// kTasksPerFlush tasks.
 //
 // The poller is one thread per context that waits in epoll_wait on the
 // watched sockets, the eventfd (which wakes it for a new earliest timer
@@ -122,8 +137,19 @@ class ContextImpl final
 
   const TcpTransportOptions& options() const { return options_; }
 
-  void deferToLoop(TTask fn) override { loop_.deferToLoop(std::move(fn)); }
-  bool inLoop() const override { return loop_.inLoop(); }
+  // Runs `fn` in the loop: at once on this thread if no thread is in it
+  // (which then runs every task queued meanwhile, and the flushes, before
+  // it leaves), else queued behind the tasks of the thread that is.
+  void deferToLoop(TTask fn) override;
+  bool inLoop() const override {
+    return loop_thread_ == std::this_thread::get_id();
+  }
+
+  // Loop only: `connection`'s queued writes are sent once the loop has no
+  // task left (ConnectionImpl::flush()); once per call.
+  void flush_when_idle(std::shared_ptr<ConnectionImpl> connection) {
+    flushes_.push_back(std::move(connection));
+  }
 
   // Not in the loop: runs `fn` in the loop and returns once it has run (on
   // this thread, or on the thread in the loop, this one waiting).
@@ -154,6 +180,8 @@ class ContextImpl final
  private:
   // The poller thread's body.
   void poll();
+  // Loop only: sends the writes of every connection in flushes_.
+  void flush_writes();
   // Loop only: calls the handlers of `ready` and the due timers.
   void dispatch(const std::vector<epoll_event>& ready);
   // Wakes the poller.
@@ -164,7 +192,16 @@ class ContextImpl final
   const TcpTransportOptions options_;
   const int epoll_fd_;
   const int event_fd_;
-  tp::OnDemandDeferredExecutor loop_;
+  // The loop: the thread in it (none: the default id), its queued tasks.
+  std::mutex loop_mu_;
+  std::atomic<std::thread::id> loop_thread_{std::thread::id()};
+  std::deque<TTask> tasks_;  // guarded by loop_mu_
+  // Loop only: connections whose writes wait for the loop to be idle, and
+  // those being flushed (kept to reuse their storage); tasks run since the
+  // last flush.
+  std::vector<std::shared_ptr<ConnectionImpl>> flushes_;
+  std::vector<std::shared_ptr<ConnectionImpl>> flushing_;
+  int tasks_since_flush_ = 0;
   std::atomic<bool> stopping_{false};
   // The earliest timer's deadline (steady clock, ns since its epoch), or
   // kNoTimer; written in the loop, read by the poller.
