@@ -22,6 +22,16 @@ constexpr absl::Duration kFirstBackoff = absl::Milliseconds(1);
 constexpr absl::Duration kLastBackoff = absl::Milliseconds(50);
 // How long rank 0 stays after a failed join for the others to read why.
 constexpr absl::Duration kFailedGrace = absl::Seconds(5);
+// A worker that waits long in a join (for another still at work) asks the
+// store less often: at most a tenth of the time it has waited between two
+// looks, up to this. Leaving then comes at most a tenth of the wait late,
+// and an idle worker waiting in shutdown() costs the store's host and
+// itself a few requests a second, not 25. Liveness is probed as before.
+constexpr absl::Duration kLongWaitBackoff = absl::Milliseconds(500);
+
+absl::Duration backoff_cap(absl::Duration waited) {
+  return std::clamp(waited / 10, kLastBackoff, kLongWaitBackoff);
+}
 
 // A round's keys: counters, their "_all" marks, and one key per worker that
 // has arrived at each phase (so that a waiter knows whom to ask).
@@ -165,12 +175,14 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
   auto wait_all = [&](Round& round, int64_t r, const char* name)
       -> absl::Status {
     absl::Duration pause = kFirstBackoff;
-    absl::Time next_probe = absl::Now() + probe_interval_;
-    absl::Time next_failed_check = absl::Now() + kLastBackoff;
+    const absl::Time started = absl::Now();
+    absl::Time next_probe = started + probe_interval_;
+    absl::Time next_failed_check = started + kLastBackoff;
     while (!round.all_arrived(name)) {
       const absl::Time now = absl::Now();
+      const absl::Duration cap = backoff_cap(now - started);
       if (now >= next_failed_check) {
-        next_failed_check = now + kLastBackoff * 4;
+        next_failed_check = now + std::max(kLastBackoff * 4, cap);
         if (store_->check({failed_key})) {
           std::vector<uint8_t> why = store_->get(failed_key);
           return leave_failed(round, absl::UnavailableError(
@@ -195,7 +207,7 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
                             ranks_text(round.missing(name, others))));
       }
       absl::SleepFor(std::min(pause, deadline - now));
-      pause = std::min(pause * 2, kLastBackoff);
+      pause = std::min(pause * 2, cap);
     }
     return absl::OkStatus();
   };
