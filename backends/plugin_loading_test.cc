@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backends/builtin.h"
+#include "backends/common/plugin_abi.h"
 #include "backends/common/plugin_library.h"
 #include "core/backend_registry.h"
 #include "testing/agent_testing.h"
@@ -24,6 +25,7 @@
 namespace tether::backends {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::tether::testing::AgentGroup;
 using ::tether::testing::echo;
@@ -150,6 +152,37 @@ TEST(PluginLibraryTest, BrokenPluginIsRefusedWithDlerror) {
   ::unsetenv("TETHER_PLUGIN_DIR");
   ::unlink(file.c_str());
   ::rmdir(dir);
+}
+
+// A plugin of another build (its entry point answers with its own ABI id)
+// is refused, naming both ids; the next place is tried.
+TEST(PluginLibraryTest, PluginOfAnotherBuildIsRefused) {
+  const common::PluginLibrary library{"the stale backend",
+                                      "libtether_stale_plugin.so", "backends",
+                                      "tether_stale_backend"};
+  absl::StatusOr<const Backend*> loaded =
+      common::load_plugin_backend("stale", library);
+  EXPECT_THAT(loaded, testing::StatusIs(
+                          absl::StatusCode::kFailedPrecondition,
+                          AllOf(HasSubstr("another build"),
+                                HasSubstr("0123456789abcdef"),
+                                HasSubstr(TETHER_PLUGIN_ABI_ID))));
+}
+
+// The plugin's side of the same check: another id gets this build's back,
+// and the backend is left as it was.
+TEST(PluginLibraryTest, EntryPointRefusesAnotherAbiId) {
+  Backend made;
+  made.name = "made";
+  Backend out;
+  out.name = "untouched";
+  const common::PluginHost host{&message_type_name};
+  EXPECT_STREQ(common::answer_plugin("0123456789abcdef", &host, made, &out),
+               TETHER_PLUGIN_ABI_ID);
+  EXPECT_EQ(out.name, "untouched");
+  EXPECT_EQ(common::answer_plugin(TETHER_PLUGIN_ABI_ID, &host, made, &out),
+            nullptr);
+  EXPECT_EQ(out.name, "made");
 }
 
 }  // namespace
