@@ -215,7 +215,9 @@ const char* answer_plugin(const char* abi_id, const PluginHost* host,
   if (abi_id == nullptr || std::strcmp(abi_id, TETHER_PLUGIN_ABI_ID) != 0) {
     return TETHER_PLUGIN_ABI_ID;
   }
-  internal::name_message_types_with(host->message_type_name);
+  if (host != nullptr && host->message_type_name != nullptr) {
+    internal::name_message_types_with(host->message_type_name);
+  }
   // The program's Worker set its own copy's wait policy from the same
   // setup (core/worker.cc); waits in this copy's code follow it too.
   backend.create = [create = std::move(backend.create)](AgentSetup setup) {
