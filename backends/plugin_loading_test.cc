@@ -169,6 +169,20 @@ TEST(PluginLibraryTest, PluginOfAnotherBuildIsRefused) {
                                 HasSubstr(TETHER_PLUGIN_ABI_ID))));
 }
 
+// A plugin that holds another backend than the one registered under its
+// name is refused, and closed.
+TEST(PluginLibraryTest, PluginOfAnotherBackendIsRefused) {
+  const common::PluginLibrary library{"the misnamed backend",
+                                      "libtether_stale_plugin.so", "backends",
+                                      "tether_misnamed_backend"};
+  absl::StatusOr<const Backend*> loaded =
+      common::load_plugin_backend("misnamed", library);
+  EXPECT_THAT(loaded, testing::StatusIs(
+                          absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("holds the backend 'other', not "
+                                    "'misnamed'")));
+}
+
 // The plugin's side of the same check: another id gets this build's back,
 // and the backend is left as it was.
 TEST(PluginLibraryTest, EntryPointRefusesAnotherAbiId) {

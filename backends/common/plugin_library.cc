@@ -80,8 +80,10 @@ Loaded& loaded() {
   return *instance;
 }
 
-// Opens `path` and asks its entry point for the backend; why not otherwise.
+// Opens `path` and asks its entry point for the backend named `name`; why
+// not otherwise (the library is closed again).
 absl::StatusOr<Backend> open_plugin(const std::string& path,
+                                    const std::string& name,
                                     const PluginLibrary& library) {
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
@@ -107,6 +109,12 @@ absl::StatusOr<Backend> open_plugin(const std::string& path,
         "it comes from another build (its ABI id ", theirs,
         ", this program's ", TETHER_PLUGIN_ABI_ID,
         "); use the one built with this program"));
+  }
+  if (backend.name != name) {
+    std::string why = absl::StrCat("it holds the backend '", backend.name,
+                                   "', not '", name, "'");
+    backend = Backend();  // its functions' code goes with the library
+    return refuse(std::move(why));
   }
   return backend;
 }
@@ -165,11 +173,7 @@ absl::StatusOr<const Backend*> load_plugin_backend(
       continue;
     }
     present = true;
-    absl::StatusOr<Backend> opened = open_plugin(path, library);
-    if (opened.ok() && opened->name != name) {
-      opened = absl::FailedPreconditionError(absl::StrCat(
-          "it holds the backend '", opened->name, "', not '", name, "'"));
-    }
+    absl::StatusOr<Backend> opened = open_plugin(path, name, library);
     if (!opened.ok()) {
       tried.push_back(absl::StrCat(path, ": ", opened.status().message()));
       continue;
