@@ -154,33 +154,31 @@ TEST(PluginLibraryTest, BrokenPluginIsRefusedWithDlerror) {
   ::rmdir(dir);
 }
 
+// Loads the backend `name` from libtether_stale_plugin.so's `entry`.
+absl::StatusOr<const Backend*> load_test_plugin(const std::string& name,
+                                                const std::string& entry) {
+  return common::load_plugin_backend(
+      name, {"the test backend", "libtether_stale_plugin.so", "backends",
+             entry});
+}
+
 // A plugin of another build (its entry point answers with its own ABI id)
-// is refused, naming both ids; the next place is tried.
+// is refused, naming both ids.
 TEST(PluginLibraryTest, PluginOfAnotherBuildIsRefused) {
-  const common::PluginLibrary library{"the stale backend",
-                                      "libtether_stale_plugin.so", "backends",
-                                      "tether_stale_backend"};
-  absl::StatusOr<const Backend*> loaded =
-      common::load_plugin_backend("stale", library);
-  EXPECT_THAT(loaded, testing::StatusIs(
-                          absl::StatusCode::kFailedPrecondition,
-                          AllOf(HasSubstr("another build"),
-                                HasSubstr("0123456789abcdef"),
-                                HasSubstr(TETHER_PLUGIN_ABI_ID))));
+  EXPECT_THAT(load_test_plugin("stale", "tether_stale_backend"),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                AllOf(HasSubstr("another build"),
+                                      HasSubstr("0123456789abcdef"),
+                                      HasSubstr(TETHER_PLUGIN_ABI_ID))));
 }
 
 // A plugin that holds another backend than the one registered under its
 // name is refused, and closed.
 TEST(PluginLibraryTest, PluginOfAnotherBackendIsRefused) {
-  const common::PluginLibrary library{"the misnamed backend",
-                                      "libtether_stale_plugin.so", "backends",
-                                      "tether_misnamed_backend"};
-  absl::StatusOr<const Backend*> loaded =
-      common::load_plugin_backend("misnamed", library);
-  EXPECT_THAT(loaded, testing::StatusIs(
-                          absl::StatusCode::kFailedPrecondition,
-                          HasSubstr("holds the backend 'other', not "
-                                    "'misnamed'")));
+  EXPECT_THAT(load_test_plugin("misnamed", "tether_misnamed_backend"),
+              testing::StatusIs(
+                  absl::StatusCode::kFailedPrecondition,
+                  HasSubstr("holds the backend 'other', not 'misnamed'")));
 }
 
 // The plugin's side of the same check: another id gets this build's back,
