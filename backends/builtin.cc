@@ -12,9 +12,9 @@ absl::Status register_builtin_backends(BackendRegistry& registry) {
   // gRPC is a plugin, loaded when a worker first chooses it
   // (backends/grpc/BUILD.bazel): a worker on another backend does not map
   // gRPC's libraries.
-  Backend grpc = common::plugin_backend(
-      "grpc", {"the gRPC backend", "libtether_grpc.so", "backends/grpc",
-               "tether_grpc_backend"});
+  Backend grpc =
+      common::plugin_backend("grpc", {"the gRPC backend", "libtether_grpc.so",
+                                      "backends/grpc", "tether_grpc_backend"});
   // The faulty backend finds the one it wraps in this same registry.
   for (Backend backend :
        {loopback_backend(), tensorpipe_backend(), std::move(grpc),

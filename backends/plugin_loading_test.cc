@@ -78,9 +78,9 @@ absl::Status call_through_registry(const std::string& backend,
   for (absl::string_view library :
        {"libgrpc.so", "libgrpc++.so", "libgpr.so", "libtether_grpc.so"}) {
     if (maps_library(library) != grpc_expected) {
-      return absl::InternalError(absl::StrCat(
-          "after a call over ", backend, ", ", library, " is ",
-          grpc_expected ? "not mapped" : "mapped"));
+      return absl::InternalError(
+          absl::StrCat("after a call over ", backend, ", ", library, " is ",
+                       grpc_expected ? "not mapped" : "mapped"));
     }
   }
   return absl::OkStatus();
@@ -118,8 +118,9 @@ TEST_F(PluginLoadingTest, GrpcIsLoadedWhenChosenAndCalls) {
 // A plugin that is nowhere: NOT_FOUND naming every path tried and the
 // variable that points at it.
 TEST(PluginLibraryTest, MissingPluginNamesEveryPathTried) {
-  const common::PluginLibrary library{"the absent backend", "libtether_absent.so",
-                              "backends/absent", "tether_absent_backend"};
+  const common::PluginLibrary library{"the absent backend",
+                                      "libtether_absent.so", "backends/absent",
+                                      "tether_absent_backend"};
   absl::StatusOr<const Backend*> loaded =
       common::load_plugin_backend("absent", library);
   ASSERT_THAT(loaded, testing::StatusIs(absl::StatusCode::kNotFound,
@@ -141,14 +142,14 @@ TEST(PluginLibraryTest, BrokenPluginIsRefusedWithDlerror) {
   const std::string file = absl::StrCat(dir, "/libtether_broken.so");
   std::ofstream(file) << "not a shared library\n";
   ASSERT_EQ(::setenv("TETHER_PLUGIN_DIR", dir, 1), 0);
-  const common::PluginLibrary library{"the broken backend", "libtether_broken.so",
-                              "backends/broken", "tether_broken_backend"};
+  const common::PluginLibrary library{"the broken backend",
+                                      "libtether_broken.so", "backends/broken",
+                                      "tether_broken_backend"};
   EXPECT_EQ(common::plugin_candidates(library).front(), file);
   absl::StatusOr<const Backend*> loaded =
       common::load_plugin_backend("broken", library);
-  EXPECT_THAT(loaded,
-              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
-                                HasSubstr(file + ": " + file)));
+  EXPECT_THAT(loaded, testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                        HasSubstr(file + ": " + file)));
   ::unsetenv("TETHER_PLUGIN_DIR");
   ::unlink(file.c_str());
   ::rmdir(dir);
@@ -158,8 +159,8 @@ TEST(PluginLibraryTest, BrokenPluginIsRefusedWithDlerror) {
 absl::StatusOr<const Backend*> load_test_plugin(const std::string& name,
                                                 const std::string& entry) {
   return common::load_plugin_backend(
-      name, {"the test backend", "libtether_stale_plugin.so", "backends",
-             entry});
+      name,
+      {"the test backend", "libtether_stale_plugin.so", "backends", entry});
 }
 
 // A plugin of another build (its entry point answers with its own ABI id)

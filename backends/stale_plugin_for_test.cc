@@ -16,6 +16,6 @@ tether_misnamed_backend(const char* abi_id,
   tether::Backend other;
   other.name = "other";
   other.viable = [] { return absl::OkStatus(); };
-  return tether::backends::common::answer_plugin(abi_id, host,
-                                                 std::move(other), backend);
+  return tether::backends::common::answer_plugin(abi_id, host, std::move(other),
+                                                 backend);
 }

@@ -106,9 +106,8 @@ absl::StatusOr<Backend> open_plugin(const std::string& path,
   Backend backend;
   if (const char* theirs = entry(TETHER_PLUGIN_ABI_ID, &host, &backend)) {
     return refuse(absl::StrCat(
-        "it comes from another build (its ABI id ", theirs,
-        ", this program's ", TETHER_PLUGIN_ABI_ID,
-        "); use the one built with this program"));
+        "it comes from another build (its ABI id ", theirs, ", this program's ",
+        TETHER_PLUGIN_ABI_ID, "); use the one built with this program"));
   }
   if (backend.name != name) {
     std::string why = absl::StrCat("it holds the backend '", backend.name,
@@ -139,8 +138,8 @@ std::vector<std::string> plugin_candidates(const PluginLibrary& library) {
   const std::string exe = program();
   std::vector<std::string> objects;
   for (const std::string& path : {object, resolved(object), exe}) {
-    if (!path.empty() && std::find(objects.begin(), objects.end(), path) ==
-                             objects.end()) {
+    if (!path.empty() &&
+        std::find(objects.begin(), objects.end(), path) == objects.end()) {
       objects.push_back(path);
     }
   }
@@ -190,8 +189,9 @@ absl::StatusOr<const Backend*> load_plugin_backend(
         list, "); set TETHER_PLUGIN_DIR to the directory that holds it"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      library.what, "'s library ", library.file, " cannot be loaded (tried: ",
-      list, "); set TETHER_PLUGIN_DIR to the directory of the one built with "
+      library.what, "'s library ", library.file,
+      " cannot be loaded (tried: ", list,
+      "); set TETHER_PLUGIN_DIR to the directory of the one built with "
       "this program"));
 }
 
@@ -204,9 +204,9 @@ Backend plugin_backend(std::string name, PluginLibrary library) {
     if (!(*loaded)->viable) return absl::OkStatus();
     return (*loaded)->viable();
   };
-  backend.create = [name = std::move(name), library = std::move(library)](
-                       AgentSetup setup)
-      -> absl::StatusOr<std::unique_ptr<Agent>> {
+  backend.create =
+      [name = std::move(name), library = std::move(library)](
+          AgentSetup setup) -> absl::StatusOr<std::unique_ptr<Agent>> {
     absl::StatusOr<const Backend*> loaded = load_plugin_backend(name, library);
     if (!loaded.ok()) return loaded.status();
     return (*loaded)->create(std::move(setup));
