@@ -20,8 +20,9 @@ rm -rf "$prefix" "$work/src" "$work/build"
 # The install script finds its files in the runfiles, which this test's
 # include (as under `bazel run`).
 RUNFILES_DIR="${TEST_SRCDIR:-$PWD/..}" "$install" "$prefix"
-for f in lib/libtether.so lib/libtether_grpc.so include/tether/tether.h include/core/rpc.h \
-         lib/cmake/tether/tetherConfig.cmake lib/pkgconfig/tether.pc; do
+for f in lib/libtether.so lib/libtether_grpc.so include/tether/tether.h \
+         include/core/rpc.h lib/cmake/tether/tetherConfig.cmake \
+         lib/pkgconfig/tether.pc; do
   [ -f "$prefix/$f" ] || { echo "FAIL: the installed tree lacks $f" >&2; exit 1; }
 done
 
