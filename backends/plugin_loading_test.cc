@@ -137,11 +137,11 @@ TEST(PluginLibraryTest, MissingPluginNamesEveryPathTried) {
 // A file of that name that is not a library: FAILED_PRECONDITION with
 // dlerror's text, first in the order (TETHER_PLUGIN_DIR).
 TEST(PluginLibraryTest, BrokenPluginIsRefusedWithDlerror) {
-  char dir[] = "/tmp/plugin_loading_test.XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::string dir = ::testing::TempDir() + "plugin_loading_test.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
   const std::string file = absl::StrCat(dir, "/libtether_broken.so");
   std::ofstream(file) << "not a shared library\n";
-  ASSERT_EQ(::setenv("TETHER_PLUGIN_DIR", dir, 1), 0);
+  ASSERT_EQ(::setenv("TETHER_PLUGIN_DIR", dir.c_str(), 1), 0);
   const common::PluginLibrary library{"the broken backend",
                                       "libtether_broken.so", "backends/broken",
                                       "tether_broken_backend"};
@@ -152,7 +152,7 @@ TEST(PluginLibraryTest, BrokenPluginIsRefusedWithDlerror) {
                                         HasSubstr(file + ": " + file)));
   ::unsetenv("TETHER_PLUGIN_DIR");
   ::unlink(file.c_str());
-  ::rmdir(dir);
+  ::rmdir(dir.c_str());
 }
 
 // Loads the backend `name` from libtether_stale_plugin.so's `entry`.
