@@ -12,7 +12,8 @@ namespace tether::backends {
 
 // Adds "loopback" (in-process), "tensorpipe" (the default; TCP and shared
 // memory between processes), "grpc" (gRPC streams, TLS optional;
-// backends/grpc/grpc_agent.h), "libfabric" (libfabric RDM endpoints: TCP,
+// backends/grpc/grpc_agent.h; its plugin libtether_grpc.so is loaded when
+// first used: backends/common/plugin_library.h), "libfabric" (libfabric RDM endpoints: TCP,
 // shared memory, RDMA fabrics; backends/libfabric/libfabric_agent.h) and
 // "faulty" (wraps another of `registry`'s backends to inject faults, for
 // tests; backends/faulty/faulty_agent.h).

@@ -4,6 +4,8 @@
 #   bazel run //cmake:install -- PREFIX
 #
 #   PREFIX/lib/libtether.so                every layer, one shared library
+#   PREFIX/lib/libtether_grpc.so           the gRPC backend, which libtether.so
+#                                          loads when a worker chooses "grpc"
 #   PREFIX/include/...                     tether's headers (tether/tether.h)
 #   PREFIX/lib/cmake/tether/tetherConfig.cmake    find_package(tether)
 #   PREFIX/lib/pkgconfig/tether.pc                pkg-config tether
@@ -31,6 +33,9 @@ fi
 
 mkdir -p "$prefix/lib/cmake/tether" "$prefix/lib/pkgconfig" "$prefix/include"
 install -m 0755 "$here/cmake/libtether.so" "$prefix/lib/libtether.so"
+# Beside libtether.so, where its loader looks (backends/common/plugin_library.h).
+install -m 0755 "$here/backends/grpc/libtether_grpc.so" \
+  "$prefix/lib/libtether_grpc.so"
 count=0
 while IFS= read -r header; do
   [ -n "$header" ] || continue

@@ -80,6 +80,8 @@ const char* core_type_name(MessageType type) {
 // a lock (every message's log line may ask).
 constexpr int32_t kMaxLayerType = 256;
 std::atomic<const char*> layer_names[kMaxLayerType];
+// The program's names, in a backend plugin's copy (name_message_types_with).
+std::atomic<const char* (*)(MessageType)> names_elsewhere{nullptr};
 
 }  // namespace
 
@@ -105,7 +107,14 @@ const char* message_type_name(MessageType type) {
   const char* name = value >= 0 && value < kMaxLayerType
                          ? layer_names[value].load(std::memory_order_acquire)
                          : nullptr;
-  return name != nullptr ? name : "INVALID";
+  if (name != nullptr) return name;
+  const auto elsewhere = names_elsewhere.load(std::memory_order_acquire);
+  return elsewhere != nullptr ? elsewhere(type) : "INVALID";
+}
+
+void internal::name_message_types_with(
+    const char* (*names)(MessageType type)) {
+  names_elsewhere.store(names, std::memory_order_release);
 }
 
 }  // namespace tether

@@ -75,6 +75,16 @@ const char* message_type_name(MessageType type);
 bool register_message_type_names(
     std::initializer_list<std::pair<MessageType, const char*>> names);
 
+namespace internal {
+
+// For a backend plugin, which holds its own copy of core (backends/common/
+// plugin_library.h): message_type_name asks `names` (the program's
+// message_type_name) for a value that no layer named in this copy, so the
+// plugin's log lines name the program's layers' types.
+void name_message_types_with(const char* (*names)(MessageType type));
+
+}  // namespace internal
+
 // What a worker accepts in one message from a peer (RpcOptions::limits,
 // passed to its agent as AgentSetup::limits). A backend checks an incoming
 // message's announced sizes against these before it allocates anything for

@@ -2,7 +2,8 @@
 # The developer's shortcut (users install the wheel: scripts/python_install.sh):
 # makes `import tether` work for Debian's python3 (/usr/bin/python3, which
 # has python3-torch) from the checkout itself: installs the Debian packages,
-# builds the extension tether._C, tether/_build.py and the launcher with
+# builds the extension tether._C, the gRPC backend's plugin
+# libtether_grpc.so, tether/_build.py and the launcher with
 # Bazel, puts them beside the package sources in python/tether/ (untracked)
 # and points Debian's site-packages at python/ with a .pth file (no pip, no
 # download). Edits of the .py files take effect at once; run it again after
@@ -19,8 +20,11 @@ python=/usr/bin/python3
 scripts/setup.sh
 
 bazel build -c "${TETHER_PY_MODE:-opt}" --jobs="${TETHER_JOBS:-2}" \
-  //python:tether/_C.so //python:tether/_build.py //tools:tether_run
+  //python:tether/_C.so //python:tether/libtether_grpc.so \
+  //python:tether/_build.py //tools:tether_run
 install -m 0755 "bazel-bin/python/tether/_C.so" python/tether/_C.so
+install -m 0755 "bazel-bin/python/tether/libtether_grpc.so" \
+  python/tether/libtether_grpc.so
 install -m 0644 "bazel-bin/python/tether/_build.py" python/tether/_build.py
 install -D -m 0755 "bazel-bin/tools/tether_run" python/tether/bin/tether_run
 

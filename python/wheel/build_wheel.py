@@ -123,8 +123,8 @@ def main():
             fail("%s: no file %s" % (name, path))
         files[name] = path
     for needed in ("tether/__init__.py", "tether/_build.py", "tether/_C.so",
-                   "tether/bin/tether_run", "tether/run.py",
-                   "tether/py.typed"):
+                   "tether/libtether_grpc.so", "tether/bin/tether_run",
+                   "tether/run.py", "tether/py.typed"):
         if needed not in files:
             fail("the wheel needs %s" % needed)
     info = build_info(files["tether/_build.py"])

@@ -101,6 +101,7 @@ def check_wheel_file(wheel, version):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         for needed in ["tether/__init__.py", "tether/_C.so",
+                       "tether/libtether_grpc.so",
                        "tether/_build.py", "tether/py.typed",
                        "tether/run.py", "tether/bin/tether_run",
                        "tether/rpc/__init__.pyi",
@@ -165,9 +166,10 @@ def check_installed(venv, version):
 
 
 def check_libraries(venv, package):
-    """The extension and the launcher find every library they link on the
-    system, none in Bazel's output tree."""
+    """The extension, the gRPC plugin and the launcher find every library
+    they link on the system, none in Bazel's output tree."""
     for path in (os.path.join(package, "_C.so"),
+                 os.path.join(package, "libtether_grpc.so"),
                  os.path.join(package, "bin", "tether_run")):
         _, out = venv.run(["ldd", path])
         assert "not found" not in out, out

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CMake users' way in: installs tether with //cmake:install, configures and
 # builds a tiny CMake project (cmake_project/) with find_package(tether), and
-# runs its program as two workers under tether_run; then compiles and links
+# runs its program as two workers under tether_run (on the default backend,
+# then on gRPC through the installed plugin); then compiles and links
 # the same program with the flags `pkg-config tether` prints.
 #
 #   cmake_package_test.sh INSTALL TETHER_RUN CMAKELISTS HELLO_CC
@@ -19,8 +20,9 @@ rm -rf "$prefix" "$work/src" "$work/build"
 # The install script finds its files in the runfiles, which this test's
 # include (as under `bazel run`).
 RUNFILES_DIR="${TEST_SRCDIR:-$PWD/..}" "$install" "$prefix"
-for f in lib/libtether.so include/tether/tether.h include/core/rpc.h \
-         lib/cmake/tether/tetherConfig.cmake lib/pkgconfig/tether.pc; do
+for f in lib/libtether.so lib/libtether_grpc.so include/tether/tether.h \
+         include/core/rpc.h lib/cmake/tether/tetherConfig.cmake \
+         lib/pkgconfig/tether.pc; do
   [ -f "$prefix/$f" ] || { echo "FAIL: the installed tree lacks $f" >&2; exit 1; }
 done
 
@@ -32,6 +34,10 @@ cmake -S "$work/src" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" \
 cmake --build "$work/build" -j 2
 
 "$run_hello" "$tether_run" "$work/build/hello"
+# On gRPC, whose plugin libtether.so finds beside itself (not in this
+# test's runfiles: the variables that point there are unset).
+env -u RUNFILES_DIR -u TEST_SRCDIR TETHER_BACKEND=grpc \
+  "$run_hello" "$tether_run" "$work/build/hello"
 
 # pkg-config users.
 flags="$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs tether)"
