@@ -74,6 +74,20 @@ class SplitLegsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "cannot tell the caller"):
             call_legs.split_legs(call_legs.parse(lines))
 
+    def test_a_callee_main_thread_that_sends_now_and_then(self):
+        lines = trace(5)
+        lines.insert(3, "%6d/%-6d %.6f: syscalls:sys_enter_sendmsg: fd: 0x9"
+                     % (CALLEE, CALLEE, 1000.5 / 1e6))
+        legs = call_legs.split_legs(call_legs.parse(lines))
+        self.assertEqual(len(legs["callee_work"]), 5)
+
+    def test_two_processes_sending_alike_from_main_threads(self):
+        lines = [l.replace("%6d/%-6d" % (CALLEE, CALLEE_TCP),
+                           "%6d/%-6d" % (CALLEE, CALLEE))
+                 for l in trace(3)]
+        with self.assertRaisesRegex(ValueError, "cannot tell the caller"):
+            call_legs.split_legs(call_legs.parse(lines))
+
 
 if __name__ == "__main__":
     unittest.main()
