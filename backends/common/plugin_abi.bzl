@@ -5,11 +5,15 @@ the plugin itself must agree on (backends/common/plugin_library.h).
 
 writes a header that defines TETHER_PLUGIN_ABI_ID, a hash of every header
 of this workspace that `deps` include (their transitive headers, by path and
-content), of `srcs` and of the compilation mode. Objects that cross between a program
-and its plugin (an Agent, Messages, futures, callbacks, AgentSetup) are laid
-out by those headers, so two builds whose ids are equal agree on them; the
-system libraries' headers (LibTorch, Abseil) are left out: both sides load
-the same installed libraries at run time.
+content), of `srcs`, of the compilation mode and of the C and C++ options
+given on the command line (--copt, --cxxopt: a sanitizer config's
+-fsanitize=..., a -D that changes a layout). Objects that cross between a
+program and its plugin (an Agent, Messages, futures, callbacks, AgentSetup)
+are laid out by those headers compiled that way, so two builds whose ids are
+equal agree on them, and a plugin of a build with other options (say, not
+instrumented, for a program under --config=asan) is refused; the system
+libraries' headers (LibTorch, Abseil) are left out: both sides load the
+same installed libraries at run time.
 """
 
 def _short_path(file):
@@ -31,7 +35,10 @@ def _plugin_abi_impl(ctx):
     out = ctx.actions.declare_file(ctx.attr.out)
     args = ctx.actions.args()
     args.add(out)
-    args.add(ctx.var["COMPILATION_MODE"])
+    args.add(" ".join(
+        [ctx.var["COMPILATION_MODE"]] + ctx.fragments.cpp.copts +
+        ctx.fragments.cpp.cxxopts,
+    ))
     for header in own:
         args.add(header.short_path)
         args.add(header)
@@ -41,9 +48,9 @@ def _plugin_abi_impl(ctx):
         arguments = [args],
         progress_message = "Hashing the plugin ABI's headers for %s" % ctx.label,
         command = """
-out="$1"; mode="$2"; shift 2
+out="$1"; compiled="$2"; shift 2
 id="$( {
-  echo "$mode"
+  echo "$compiled"
   while [ $# -gt 0 ]; do echo "$1"; cat "$2"; shift 2; done
 } | sha256sum | cut -c1-16 )"
 cat >"$out" <<EOT
@@ -62,4 +69,5 @@ tether_plugin_abi = rule(
         "srcs": attr.label_list(allow_files = True),
         "out": attr.string(mandatory = True),
     },
+    fragments = ["cpp"],
 )

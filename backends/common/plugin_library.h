@@ -27,7 +27,8 @@
 // Backend, AgentSetup, the Agent, Messages, futures and their callbacks,
 // absl::Status) is laid out by the same headers compiled the same way, so
 // the two must come from one build. TETHER_PLUGIN_ABI_ID (a hash of those
-// headers and the compilation mode: plugin_abi.bzl) is passed to the entry
+// headers, the compilation mode and the command line's --copt/--cxxopt, so
+// a sanitizer config has its own: plugin_abi.bzl) is passed to the entry
 // point, which refuses another build's id; the loader then fails with a
 // Status naming both ids. Process-wide state of core that both copies hold
 // is passed across explicitly where it matters (the wait poll policy, the
