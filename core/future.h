@@ -65,8 +65,13 @@ inline void poll_waits_with(const PollPolicy& policy) {
   }
 }
 
-// The policy of waits in this process.
+// Set on a thread whose waits are not latency-critical (SleepingWaits).
+inline thread_local bool waits_sleep = false;
+
+// The policy of waits on this thread: the process's, or none under
+// SleepingWaits.
 inline PollPolicy wait_poll_policy() {
+  if (waits_sleep) return PollPolicy{};
   return PollPolicy{
       absl::Nanoseconds(wait_poll_ns.load(std::memory_order_relaxed)),
       !wait_poll_regardless.load(std::memory_order_relaxed)};
@@ -77,6 +82,23 @@ inline void reset_wait_polling() {
   wait_poll_ns.store(0);
   wait_poll_regardless.store(false);
 }
+
+// While it lives, the waits of this thread sleep at once whatever the
+// process's policy: for waits whose answer nobody is in a hurry for, such
+// as a join's liveness probes, where polling would only spend a core. Both
+// a future's wait and the backend's assist (WaitAssist, which reads the
+// policy through wait_poll_policy()) sleep; the assist still saves its
+// thread hand-off. Nests.
+class SleepingWaits {
+ public:
+  SleepingWaits() : before_(std::exchange(waits_sleep, true)) {}
+  ~SleepingWaits() { waits_sleep = before_; }
+  SleepingWaits(const SleepingWaits&) = delete;
+  SleepingWaits& operator=(const SleepingWaits&) = delete;
+
+ private:
+  const bool before_;
+};
 
 // A backend's offer to a thread that is about to wait for a future: rather
 // than sleep until the backend's own thread has handled the answer and wakes

@@ -76,6 +76,10 @@ absl::Status join_agent(join::StoreJoin& joiner,
     };
   }
   hooks.all_arrived = all_joined;
+  // Nothing in a join is in a hurry: the waits for its PINGs' answers and
+  // those of its hooks sleep rather than poll, so a worker waiting in
+  // shutdown() spends no core on them (core/future.h, SleepingWaits).
+  tether::internal::SleepingWaits sleeping;
   absl::Status joined = joiner.join(hooks, timeout);
   if (closed() && joined.ok()) {
     return absl::CancelledError(

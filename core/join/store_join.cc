@@ -1,6 +1,5 @@
 #include "core/join/store_join.h"
 
-#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/string_view.h>
@@ -8,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
@@ -26,71 +26,106 @@ constexpr absl::Duration kFailedGrace = absl::Seconds(5);
 // store less often: at most a tenth of the time it has waited between two
 // looks, up to this. Leaving then comes at most a tenth of the wait late,
 // and an idle worker waiting in shutdown() costs the store's host and
-// itself a few requests a second, not 25. Liveness is probed as before.
+// itself two requests a second, not 25. Liveness is probed as before.
 constexpr absl::Duration kLongWaitBackoff = absl::Milliseconds(500);
 
 absl::Duration backoff_cap(absl::Duration waited) {
   return std::clamp(waited / 10, kLastBackoff, kLongWaitBackoff);
 }
 
-// A round's keys: counters, their "_all" marks, and one key per worker that
-// has arrived at each phase (so that a waiter knows whom to ask).
+// What a worker that finds the join failed adds to the counters of its
+// round's phases, after publishing why: every waiter's next look at its
+// counter sees it, so that one request a wake tells both whether all have
+// arrived and whether the join failed.
+constexpr int64_t kFailedMark = int64_t{1} << 40;
+
+// The phases of a round, in order, named as in the keys and messages.
+enum Phase { kArrived, kCounted, kLeft, kPhases };
+constexpr const char* kPhaseNames[kPhases] = {"arrived", "counted", "left"};
+
+// A round's keys: a counter per phase, and one key per worker that has
+// arrived at each phase (so that a waiter knows whom to ask). Built once per
+// round, as they are asked for: a waiter looks at them for as long as it
+// waits.
 class Round {
  public:
   Round(c10d::Store& store, const std::string& scope, int64_t round,
         int world_size)
       : store_(store),
         prefix_(absl::StrCat("tether/join/", scope, "/", round, "/")),
-        world_size_(world_size) {}
-
-  std::string key(absl::string_view name) const {
-    return absl::StrCat(prefix_, name);
-  }
-  std::string all_key(absl::string_view name) const {
-    return absl::StrCat(prefix_, name, "_all");
-  }
-  std::string rank_key(absl::string_view name, int rank) const {
-    return absl::StrCat(prefix_, name, "/", rank);
-  }
-
-  // Marks `rank` arrived at phase `name`; the last of the group sets
-  // `name`_all.
-  void arrive(const char* name, int rank) {
-    store_.set(rank_key(name, rank), {1});
-    if (store_.add(key(name), 1) == world_size_) {
-      store_.set(all_key(name), {1});
+        world_size_(world_size),
+        active_key_(absl::StrCat(prefix_, "active")) {
+    for (int phase = 0; phase < kPhases; ++phase) {
+      counters_[phase] = absl::StrCat(prefix_, kPhaseNames[phase]);
     }
   }
 
-  bool all_arrived(const char* name) { return store_.check({all_key(name)}); }
+  const std::string& active_key() const { return active_key_; }
 
-  // The ranks not marked arrived at `name`, among `candidates`.
-  std::vector<int> missing(const char* name,
-                           const std::vector<int>& candidates) {
+  // Marks `rank` arrived at `phase`.
+  void arrive(Phase phase, int rank) {
+    store_.set(rank_key(phase, rank), {1});
+    store_.add(counters_[phase], 1);
+  }
+
+  // How many workers have arrived at `phase` (kFailedMark or more once a
+  // worker found the join failed): one request.
+  int64_t count(Phase phase) { return store_.add(counters_[phase], 0); }
+
+  // Ends every wait on this round's phases (see kFailedMark).
+  void mark_failed() {
+    for (const std::string& counter : counters_) {
+      store_.add(counter, kFailedMark);
+    }
+  }
+
+  // The ranks not marked arrived at `phase`, among `candidates` (the other
+  // workers). `arrived`: the phase's count from a look just before, or -1.
+  // When that count leaves as many missing as there are candidates (only
+  // this worker has arrived, as always in a group of two), they are all
+  // missing, without a look each.
+  std::vector<int> missing(Phase phase, const std::vector<int>& candidates,
+                           int64_t arrived = -1) {
+    if (arrived < 0) arrived = count(phase);
+    if (world_size_ - arrived >= static_cast<int64_t>(candidates.size())) {
+      return candidates;
+    }
     std::vector<int> out;
     for (int rank : candidates) {
-      if (!store_.check({rank_key(name, rank)})) out.push_back(rank);
+      if (!store_.check({rank_key(phase, rank)})) out.push_back(rank);
     }
     return out;
   }
 
-  int64_t count(const char* name) { return store_.add(key(name), 0); }
-
   void erase() {
-    for (const char* name : {"arrived", "counted", "left"}) {
-      store_.deleteKey(key(name));
-      store_.deleteKey(all_key(name));
+    for (int phase = 0; phase < kPhases; ++phase) {
+      store_.deleteKey(counters_[phase]);
       for (int rank = 0; rank < world_size_; ++rank) {
-        store_.deleteKey(rank_key(name, rank));
+        store_.deleteKey(rank_key(static_cast<Phase>(phase), rank));
       }
     }
-    store_.deleteKey(key("active"));
+    store_.deleteKey(active_key_);
   }
 
  private:
+  // "<counter>/<rank>".
+  const std::string& rank_key(Phase phase, int rank) {
+    std::vector<std::string>& keys = rank_keys_[phase];
+    if (keys.empty()) {
+      keys.reserve(world_size_);
+      for (int r = 0; r < world_size_; ++r) {
+        keys.push_back(absl::StrCat(counters_[phase], "/", r));
+      }
+    }
+    return keys[rank];
+  }
+
   c10d::Store& store_;
   const std::string prefix_;
   const int world_size_;
+  const std::string active_key_;
+  std::string counters_[kPhases];
+  std::vector<std::string> rank_keys_[kPhases];
 };
 
 std::string ranks_text(const std::vector<int>& ranks) {
@@ -140,7 +175,7 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
     if (rank_ != 0) return why;
     const absl::Time until = absl::Now() + kFailedGrace;
     std::vector<int> waiting;
-    const std::vector<int> absent = round.missing("arrived", others);
+    const std::vector<int> absent = round.missing(kArrived, others);
     for (int r : others) {
       if (!std::binary_search(absent.begin(), absent.end(), r)) {
         waiting.push_back(r);
@@ -162,35 +197,34 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
     return why;
   };
   // Publishes why this worker's join fails, for the others (the first
-  // reason stays), and returns it.
+  // reason stays), ends their waits (kFailedMark), and returns it.
   auto fail_group = [&](Round& round, const absl::Status& why) {
     store_->compareSet(failed_key, {},
                        std::vector<uint8_t>(why.message().begin(),
                                             why.message().end()));
+    round.mark_failed();
     return leave_failed(round, why);
   };
-  // Waits until every worker has arrived at phase `name` of `round`,
-  // checking meanwhile that the group has not failed and that the workers
-  // still missing are alive.
-  auto wait_all = [&](Round& round, int64_t r, const char* name)
-      -> absl::Status {
+  // Waits until every worker has arrived at `phase` of `round`, checking
+  // meanwhile that the group has not failed and that the workers still
+  // missing are alive. Each wake costs one request (the phase's counter)
+  // and, every probe interval, the PINGs (and the missing ones' keys in a
+  // group of more than two where some have arrived).
+  auto wait_all = [&](Round& round, int64_t r, Phase phase) -> absl::Status {
     absl::Duration pause = kFirstBackoff;
     const absl::Time started = absl::Now();
     absl::Time next_probe = started + probe_interval_;
-    absl::Time next_failed_check = started + kLastBackoff;
-    while (!round.all_arrived(name)) {
-      const absl::Time now = absl::Now();
-      const absl::Duration cap = backoff_cap(now - started);
-      if (now >= next_failed_check) {
-        next_failed_check = now + std::max(kLastBackoff * 4, cap);
-        if (store_->check({failed_key})) {
-          std::vector<uint8_t> why = store_->get(failed_key);
-          return leave_failed(round, absl::UnavailableError(
-              absl::StrCat("join failed: ", std::string(why.begin(), why.end()))));
-        }
+    while (true) {
+      const int64_t arrived = round.count(phase);
+      if (arrived >= kFailedMark) {
+        std::vector<uint8_t> why = store_->get(failed_key);
+        return leave_failed(round, absl::UnavailableError(
+            absl::StrCat("join failed: ", std::string(why.begin(), why.end()))));
       }
+      if (arrived >= world_size_) return absl::OkStatus();
+      const absl::Time now = absl::Now();
       if (hooks.check_alive && now >= next_probe) {
-        std::vector<int> missing = round.missing(name, others);
+        std::vector<int> missing = round.missing(phase, others, arrived);
         if (!missing.empty()) {
           if (absl::Status alive = hooks.check_alive(missing); !alive.ok()) {
             return fail_group(round, absl::Status(
@@ -202,14 +236,13 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
       }
       if (now >= deadline) {
         return timed_out(
-            r, absl::StrCat(round.count(name), " of ", world_size_,
-                            " workers ", name, "; missing rank(s) ",
-                            ranks_text(round.missing(name, others))));
+            r, absl::StrCat(arrived, " of ", world_size_, " workers ",
+                            kPhaseNames[phase], "; missing rank(s) ",
+                            ranks_text(round.missing(phase, others, arrived))));
       }
       absl::SleepFor(std::min(pause, deadline - now));
-      pause = std::min(pause * 2, cap);
+      pause = std::min(pause * 2, backoff_cap(now - started));
     }
-    return absl::OkStatus();
   };
 
   absl::Duration backoff = kFirstBackoff;
@@ -226,29 +259,29 @@ absl::Status StoreJoin::join(const DrainHooks& hooks, absl::Duration timeout) {
       if (!hooks.wait_outgoing_drained(deadline)) {
         return timed_out(
             r, absl::StrCat("this worker still had requests pending; ",
-                            round.count("arrived"), " of ", world_size_,
-                            " workers had arrived"));
+                            round.count(kArrived) % kFailedMark, " of ",
+                            world_size_, " workers had arrived"));
       }
-      round.arrive("arrived", rank_);
-      if (absl::Status all = wait_all(round, r, "arrived"); !all.ok()) {
+      round.arrive(kArrived, rank_);
+      if (absl::Status all = wait_all(round, r, kArrived); !all.ok()) {
         return all;
       }
       if (hooks.all_arrived && !all_arrived_called) {
         all_arrived_called = true;
         hooks.all_arrived();
       }
-      store_->add(round.key("active"), hooks.active_count());
-      round.arrive("counted", rank_);
-      if (absl::Status all = wait_all(round, r, "counted"); !all.ok()) {
+      store_->add(round.active_key(), hooks.active_count());
+      round.arrive(kCounted, rank_);
+      if (absl::Status all = wait_all(round, r, kCounted); !all.ok()) {
         return all;
       }
-      if (round.count("active") == 0) {
+      if (store_->add(round.active_key(), 0) == 0) {
         // Rank 0's process usually hosts the store (env://, tcp://): it
         // leaves last, once every worker has read the outcome, so that none
         // finds the store gone. A worker lost now does not make the join
         // fail: the group has drained.
-        round.arrive("left", rank_);
-        if (rank_ == 0) (void)wait_all(round, r, "left");
+        round.arrive(kLeft, rank_);
+        if (rank_ == 0) (void)wait_all(round, r, kLeft);
         return absl::OkStatus();
       }
 

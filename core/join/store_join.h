@@ -26,9 +26,11 @@
 // (DrainHooks::check_alive, every `probe_interval`); a lost one ends the
 // join at once with UNAVAILABLE naming it, and the reason is published in
 // the store ("tether/join/<scope>/failed") so that every waiting worker
-// ends with it too. When the store itself fails, the worker asks rank 0
-// (whose process serves it for env:// and tcp://) and names it if it is
-// lost.
+// ends with it too: the finder also adds a large mark to the round's phase
+// counters, which every waiter looks at anyway, so one store request per
+// look tells a waiter both whether all have arrived and whether the join
+// failed. When the store itself fails, the worker asks rank 0 (whose
+// process serves it for env:// and tcp://) and names it if it is lost.
 //
 // Ownership: holds a reference to the store; the hooks are borrowed for the
 // duration of join().

@@ -2,8 +2,11 @@
 
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/string_view.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/synchronization/notification.h>
+#include <absl/time/clock.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -207,6 +210,93 @@ class SlowSumReader : public c10d::Store {
   absl::Mutex mu_;
   absl::Time read_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
+
+// A worker's view of the shared store that logs its requests.
+class RequestLog : public c10d::Store {
+ public:
+  explicit RequestLog(std::shared_ptr<c10d::Store> store)
+      : store_(std::move(store)) {}
+
+  std::vector<std::string> requests() {
+    absl::MutexLock lock(&mu_);
+    return log_;
+  }
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    note("set ", key);
+    store_->set(key, value);
+  }
+  std::vector<uint8_t> compareSet(const std::string& key,
+                                  const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    note("compareSet ", key);
+    return store_->compareSet(key, expected, desired);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    note("get ", key);
+    return store_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    note(absl::StrCat("add ", value, " "), key);
+    return store_->add(key, value);
+  }
+  bool deleteKey(const std::string& key) override {
+    note("deleteKey ", key);
+    return store_->deleteKey(key);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    note("check ", absl::StrJoin(keys, ","));
+    return store_->check(keys);
+  }
+  int64_t getNumKeys() override { return store_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override {
+    note("wait ", absl::StrJoin(keys, ","));
+    store_->wait(keys);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    note("wait ", absl::StrJoin(keys, ","));
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  void note(absl::string_view what, absl::string_view key) {
+    absl::MutexLock lock(&mu_);
+    log_.push_back(absl::StrCat(what, key));
+  }
+
+  const std::shared_ptr<c10d::Store> store_;
+  absl::Mutex mu_;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+};
+
+// A worker waiting for another still at work (a worker idle in shutdown())
+// asks the store one thing per look: its phase's counter, which also tells
+// whether the join failed. Its probes need no look of their own in a group
+// of two (the other is the one missing).
+TEST(StoreJoin, AWaitingWorkerMakesOneStoreRequestPerLook) {
+  std::shared_ptr<c10d::Store> shared = make_store();
+  auto logged = std::make_shared<RequestLog>(shared);
+  StoreJoin zero(logged, "test", 0, 2, absl::Milliseconds(20));
+  StoreJoin one(shared, "test", 1, 2, absl::Milliseconds(20));
+  FakeAgent agent0;
+  FakeAgent agent1;
+  absl::Status zero_result;
+  std::thread thread([&] { zero_result = zero.join(agent0.hooks(), kBound); });
+  absl::SleepFor(absl::Milliseconds(600));
+  const std::vector<std::string> waiting = logged->requests();
+  EXPECT_GT(agent0.probes(), 5);
+  EXPECT_THAT(one.join(agent1.hooks(), kBound), IsOk());
+  thread.join();
+  EXPECT_THAT(zero_result, IsOk());
+  // Arriving: its key and the counter; then looks only.
+  ASSERT_GT(waiting.size(), 3u);
+  EXPECT_EQ(waiting[0], "set tether/join/test/0/arrived/0");
+  EXPECT_EQ(waiting[1], "add 1 tether/join/test/0/arrived");
+  for (size_t i = 2; i < waiting.size(); ++i) {
+    EXPECT_EQ(waiting[i], "add 0 tether/join/test/0/arrived") << "request " << i;
+  }
+}
 
 // Rank 0's process usually hosts the store: it must not return (and exit)
 // while another worker still reads the outcome from it.
