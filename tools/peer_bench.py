@@ -54,7 +54,7 @@ NOT_AVAILABLE = 3  # a child's exit status: no usable torch.distributed.rpc
 
 # Iteration counts: (full, quick). Same presets as tools/bench_worker.cc.
 PRESETS = {
-    "sync_calls": (3000, 300),
+    "sync_calls": (3000, 3000),  # as many: see tools/bench_worker.cc
     "async_calls": (20000, 2000),
     "remote_calls": (1000, 200),
     "autograd_steps": (300, 30),
