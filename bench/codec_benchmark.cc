@@ -11,12 +11,22 @@
 namespace tether {
 namespace {
 
-// A small call: (name, (tensor of 2 floats, scalar), {}).
+// A small call as a Worker sends it without keyword arguments: (name,
+// (tensor of 2 floats, scalar), None).
 c10::IValue small_call() {
-  c10::impl::GenericDict kwargs(c10::StringType::get(), c10::AnyType::get());
   return c10::ivalue::Tuple::create(
       {c10::IValue(std::string("aten::add.Scalar")),
        c10::ivalue::Tuple::create({c10::IValue(at::ones({2})), 1.0}),
+       c10::IValue()});
+}
+
+// The same with a keyword argument: (name, (tensor,), {"other": scalar}).
+c10::IValue small_call_with_kwargs() {
+  c10::impl::GenericDict kwargs(c10::StringType::get(), c10::AnyType::get());
+  kwargs.insert(std::string("other"), 1.0);
+  return c10::ivalue::Tuple::create(
+      {c10::IValue(std::string("aten::add.Scalar")),
+       c10::ivalue::Tuple::create({c10::IValue(at::ones({2}))}),
        c10::IValue(kwargs)});
 }
 
@@ -56,6 +66,12 @@ void BM_EncodeSmallCall(benchmark::State& state) {
 void BM_DecodeSmallCall(benchmark::State& state) {
   decode_bench(state, small_call());
 }
+void BM_EncodeSmallCallWithKwargs(benchmark::State& state) {
+  encode_bench(state, small_call_with_kwargs());
+}
+void BM_DecodeSmallCallWithKwargs(benchmark::State& state) {
+  decode_bench(state, small_call_with_kwargs());
+}
 void BM_EncodeTensor(benchmark::State& state) {
   encode_bench(state, tensor_of_bytes(state.range(0)));
 }
@@ -71,6 +87,8 @@ void BM_DecodeTensorList(benchmark::State& state) {
 
 BENCHMARK(BM_EncodeSmallCall);
 BENCHMARK(BM_DecodeSmallCall);
+BENCHMARK(BM_EncodeSmallCallWithKwargs);
+BENCHMARK(BM_DecodeSmallCallWithKwargs);
 // Storages travel out of band: encode and decode cost stays flat in size.
 BENCHMARK(BM_EncodeTensor)->Arg(8)->Arg(1 << 20)->Arg(64 << 20);
 BENCHMARK(BM_DecodeTensor)->Arg(8)->Arg(1 << 20)->Arg(64 << 20);

@@ -100,6 +100,18 @@ inline constexpr int kMaxSupportedDepth = 256;
                                   const ContextMeta* autograd = nullptr,
                                   const Limits& limits = Limits());
 
+namespace internal {
+
+// encode() through protobuf's messages alone, never its direct writer of
+// plain values (None, bool, int, float, str, tuples and strided CPU tensors,
+// written without building the messages): the reference the codec's tests
+// hold that writer's bytes to.
+[[nodiscard]] absl::Status encode_through_messages(
+    const c10::IValue& value, Message& out, ReferenceHook* rrefs = nullptr,
+    const ContextMeta* autograd = nullptr, const Limits& limits = Limits());
+
+}  // namespace internal
+
 // Decodes what encode produced. Never crashes on any input: malformed,
 // truncated, inconsistent input is INVALID_ARGUMENT, a limit exceeded is
 // RESOURCE_EXHAUSTED, each with a message naming what was wrong and where

@@ -12,6 +12,7 @@
 #include <ATen/ops/sparse_coo_tensor.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
+#include <absl/strings/escaping.h>
 #include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -744,6 +745,132 @@ void expect_unsupported(const c10::IValue& v, const std::string& name) {
   EXPECT_THAT(encode(v, message),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(name)));
   EXPECT_EQ(message.payload, "untouched");
+}
+
+// --- the direct writer of plain values -------------------------------------
+
+// encode() writes plain values (None, bool, int, float, str, tuples, strided
+// CPU tensors) without protobuf's messages: its bytes and storages must be
+// those of the messages' encoder, for every kind and field it writes.
+void expect_as_through_messages(const c10::IValue& value,
+                                const ContextMeta* autograd = nullptr,
+                                const Limits& limits = Limits()) {
+  SCOPED_TRACE(value.tagKind());
+  Message direct;
+  Message reference;
+  ASSERT_THAT(encode(value, direct, nullptr, autograd, limits), IsOk());
+  ASSERT_THAT(internal::encode_through_messages(value, reference, nullptr,
+                                                autograd, limits),
+              IsOk());
+  EXPECT_EQ(absl::CHexEscape(direct.payload),
+            absl::CHexEscape(reference.payload));
+  ASSERT_EQ(direct.storages.size(), reference.storages.size());
+  for (size_t i = 0; i < direct.storages.size(); ++i) {
+    const c10::Storage& a = direct.storages[i];
+    const c10::Storage& b = reference.storages[i];
+    ASSERT_EQ(a.nbytes(), b.nbytes());
+    // The same storage when it travels whole, equal bytes when cloned.
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << i;
+  }
+}
+
+TEST(CodecPlain, ScalarsAndStringsAreProtobufsBytes) {
+  for (const c10::IValue& v : std::vector<c10::IValue>{
+           c10::IValue(), c10::IValue(true), c10::IValue(false),
+           c10::IValue(int64_t{0}), c10::IValue(int64_t{1}),
+           c10::IValue(int64_t{127}), c10::IValue(int64_t{128}),
+           c10::IValue(int64_t{-1}),
+           c10::IValue(std::numeric_limits<int64_t>::min()),
+           c10::IValue(std::numeric_limits<int64_t>::max()),
+           c10::IValue(0.0), c10::IValue(-0.0), c10::IValue(1.5),
+           c10::IValue(std::numeric_limits<double>::quiet_NaN()),
+           c10::IValue(std::string()), c10::IValue(std::string("a")),
+           c10::IValue(std::string(127, 'x')),
+           c10::IValue(std::string(128, 'y')),
+           c10::IValue(std::string(70000, 'z')),
+           c10::IValue(std::string("nul\0byte", 8))}) {
+    expect_as_through_messages(v);
+  }
+}
+
+TEST(CodecPlain, TuplesAreProtobufsBytes) {
+  using c10::ivalue::Tuple;
+  expect_as_through_messages(Tuple::create({}));
+  expect_as_through_messages(Tuple::create({c10::IValue()}));
+  expect_as_through_messages(Tuple::create(
+      {c10::IValue(std::string("aten::add.Scalar")),
+       Tuple::create({c10::IValue(at::ones({2})), 1.0}), c10::IValue()}));
+  // Deep enough that lengths take two bytes at the outer levels.
+  c10::IValue deep(std::string(100, 'n'));
+  for (int i = 0; i < 20; ++i) {
+    deep = Tuple::create({deep, c10::IValue(int64_t{i}), Tuple::create({})});
+  }
+  expect_as_through_messages(deep);
+}
+
+TEST(CodecPlain, TensorsAreProtobufsBytes) {
+  using c10::ivalue::Tuple;
+  const at::Tensor base = at::arange(24, at::kFloat).reshape({2, 3, 4});
+  const at::Tensor large = at::arange(4096, at::kDouble);
+  at::Tensor grad = at::ones({3}, at::kFloat);
+  grad.set_requires_grad(true);
+  std::vector<c10::IValue> cases = {
+      c10::IValue(at::Tensor()),
+      c10::IValue(at::ones({2})),
+      c10::IValue(at::ones({}, at::kLong)),
+      c10::IValue(at::empty({0, 3})),
+      c10::IValue(base),
+      c10::IValue(base.transpose(0, 2)),
+      c10::IValue(base.select(1, 2)),  // an offset and a stride
+      c10::IValue(at::ones({3}).expand({4, 3})),  // a zero stride
+      c10::IValue(large.slice(0, 1000, 1003)),  // compacted: a clone
+      c10::IValue(grad),
+      c10::IValue(grad.mul(2)),  // a history, detached
+      c10::IValue(Tuple::create({base, base.select(0, 1), base})),  // shared
+      c10::IValue(Tuple::create({large.slice(0, 0, 10), large})),
+      c10::IValue(Tuple::create(
+          {large.slice(0, 0, 10), large.slice(0, 0, 10)})),  // one clone
+  };
+  for (c10::ScalarType dtype :
+       {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kHalf,
+        at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble,
+        at::kBool, at::kBFloat16}) {
+    cases.push_back(c10::IValue(at::ones({2, 2}, dtype)));
+  }
+  for (const c10::IValue& v : cases) expect_as_through_messages(v);
+}
+
+TEST(CodecPlain, AutogradMetadataIsProtobufsBytes) {
+  const c10::IValue value(at::ones({2}));
+  for (ContextMeta meta :
+       {ContextMeta{0, 0, 0}, ContextMeta{1, 2, 3},
+        ContextMeta{int64_t{1} << 40, int64_t{1} << 50, -1},
+        ContextMeta{7, -5, std::numeric_limits<int32_t>::min()}}) {
+    expect_as_through_messages(value, &meta);
+  }
+  ContextMeta outside;  // no context: nothing travels
+  expect_as_through_messages(value, &outside);
+}
+
+TEST(CodecPlain, ValuesItDoesNotWriteStillEncodeAsBefore) {
+  // Mixed with plain values, the other kinds go through the messages.
+  c10::impl::GenericList list(c10::IntType::get());
+  list.push_back(int64_t{1});
+  c10::IValue mixed = c10::ivalue::Tuple::create(
+      {c10::IValue(at::ones({2})), c10::IValue(list),
+       c10::IValue(at::ones({2}, at::kComplexFloat).conj())});
+  expect_as_through_messages(mixed);
+  // A tuple deeper than the limit is refused as before, naming the limit.
+  Limits shallow;
+  shallow.max_depth = 1;
+  c10::IValue two_deep =
+      c10::ivalue::Tuple::create({c10::ivalue::Tuple::create({})});
+  Message message;
+  EXPECT_THAT(encode(two_deep, message, nullptr, nullptr, shallow),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_depth")));
+  expect_as_through_messages(c10::ivalue::Tuple::create({}), nullptr,
+                             shallow);
 }
 
 TEST(CodecEncode, RejectsUnsupportedKinds) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/base/attributes.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -41,6 +42,101 @@ namespace codec_internal {
 namespace {
 
 std::atomic<ObjectEncoder> object_encoder{nullptr};
+
+// The rule of the header ("Views"), the peer's own (its RPC utils'
+// worthRecopying): a view is compacted only when its storage is at least
+// kCompactFromBytes and at least kCompactFromWaste times the view's bytes.
+constexpr int64_t kCompactFromBytes = 8 * 1024;
+constexpr int64_t kCompactFromWaste = 2;
+
+bool ships_storage_whole(const at::Tensor& t) {
+  if (t.numel() == 0) return false;
+  const int64_t storage = static_cast<int64_t>(t.storage().nbytes());
+  const int64_t useful = t.numel() * static_cast<int64_t>(t.element_size());
+  return storage < kCompactFromBytes || storage < kCompactFromWaste * useful;
+}
+
+// A map for ship_tensors' look-ups by address, of at most `most` entries: a
+// scan of a short vector for a message's few tensors (a hash table's
+// allocation and hashing cost more than the scan there), else Abseil's flat
+// table, sized once.
+template <typename K, typename V>
+class AddressMap {
+ public:
+  explicit AddressMap(size_t most) : hashed_(most > kScanned) {
+    if (hashed_) table_.reserve(most);
+  }
+  // The value of `key`, or nullptr.
+  const V* find(K key) const {
+    if (hashed_) {
+      auto it = table_.find(key);
+      return it == table_.end() ? nullptr : &it->second;
+    }
+    for (const auto& [k, v] : scanned_) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+  // Adds `key` (absent) with `value`; returns the stored value.
+  const V& add(K key, V value) {
+    if (hashed_) return table_.emplace(key, std::move(value)).first->second;
+    scanned_.emplace_back(key, std::move(value));
+    return scanned_.back().second;
+  }
+
+ private:
+  static constexpr size_t kScanned = 8;
+  const bool hashed_;
+  absl::InlinedVector<std::pair<K, V>, kScanned> scanned_;
+  absl::flat_hash_map<K, V> table_;
+};
+
+}  // namespace
+
+std::vector<ShippedTensor> ship_tensors(absl::Span<const TensorToShip> in,
+                                        std::vector<c10::Storage>& storages) {
+  // Whether each storage travels whole, once the whole tree is known: views
+  // of a storage that travels whole anyway share it instead of being cloned.
+  AddressMap<const c10::StorageImpl*, bool> whole(in.size());
+  for (const TensorToShip& t : in) {
+    if (!ships_storage_whole(t.tensor)) continue;
+    const c10::StorageImpl* storage = t.tensor.storage().unsafeGetStorageImpl();
+    if (whole.find(storage) == nullptr) whole.add(storage, true);
+  }
+  AddressMap<const c10::StorageImpl*, int64_t> index_of(in.size());
+  AddressMap<const c10::TensorImpl*, at::Tensor> clones(in.size());
+  std::vector<ShippedTensor> out;
+  out.reserve(in.size());
+  storages.reserve(storages.size() + in.size());
+  for (const TensorToShip& t : in) {
+    at::Tensor shipped = t.tensor;
+    if (t.tensor.numel() == 0 ||
+        whole.find(t.tensor.storage().unsafeGetStorageImpl()) == nullptr) {
+      const at::Tensor* clone = clones.find(t.origin);
+      if (clone == nullptr) {
+        clone = &clones.add(
+            t.origin, t.tensor.numel() == 0
+                          ? at::empty(t.tensor.sizes(), t.tensor.options())
+                          : t.tensor.clone(at::MemoryFormat::Contiguous));
+      }
+      shipped = *clone;
+    }
+    const c10::StorageImpl* storage = shipped.storage().unsafeGetStorageImpl();
+    const int64_t* known = index_of.find(storage);
+    int64_t index = 0;
+    if (known != nullptr) {
+      index = *known;
+    } else {
+      index = static_cast<int64_t>(storages.size());
+      index_of.add(storage, index);
+      storages.push_back(shipped.storage());
+    }
+    out.push_back({std::move(shipped), index});
+  }
+  return out;
+}
+
+namespace {
 
 // ---------------------------------------------------------------------------
 // Encoder
@@ -60,13 +156,6 @@ class Encoder {
   std::vector<c10::Storage>& storages() { return storages_; }
 
  private:
-  struct PendingTensor {
-    pb::Tensor* desc;
-    // Detached, conj and neg bits resolved.
-    at::Tensor tensor;
-    // The tensor as the caller gave it, to clone each one at most once.
-    const c10::TensorImpl* origin;
-  };
 
   // Out of line, like the other non-recursive steps below: their locals
   // would otherwise enlarge every frame of the recursion.
@@ -94,7 +183,9 @@ class Encoder {
 
   ReferenceHook* const rrefs_;
   const int max_depth_;
-  std::vector<PendingTensor> pending_;
+  // The tensors to ship and, at the same index, their descriptions.
+  std::vector<TensorToShip> pending_;
+  std::vector<pb::Tensor*> descs_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> materialized_;
   std::vector<c10::Storage> storages_;
   // The indices and values of the sparse tensors encoded so far.
@@ -392,7 +483,8 @@ absl::Status Encoder::tensor(const at::Tensor& t, pb::Tensor* out,
   out->set_defined(true);
   out->set_dtype(dtype);
   out->set_requires_grad(t.requires_grad());
-  pending_.push_back({out, std::move(plain), t.unsafeGetTensorImpl()});
+  pending_.push_back({std::move(plain), t.unsafeGetTensorImpl()});
+  descs_.push_back(out);
   return absl::OkStatus();
 }
 
@@ -420,55 +512,17 @@ absl::Status Encoder::sparse_coo(const at::Tensor& t, pb::Tensor* out,
   return tensor(sparse_parts_[n - 1], parts->mutable_values(), path);
 }
 
-// The rule of the header ("Views"), the peer's own (its RPC utils'
-// worthRecopying): a view is compacted only when its storage is at least
-// kCompactFromBytes and at least kCompactFromWaste times the view's bytes.
-constexpr int64_t kCompactFromBytes = 8 * 1024;
-constexpr int64_t kCompactFromWaste = 2;
-
-bool ships_storage_whole(const at::Tensor& t) {
-  if (t.numel() == 0) return false;
-  const int64_t storage = static_cast<int64_t>(t.storage().nbytes());
-  const int64_t useful = t.numel() * static_cast<int64_t>(t.element_size());
-  return storage < kCompactFromBytes || storage < kCompactFromWaste * useful;
-}
-
 void Encoder::assign_storages() {
-  // Absl's flat tables: one allocation each for a message's few tensors,
-  // where the standard ones took a node per entry and a bucket array.
-  absl::flat_hash_set<const c10::StorageImpl*> whole;
-  for (const PendingTensor& p : pending_) {
-    if (ships_storage_whole(p.tensor)) {
-      whole.insert(p.tensor.storage().unsafeGetStorageImpl());
+  std::vector<ShippedTensor> shipped = ship_tensors(pending_, storages_);
+  for (size_t i = 0; i < shipped.size(); ++i) {
+    const at::Tensor& t = shipped[i].tensor;
+    pb::Tensor* desc = descs_[i];
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      desc->add_sizes(t.size(d));
+      desc->add_strides(t.stride(d));
     }
-  }
-  absl::flat_hash_map<const c10::StorageImpl*, int64_t> index_of;
-  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> clones;
-  storages_.reserve(pending_.size());
-  for (PendingTensor& p : pending_) {
-    at::Tensor shipped = p.tensor;
-    if (p.tensor.numel() == 0 ||
-        whole.count(p.tensor.storage().unsafeGetStorageImpl()) == 0) {
-      auto it = clones.find(p.origin);
-      if (it == clones.end()) {
-        at::Tensor compact =
-            p.tensor.numel() == 0
-                ? at::empty(p.tensor.sizes(), p.tensor.options())
-                : p.tensor.clone(at::MemoryFormat::Contiguous);
-        it = clones.emplace(p.origin, std::move(compact)).first;
-      }
-      shipped = it->second;
-    }
-    const c10::Storage& storage = shipped.storage();
-    auto [it, added] = index_of.emplace(storage.unsafeGetStorageImpl(),
-                                        static_cast<int64_t>(storages_.size()));
-    if (added) storages_.push_back(storage);
-    for (int64_t d = 0; d < shipped.dim(); ++d) {
-      p.desc->add_sizes(shipped.size(d));
-      p.desc->add_strides(shipped.stride(d));
-    }
-    p.desc->set_storage_offset(shipped.storage_offset());
-    p.desc->set_storage_index(static_cast<uint64_t>(it->second));
+    desc->set_storage_offset(t.storage_offset());
+    desc->set_storage_index(static_cast<uint64_t>(shipped[i].index));
   }
 }
 
@@ -486,10 +540,16 @@ void set_object_encoder(ObjectEncoder encoder) {
   object_encoder.store(encoder, std::memory_order_release);
 }
 
-absl::Status encode(const c10::IValue& value, Message& out,
-                    ReferenceHook* rrefs,
-                    const ContextMeta* autograd, const Limits& limits) {
+namespace {
+
+absl::Status encode_value(const c10::IValue& value, Message& out,
+                          ReferenceHook* rrefs, const ContextMeta* autograd,
+                          const Limits& limits, bool plain_first) {
   try {
+    if (plain_first &&
+        codec_internal::encode_plain(value, autograd, limits, out)) {
+      return absl::OkStatus();
+    }
     alignas(16) char block[kArenaBlockBytes];
     google::protobuf::Arena arena(block, kArenaBlockBytes);
     auto* envelope =
@@ -531,5 +591,26 @@ absl::Status encode(const c10::IValue& value, Message& out,
     return absl::InternalError(absl::StrCat("encoding failed: ", e.what()));
   }
 }
+
+}  // namespace
+
+absl::Status encode(const c10::IValue& value, Message& out,
+                    ReferenceHook* rrefs, const ContextMeta* autograd,
+                    const Limits& limits) {
+  return encode_value(value, out, rrefs, autograd, limits,
+                      /*plain_first=*/true);
+}
+
+namespace internal {
+
+absl::Status encode_through_messages(const c10::IValue& value, Message& out,
+                                     ReferenceHook* rrefs,
+                                     const ContextMeta* autograd,
+                                     const Limits& limits) {
+  return encode_value(value, out, rrefs, autograd, limits,
+                      /*plain_first=*/false);
+}
+
+}  // namespace internal
 
 }  // namespace tether::wire

@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/wire/capsules.h"
 #include "core/wire/codec.h"
 #include "core/wire/wire.pb.h"
@@ -179,6 +181,38 @@ inline bool add_ok(int64_t a, int64_t b, int64_t* out) {
 // keeps the default policy without setting one up (ArenaOptions, even
 // with only the block, took twice the instructions to make and to free).
 constexpr size_t kArenaBlockBytes = 2048;
+
+// ---- tensors' storages (encoder.cc)
+
+// A tensor a message carries: as it travels (detached, conj and neg bits
+// resolved), and the tensor as the caller gave it (repeats of one tensor
+// share one compact clone).
+struct TensorToShip {
+  at::Tensor tensor;
+  const c10::TensorImpl* origin;
+};
+// What travels for a TensorToShip: its storage whole, or a compact clone
+// (the rule of codec.h's "Views"), and that storage's index.
+struct ShippedTensor {
+  at::Tensor tensor;
+  int64_t index;
+};
+// The shipped form of each of `in`, in order; appends the storages they
+// travel in to `storages`, each once. LibTorch may throw (a clone).
+std::vector<ShippedTensor> ship_tensors(absl::Span<const TensorToShip> in,
+                                        std::vector<c10::Storage>& storages);
+
+// ---- plain values (plain_encoder.cc)
+
+// Encodes a value made only of None, bools, ints, floats, strings, tuples
+// and strided CPU tensors (what most calls and results are) straight into
+// the envelope's bytes: the bytes protobuf's serializer writes for that
+// envelope (codec_test holds them equal), without building its messages
+// first. False, with `out` untouched, for any other value or one nested
+// deeper than `limits` allow: the general encoder then encodes it or says
+// what is wrong with it. LibTorch may throw (a clone, a detach).
+bool encode_plain(const c10::IValue& value, const ContextMeta* autograd,
+                  const Limits& limits, Message& out);
 
 // ---- dtypes and torch enums (dtypes.cc)
 
