@@ -105,10 +105,17 @@ namespace internal {
 // encode() through protobuf's messages alone, never its direct writer of
 // plain values (None, bool, int, float, str, tuples and strided CPU tensors,
 // written without building the messages): the reference the codec's tests
-// hold that writer's bytes to.
+// hold that writer's bytes to. internal::decode_through_messages, below
+// decode, is the same for the reader.
 [[nodiscard]] absl::Status encode_through_messages(
     const c10::IValue& value, Message& out, ReferenceHook* rrefs = nullptr,
     const ContextMeta* autograd = nullptr, const Limits& limits = Limits());
+
+// decode() through protobuf's messages alone, never its direct reader of
+// plain values: the reference the codec's tests hold that reader to.
+[[nodiscard]] absl::StatusOr<c10::IValue> decode_through_messages(
+    const Message& in, const Limits& limits = Limits(),
+    ReferenceHook* rrefs = nullptr, ContextMeta* autograd = nullptr);
 
 }  // namespace internal
 

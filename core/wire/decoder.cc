@@ -38,6 +38,90 @@
 
 namespace tether::wire {
 namespace codec_internal {
+
+absl::StatusOr<at::Tensor> dense_tensor(const DenseTensor& t, const Message& in,
+                                        const Path& path) {
+  constexpr absl::string_view kWhat = "tensor";
+  const c10::ScalarType dtype = t.dtype;
+  const int64_t dims = static_cast<int64_t>(t.sizes.size());
+  if (static_cast<int64_t>(t.strides.size()) != dims) {
+    return invalid(kWhat, path, dims, " sizes but ", t.strides.size(),
+                   " strides");
+  }
+  // The element count must fit in int64 (zero-size dims aside) and so must
+  // the bytes the elements span.
+  int64_t numel_nonzero = 1;
+  bool empty = false;
+  int64_t last = 0;  // Offset of the last element past the first, if any.
+  for (int64_t d = 0; d < dims; ++d) {
+    const int64_t size = t.sizes[d];
+    const int64_t stride = t.strides[d];
+    if (size < 0) {
+      return invalid(kWhat, path, "negative size ", size, " in dim ", d);
+    }
+    if (stride < 0) {
+      return invalid(kWhat, path, "negative stride ", stride, " in dim ", d);
+    }
+    if (size == 0) {
+      empty = true;
+      continue;
+    }
+    int64_t step;
+    if (!mul_ok(numel_nonzero, size, &numel_nonzero) ||
+        !mul_ok(size - 1, stride, &step) || !add_ok(last, step, &last)) {
+      return invalid(kWhat, path, "sizes and strides overflow int64");
+    }
+  }
+  const int64_t offset = t.storage_offset;
+  if (offset < 0) {
+    return invalid(kWhat, path, "negative storage offset ", offset);
+  }
+  const uint64_t index = t.storage_index;
+  if (index >= in.storages.size()) {
+    return invalid(kWhat, path, "storage index ", index, " out of range (",
+                   in.storages.size(), " storages)");
+  }
+  const c10::Storage& storage = in.storages[index];
+  if (!storage) {
+    return invalid(kWhat, path, "storage ", index, " is null");
+  }
+  if (storage.device_type() != c10::kCPU) {
+    return invalid(kWhat, path, "storage ", index, " is on ", storage.device(),
+                   ", not cpu");
+  }
+  const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
+  int64_t end = offset;  // In elements, one past the last one.
+  if (!empty && (!add_ok(end, last, &end) || !add_ok(end, 1, &end))) {
+    return invalid(kWhat, path, "storage offset overflows int64");
+  }
+  int64_t needed;
+  if (!mul_ok(end, itemsize, &needed)) {
+    return invalid(kWhat, path, "storage span overflows int64");
+  }
+  const int64_t available = static_cast<int64_t>(storage.nbytes());
+  if (needed > available) {
+    return invalid(kWhat, path, "needs ", needed, " bytes of storage ", index,
+                   " (offset ", offset, ", ", c10::toString(dtype),
+                   "), which holds ", available);
+  }
+  if (t.requires_grad && !c10::isFloatingType(dtype) &&
+      !c10::isComplexType(dtype)) {
+    return invalid(kWhat, path, "requires_grad on a ", c10::toString(dtype),
+                   " tensor");
+  }
+  // A dense CPU tensor over the storage, made as at::from_blob makes one:
+  // through the dispatcher (at::empty, then set_) it cost about 4,000
+  // instructions, a third of decoding a small call.
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(
+      c10::IntArrayRef(t.sizes.data(), dims),
+      c10::IntArrayRef(t.strides.data(), dims), offset);
+  if (t.requires_grad) out.set_requires_grad(true);
+  return out;
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -472,82 +556,11 @@ absl::StatusOr<at::Tensor> Decoder::tensor(const pb::Tensor& t,
                      limits_.max_tensor_dims);
   }
   if (t.has_sparse_coo()) return sparse_coo(t, dtype, path);
-  if (t.strides_size() != dims) {
-    return invalid(kWhat, path, dims, " sizes but ", t.strides_size(),
-                   " strides");
-  }
-  // The element count must fit in int64 (zero-size dims aside) and so must
-  // the bytes the elements span.
-  int64_t numel_nonzero = 1;
-  bool empty = false;
-  int64_t last = 0;  // Offset of the last element past the first, if any.
-  for (int64_t d = 0; d < dims; ++d) {
-    const int64_t size = t.sizes(d);
-    const int64_t stride = t.strides(d);
-    if (size < 0) {
-      return invalid(kWhat, path, "negative size ", size, " in dim ", d);
-    }
-    if (stride < 0) {
-      return invalid(kWhat, path, "negative stride ", stride, " in dim ", d);
-    }
-    if (size == 0) {
-      empty = true;
-      continue;
-    }
-    int64_t step;
-    if (!mul_ok(numel_nonzero, size, &numel_nonzero) ||
-        !mul_ok(size - 1, stride, &step) || !add_ok(last, step, &last)) {
-      return invalid(kWhat, path, "sizes and strides overflow int64");
-    }
-  }
-  const int64_t offset = t.storage_offset();
-  if (offset < 0) {
-    return invalid(kWhat, path, "negative storage offset ", offset);
-  }
-  const uint64_t index = t.storage_index();
-  if (index >= in_.storages.size()) {
-    return invalid(kWhat, path, "storage index ", index, " out of range (",
-                   in_.storages.size(), " storages)");
-  }
-  const c10::Storage& storage = in_.storages[index];
-  if (!storage) {
-    return invalid(kWhat, path, "storage ", index, " is null");
-  }
-  if (storage.device_type() != c10::kCPU) {
-    return invalid(kWhat, path, "storage ", index, " is on ", storage.device(),
-                   ", not cpu");
-  }
-  const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
-  int64_t end = offset;  // In elements, one past the last one.
-  if (!empty && (!add_ok(end, last, &end) || !add_ok(end, 1, &end))) {
-    return invalid(kWhat, path, "storage offset overflows int64");
-  }
-  int64_t needed;
-  if (!mul_ok(end, itemsize, &needed)) {
-    return invalid(kWhat, path, "storage span overflows int64");
-  }
-  const int64_t available = static_cast<int64_t>(storage.nbytes());
-  if (needed > available) {
-    return invalid(kWhat, path, "needs ", needed, " bytes of storage ", index,
-                   " (offset ", offset, ", ", c10::toString(dtype),
-                   "), which holds ", available);
-  }
-  if (t.requires_grad() && !c10::isFloatingType(dtype) &&
-      !c10::isComplexType(dtype)) {
-    return invalid(kWhat, path, "requires_grad on a ", c10::toString(dtype),
-                   " tensor");
-  }
-  // A dense CPU tensor over the storage, made as at::from_blob makes one:
-  // through the dispatcher (at::empty, then set_) it cost about 4,000
-  // instructions, a third of decoding a small call.
-  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      c10::scalarTypeToTypeMeta(dtype));
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(
-      c10::IntArrayRef(t.sizes().data(), dims),
-      c10::IntArrayRef(t.strides().data(), dims), offset);
-  if (t.requires_grad()) out.set_requires_grad(true);
-  return out;
+  return dense_tensor(
+      DenseTensor{dtype, absl::MakeConstSpan(t.sizes().data(), dims),
+                  absl::MakeConstSpan(t.strides().data(), t.strides_size()),
+                  t.storage_offset(), t.storage_index(), t.requires_grad()},
+      in_, path);
 }
 
 absl::StatusOr<at::Tensor> Decoder::sparse_coo(const pb::Tensor& t,
@@ -659,9 +672,13 @@ using codec_internal::kWireVersion;
 using codec_internal::Path;
 namespace pb = ::tether::wire;
 
-absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
-                                   ReferenceHook* rrefs,
-                                   ContextMeta* autograd) {
+namespace {
+
+absl::StatusOr<c10::IValue> decode_message(const Message& in,
+                                           const Limits& limits,
+                                           ReferenceHook* rrefs,
+                                           ContextMeta* autograd,
+                                           bool plain_first) {
   const int64_t payload_size = static_cast<int64_t>(in.payload.size());
   if (payload_size > limits.max_payload_bytes || payload_size > INT_MAX) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -674,6 +691,11 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
                      limits.max_storages));
   }
   try {
+    c10::IValue plain;
+    if (plain_first &&
+        codec_internal::decode_plain(in, limits, &plain, autograd)) {
+      return plain;
+    }
     alignas(16) char block[kArenaBlockBytes];
     google::protobuf::Arena arena(block, kArenaBlockBytes);
     auto* envelope =
@@ -741,5 +763,24 @@ absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
         absl::StrCat("payload rejected by LibTorch: ", e.what()));
   }
 }
+
+}  // namespace
+
+absl::StatusOr<c10::IValue> decode(const Message& in, const Limits& limits,
+                                   ReferenceHook* rrefs,
+                                   ContextMeta* autograd) {
+  return decode_message(in, limits, rrefs, autograd, /*plain_first=*/true);
+}
+
+namespace internal {
+
+absl::StatusOr<c10::IValue> decode_through_messages(const Message& in,
+                                                    const Limits& limits,
+                                                    ReferenceHook* rrefs,
+                                                    ContextMeta* autograd) {
+  return decode_message(in, limits, rrefs, autograd, /*plain_first=*/false);
+}
+
+}  // namespace internal
 
 }  // namespace tether::wire

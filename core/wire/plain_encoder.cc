@@ -345,8 +345,7 @@ bool encode_plain(const c10::IValue& value, const ContextMeta* autograd,
                     scalar_size(as_varint(autograd->message_id)) +
                     scalar_size(as_varint(autograd->from));
   }
-  const size_t size = scalar_size(kWireVersion) +
-                      scalar_size(storages.size()) +
+  const size_t size = scalar_size(kWireVersion) + scalar_size(storages.size()) +
                       (with_autograd ? field_size(autograd_body) : 0) +
                       field_size(root);
   if (size > static_cast<size_t>(INT_MAX)) return false;

@@ -21,6 +21,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -213,6 +214,37 @@ std::vector<ShippedTensor> ship_tensors(absl::Span<const TensorToShip> in,
 // what is wrong with it. LibTorch may throw (a clone, a detach).
 bool encode_plain(const c10::IValue& value, const ContextMeta* autograd,
                   const Limits& limits, Message& out);
+
+// ---- dense tensors (decoder.cc)
+
+// A defined dense tensor's fields as the wire has them, its dtype known
+// and its dims within the limit; views of the envelope's fields.
+struct DenseTensor {
+  c10::ScalarType dtype;
+  absl::Span<const int64_t> sizes;
+  absl::Span<const int64_t> strides;
+  int64_t storage_offset;
+  uint64_t storage_index;
+  bool requires_grad;
+};
+// The tensor over in.storages that `t` describes, every field checked
+// against the others and the storage (INVALID_ARGUMENT naming what, at
+// `path`).
+absl::StatusOr<at::Tensor> dense_tensor(const DenseTensor& t, const Message& in,
+                                        const Path& path);
+
+// ---- plain values, read (plain_decoder.cc)
+
+// Decodes an envelope written as encode_plain() writes it (a value of
+// None, bools, ints, floats, strings, tuples and strided CPU tensors, its
+// fields in protobuf's canonical order and form) straight from its bytes,
+// to the value decode() makes of it through protobuf's messages; sets
+// `*autograd` (if given) to its context metadata. False for anything else
+// or anything wrong (other kinds, fields or orders, a limit, a bad tensor),
+// with *out and *autograd untouched: the general decoder then decodes it or
+// says what is wrong with it. LibTorch may throw.
+bool decode_plain(const Message& in, const Limits& limits, c10::IValue* out,
+                  ContextMeta* autograd);
 
 // ---- dtypes and torch enums (dtypes.cc)
 
