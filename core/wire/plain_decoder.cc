@@ -195,7 +195,14 @@ bool PlainDecoder::value(Reader r, int depth, c10::IValue* out) {
     if (depth + 1 > max_depth_) return false;
     Reader t(nullptr, nullptr);
     if (!r.sub(&t)) return false;
+    // Counted first: plain_kinds() has checked the fields' framing.
+    size_t n = 0;
+    for (Reader count = t; !count.done(); ++n) {
+      Reader elem(nullptr, nullptr);
+      if (!count.next_is(kTupleElems) || !count.sub(&elem)) return false;
+    }
     std::vector<c10::IValue> elems;
+    elems.reserve(n);
     while (!t.done()) {
       Reader elem(nullptr, nullptr);
       if (!t.next_is(kTupleElems) || !t.sub(&elem)) return false;
