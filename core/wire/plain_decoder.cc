@@ -31,11 +31,11 @@ namespace {
 enum : uint8_t {
   kEnvelopeVersion = 0x08,
   kEnvelopeStorageCount = 0x10,
-  kEnvelopeAutograd = 0x1a,
+  kEnvelopeContextMeta = 0x1a,
   kEnvelopeRoot = 0x7a,
-  kAutogradContextId = 0x08,
-  kAutogradMessageId = 0x10,
-  kAutogradFrom = 0x18,
+  kContextMetaContextId = 0x08,
+  kContextMetaMessageId = 0x10,
+  kContextMetaFrom = 0x18,
   kValueNone = 0x0a,
   kValueBool = 0x10,
   kValueInt = 0x18,
@@ -290,15 +290,15 @@ bool decode_plain(const Message& in, const Limits& limits, c10::IValue* out,
   }
   if (storage_count != in.storages.size()) return false;
   ContextMeta meta;
-  if (r.next_is(kEnvelopeAutograd)) {
+  if (r.next_is(kEnvelopeContextMeta)) {
     Reader a(nullptr, nullptr);
     uint64_t context_id = 0;
     uint64_t message_id = 0;
     uint64_t from = 0;
     if (!r.sub(&a)) return false;
-    if (a.next_is(kAutogradContextId) && !a.varint(&context_id)) return false;
-    if (a.next_is(kAutogradMessageId) && !a.varint(&message_id)) return false;
-    if (a.next_is(kAutogradFrom) && !a.varint(&from)) return false;
+    if (a.next_is(kContextMetaContextId) && !a.varint(&context_id)) return false;
+    if (a.next_is(kContextMetaMessageId) && !a.varint(&message_id)) return false;
+    if (a.next_is(kContextMetaFrom) && !a.varint(&from)) return false;
     if (!a.done()) return false;
     // As the general decoder checks them; `from` is an int32 on the wire,
     // which a non-negative one fits.

@@ -42,14 +42,14 @@ constexpr uint8_t key(int field, uint8_t wire_type) {
 namespace envelope {
 constexpr uint8_t kVersion = key(1, kVarint);
 constexpr uint8_t kStorageCount = key(2, kVarint);
-constexpr uint8_t kAutograd = key(3, kLengthDelimited);
+constexpr uint8_t kContextMeta = key(3, kLengthDelimited);
 constexpr uint8_t kRoot = key(15, kLengthDelimited);
 }  // namespace envelope
-namespace autograd {
+namespace context_meta {
 constexpr uint8_t kContextId = key(1, kVarint);
 constexpr uint8_t kMessageId = key(2, kVarint);
 constexpr uint8_t kFrom = key(3, kVarint);
-}  // namespace autograd
+}  // namespace context_meta
 namespace value {
 constexpr uint8_t kNone = key(1, kLengthDelimited);
 constexpr uint8_t kBool = key(2, kVarint);
@@ -354,10 +354,10 @@ bool encode_plain(const c10::IValue& value, const ContextMeta* autograd,
   w.scalar(envelope::kVersion, kWireVersion);
   w.scalar(envelope::kStorageCount, storages.size());
   if (with_autograd) {
-    w.open(envelope::kAutograd, autograd_body);
-    w.scalar(autograd::kContextId, as_varint(autograd->context_id));
-    w.scalar(autograd::kMessageId, as_varint(autograd->message_id));
-    w.scalar(autograd::kFrom, as_varint(autograd->from));
+    w.open(envelope::kContextMeta, autograd_body);
+    w.scalar(context_meta::kContextId, as_varint(autograd->context_id));
+    w.scalar(context_meta::kMessageId, as_varint(autograd->message_id));
+    w.scalar(context_meta::kFrom, as_varint(autograd->from));
   }
   w.open(envelope::kRoot, root);
   encoder.rewind();
