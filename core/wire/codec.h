@@ -103,8 +103,8 @@ inline constexpr int kMaxSupportedDepth = 256;
 namespace internal {
 
 // encode() through protobuf's messages alone, never its direct writer of
-// plain values (None, bool, int, float, str, tuples and strided CPU tensors,
-// written without building the messages): the reference the codec's tests
+// plain values (None, bool, int, float, str, tuples, strided CPU tensors and
+// keyword arguments' dicts, written without building the messages): the reference the codec's tests
 // hold that writer's bytes to. internal::decode_through_messages, below
 // decode, is the same for the reader.
 [[nodiscard]] absl::Status encode_through_messages(

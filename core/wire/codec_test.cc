@@ -750,7 +750,7 @@ void expect_unsupported(const c10::IValue& v, const std::string& name) {
 // --- the direct writer of plain values -------------------------------------
 
 // encode() writes plain values (None, bool, int, float, str, tuples, strided
-// CPU tensors) without protobuf's messages: its bytes and storages must be
+// CPU tensors, keyword arguments' dicts) without protobuf's messages: its bytes and storages must be
 // those of the messages' encoder, for every kind and field it writes.
 void expect_as_through_messages(const c10::IValue& value,
                                 const ContextMeta* autograd = nullptr,
@@ -808,6 +808,25 @@ TEST(CodecPlain, TuplesAreProtobufsBytes) {
   expect_as_through_messages(deep);
 }
 
+// Keyword arguments as a Worker sends them: str keys, Any values.
+c10::IValue kwargs_of(std::vector<std::pair<std::string, c10::IValue>> items) {
+  c10::impl::GenericDict kwargs(c10::StringType::get(), c10::AnyType::get());
+  for (auto& [k, v] : items) kwargs.insert(k, v);
+  return c10::IValue(kwargs);
+}
+
+TEST(CodecPlain, KeywordArgumentsAreProtobufsBytes) {
+  using c10::ivalue::Tuple;
+  expect_as_through_messages(kwargs_of({}));
+  expect_as_through_messages(kwargs_of({{"alpha", c10::IValue(2.0)}}));
+  expect_as_through_messages(Tuple::create(
+      {c10::IValue(std::string("aten::add.Tensor")),
+       Tuple::create({c10::IValue(at::ones({2}))}),
+       kwargs_of({{"other", c10::IValue(at::ones({2}))},
+                  {std::string(200, 'k'), c10::IValue()},
+                  {"", kwargs_of({{"nested", Tuple::create({})}})}})}));
+}
+
 TEST(CodecPlain, TensorsAreProtobufsBytes) {
   using c10::ivalue::Tuple;
   const at::Tensor base = at::arange(24, at::kFloat).reshape({2, 3, 4});
@@ -860,6 +879,14 @@ TEST(CodecPlain, ValuesItDoesNotWriteStillEncodeAsBefore) {
       {c10::IValue(at::ones({2})), c10::IValue(list),
        c10::IValue(at::ones({2}, at::kComplexFloat).conj())});
   expect_as_through_messages(mixed);
+  // Dicts of other key or value types than keyword arguments'.
+  c10::impl::GenericDict int_keys(c10::IntType::get(), c10::AnyType::get());
+  int_keys.insert(int64_t{1}, c10::IValue(at::ones({2})));
+  expect_as_through_messages(c10::IValue(int_keys));
+  c10::impl::GenericDict str_to_int(c10::StringType::get(),
+                                    c10::IntType::get());
+  str_to_int.insert(std::string("a"), int64_t{1});
+  expect_as_through_messages(c10::IValue(str_to_int));
   // A tuple deeper than the limit is refused as before, naming the limit.
   Limits shallow;
   shallow.max_depth = 1;
@@ -926,6 +953,11 @@ std::vector<Message> plain_messages() {
                      Tuple::create({c10::IValue(at::ones({2})), 1.0}),
                      c10::IValue()}),
       Tuple::create({base, base.select(0, 1), Tuple::create({base, false})}),
+      kwargs_of({}),
+      Tuple::create({c10::IValue(std::string("f")), Tuple::create({}),
+                     kwargs_of({{"a", c10::IValue(int64_t{1})},
+                                {"bb", c10::IValue(base)},
+                                {"c", kwargs_of({{"d", c10::IValue()}})}})}),
   };
   std::vector<Message> out;
   for (const c10::IValue& v : values) {

@@ -43,7 +43,11 @@ enum : uint8_t {
   kValueString = 0x32,
   kValueTensor = 0x42,
   kValueTuple = 0x52,
+  kValueDict = 0x5a,
   kTupleElems = 0x0a,
+  kDictEntries = 0x1a,
+  kEntryKey = 0x0a,
+  kEntryValue = 0x12,
   kTensorDefined = 0x08,
   kTensorDtype = 0x10,
   kTensorSizes = 0x1a,
@@ -52,6 +56,10 @@ enum : uint8_t {
   kTensorRequiresGrad = 0x30,
   kTensorStorageIndex = 0x38,
 };
+
+// A dict's key and value types as the writers write those of keyword
+// arguments (str keys, Any values): the only dicts read here.
+constexpr uint8_t kKwargsTypes[] = {0x0a, 2, 0x08, 7, 0x12, 2, 0x08, 1};
 
 // A message's bytes, read front to back.
 class Reader {
@@ -95,6 +103,14 @@ class Reader {
     uint64_t n;
     if (!varint(&n) || n > static_cast<uint64_t>(end_ - p_)) return false;
     *out = Reader(p_, p_ + n);
+    p_ += n;
+    return true;
+  }
+  // The bytes `b` next, consumed if so.
+  bool next_are(const uint8_t* b, size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n || std::memcmp(p_, b, n) != 0) {
+      return false;
+    }
     p_ += n;
     return true;
   }
@@ -147,6 +163,23 @@ bool PlainDecoder::plain_kinds(Reader r, int depth) const {
   if (r.next_is(kValueNone) || r.next_is(kValueString) ||
       r.next_is(kValueTensor)) {
     return r.sub(&field);
+  }
+  if (r.next_is(kValueDict)) {
+    if (depth + 1 > max_depth_ || !r.sub(&field) ||
+        !field.next_are(kKwargsTypes, sizeof(kKwargsTypes))) {
+      return false;
+    }
+    Reader entry(nullptr, nullptr);
+    Reader part(nullptr, nullptr);
+    while (!field.done()) {
+      if (!field.next_is(kDictEntries) || !field.sub(&entry) ||
+          !entry.next_is(kEntryKey) || !entry.sub(&part) ||
+          !plain_kinds(part, depth + 1) || !entry.next_is(kEntryValue) ||
+          !entry.sub(&part) || !plain_kinds(part, depth + 1) || !entry.done()) {
+        return false;
+      }
+    }
+    return r.done();
   }
   if (!r.next_is(kValueTuple) || depth + 1 > max_depth_ || !r.sub(&field)) {
     return false;
@@ -210,6 +243,32 @@ bool PlainDecoder::value(Reader r, int depth, c10::IValue* out) {
       if (!value(elem, depth + 1, &elems.back())) return false;
     }
     *out = c10::IValue(c10::ivalue::Tuple::create(std::move(elems)));
+  } else if (r.next_is(kValueDict)) {
+    // plain_kinds() has checked the shape: the types, then entries of a
+    // key and a value. The two types count as values, as in the general
+    // decoder.
+    values_ += 2;
+    if (depth + 1 > max_depth_ || values_ > limits_.max_values) return false;
+    Reader d(nullptr, nullptr);
+    if (!r.sub(&d) || !d.next_are(kKwargsTypes, sizeof(kKwargsTypes))) {
+      return false;
+    }
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+    while (!d.done()) {
+      Reader entry(nullptr, nullptr);
+      Reader part(nullptr, nullptr);
+      c10::IValue key;
+      c10::IValue item;
+      if (!d.next_is(kDictEntries) || !d.sub(&entry) ||
+          !entry.next_is(kEntryKey) || !entry.sub(&part) ||
+          !value(part, depth + 1, &key) || !key.isString() ||
+          !entry.next_is(kEntryValue) || !entry.sub(&part) ||
+          !value(part, depth + 1, &item) || !entry.done() ||
+          !dict.insert(std::move(key), std::move(item)).second) {
+        return false;  // a duplicate key among them
+      }
+    }
+    *out = c10::IValue(std::move(dict));
   } else {
     return false;
   }
@@ -296,8 +355,10 @@ bool decode_plain(const Message& in, const Limits& limits, c10::IValue* out,
     uint64_t message_id = 0;
     uint64_t from = 0;
     if (!r.sub(&a)) return false;
-    if (a.next_is(kContextMetaContextId) && !a.varint(&context_id)) return false;
-    if (a.next_is(kContextMetaMessageId) && !a.varint(&message_id)) return false;
+    if (a.next_is(kContextMetaContextId) && !a.varint(&context_id))
+      return false;
+    if (a.next_is(kContextMetaMessageId) && !a.varint(&message_id))
+      return false;
     if (a.next_is(kContextMetaFrom) && !a.varint(&from)) return false;
     if (!a.done()) return false;
     // As the general decoder checks them; `from` is an int32 on the wire,

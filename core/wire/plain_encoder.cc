@@ -58,10 +58,21 @@ constexpr uint8_t kDouble = key(4, kFixed64);
 constexpr uint8_t kString = key(6, kLengthDelimited);
 constexpr uint8_t kTensor = key(8, kLengthDelimited);
 constexpr uint8_t kTuple = key(10, kLengthDelimited);
+constexpr uint8_t kDict = key(11, kLengthDelimited);
 }  // namespace value
 namespace tuple {
 constexpr uint8_t kElems = key(1, kLengthDelimited);
 }  // namespace tuple
+namespace dict {
+// A dict of str keys and Any values (keyword arguments): its key type and
+// value type, TypeDesc{kind: KIND_STRING} and TypeDesc{kind: KIND_ANY},
+// whole.
+constexpr uint8_t kTypes[] = {key(1, kLengthDelimited), 2, key(1, kVarint), 7,
+                              key(2, kLengthDelimited), 2, key(1, kVarint), 1};
+constexpr uint8_t kEntries = key(3, kLengthDelimited);
+constexpr uint8_t kEntryKey = key(1, kLengthDelimited);
+constexpr uint8_t kEntryValue = key(2, kLengthDelimited);
+}  // namespace dict
 namespace tensor {
 constexpr uint8_t kDefined = key(1, kVarint);
 constexpr uint8_t kDtype = key(2, kVarint);
@@ -206,6 +217,22 @@ bool PlainEncoder::scan(const c10::IValue& v, int depth) {
     }
     return true;
   }
+  if (v.isGenericDict()) {
+    // Only the shape of keyword arguments: str keys, Any values.
+    c10::impl::GenericDict d = v.toGenericDict();
+    if (depth + 1 > max_depth_ ||
+        d.keyType()->kind() != c10::TypeKind::StringType ||
+        d.valueType()->kind() != c10::TypeKind::AnyType) {
+      return false;
+    }
+    for (const auto& entry : d) {
+      if (!entry.key().isString() || !scan(entry.key(), depth + 1) ||
+          !scan(entry.value(), depth + 1)) {
+        return false;
+      }
+    }
+    return true;
+  }
   return false;
 }
 
@@ -244,10 +271,18 @@ size_t PlainEncoder::size(const c10::IValue& v) {
   } else if (v.isTensor()) {
     node.inner = tensor_body(next_tensor_++);
     node.body = field_size(node.inner);
-  } else {  // a tuple: scan() let nothing else through
+  } else if (v.isTuple()) {
     node.inner = 0;
     for (const c10::IValue& elem : v.toTupleRef().elements()) {
       node.inner += field_size(size(elem));
+    }
+    node.body = field_size(node.inner);
+  } else {  // a dict of str keys: scan() let nothing else through
+    node.inner = sizeof(dict::kTypes);
+    for (const auto& entry : v.toGenericDict()) {
+      const size_t key = size(entry.key());
+      node.inner +=
+          field_size(field_size(key) + field_size(size(entry.value())));
     }
     node.body = field_size(node.inner);
   }
@@ -321,11 +356,24 @@ void PlainEncoder::write(const c10::IValue& v, Writer& w) {
   } else if (v.isTensor()) {
     w.open(value::kTensor, node.inner);
     write_tensor(next_tensor_++, w);
-  } else {  // a tuple
+  } else if (v.isTuple()) {
     w.open(value::kTuple, node.inner);
     for (const c10::IValue& elem : v.toTupleRef().elements()) {
       w.open(tuple::kElems, nodes_[next_node_].body);
       write(elem, w);
+    }
+  } else {  // a dict of str keys
+    w.open(value::kDict, node.inner);
+    w.bytes(dict::kTypes, sizeof(dict::kTypes));
+    for (const auto& entry : v.toGenericDict()) {
+      // A key is a string, one node: its value's node is the next.
+      const size_t key = nodes_[next_node_].body;
+      const size_t value = nodes_[next_node_ + 1].body;
+      w.open(dict::kEntries, field_size(key) + field_size(value));
+      w.open(dict::kEntryKey, key);
+      write(entry.key(), w);
+      w.open(dict::kEntryValue, value);
+      write(entry.value(), w);
     }
   }
 }

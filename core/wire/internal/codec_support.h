@@ -205,8 +205,9 @@ std::vector<ShippedTensor> ship_tensors(absl::Span<const TensorToShip> in,
 
 // ---- plain values (plain_encoder.cc)
 
-// Encodes a value made only of None, bools, ints, floats, strings, tuples
-// and strided CPU tensors (what most calls and results are) straight into
+// Encodes a value made only of None, bools, ints, floats, strings, tuples,
+// strided CPU tensors and dicts of str keys and Any values (keyword
+// arguments): what most calls and results are, straight into
 // the envelope's bytes: the bytes protobuf's serializer writes for that
 // envelope (codec_test holds them equal), without building its messages
 // first. False, with `out` untouched, for any other value or one nested
@@ -236,7 +237,7 @@ absl::StatusOr<at::Tensor> dense_tensor(const DenseTensor& t, const Message& in,
 // ---- plain values, read (plain_decoder.cc)
 
 // Decodes an envelope written as encode_plain() writes it (a value of
-// None, bools, ints, floats, strings, tuples and strided CPU tensors, its
+// encode_plain()'s kinds, its
 // fields in protobuf's canonical order and form) straight from its bytes,
 // to the value decode() makes of it through protobuf's messages; sets
 // `*autograd` (if given) to its context metadata. False for anything else
