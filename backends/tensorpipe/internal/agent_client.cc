@@ -126,10 +126,13 @@ void AgentState::write_request(int rank, int64_t id,
       return;
     }
     std::shared_ptr<::tensorpipe::Pipe> pipe;
+    std::shared_ptr<tcp::ConnectionImpl> express;
     try {
+      OpenedConnection opened;
       pipe = context->connect(
           peer->address,
           ::tensorpipe::PipeOptions().remoteName(peer->info.name));
+      express = opened.take();
     } catch (const std::exception& e) {
       pending_.complete(id, absl::UnavailableError(absl::StrCat(
                                 "cannot connect to worker '", peer->info.name,
@@ -149,6 +152,7 @@ void AgentState::write_request(int rank, int64_t id,
                           peers_.name_of(rank),
                           auth::HandshakeShape::symmetric())
                     : nullptr);
+          it->second->express = std::move(express);
         }
         inserted = added;
         client = it->second;
@@ -173,6 +177,8 @@ void AgentState::write_request(int rank, int64_t id,
         for (const auth::HandshakeMessage& message : hello) {
           write_on_client(client, auth_frame(message));
         }
+      } else {
+        start_express(client);
       }
     }
     {
@@ -189,6 +195,12 @@ void AgentState::write_request(int rank, int64_t id,
 void AgentState::write_on_client(const std::shared_ptr<ClientPipe>& client,
                                  std::shared_ptr<OutgoingFrame> frame) {
   ::tensorpipe::Message message = frame->to_tensorpipe();
+  if (frame->header.inline_data &&
+      message.metadata.size() <= kMaxExpressBytes &&
+      client->express_ready.load(std::memory_order_acquire)) {
+    write_express(client->express, std::move(message.metadata));
+    return;
+  }
   // Out of line, the message is several writes: sent together.
   std::optional<GatheredWrites> gather;
   if (!frame->header.inline_data) gather.emplace();
@@ -256,6 +268,45 @@ void AgentState::on_client_auth(const std::shared_ptr<ClientPipe>& client,
     }
   }
   if (retired != nullptr) retired->pipe->close();
+  start_express(client);
+}
+
+void AgentState::start_express(const std::shared_ptr<ClientPipe>& client) {
+  // With another transport too, TensorPipe may move the pipe to a new
+  // connection after it opened: only a pipe that stays on this one binds.
+  if (client->express == nullptr || my_addresses_.size() != 1 ||
+      my_addresses_.count("tcp") == 0) {
+    return;
+  }
+  uint64_t nonce = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    while (nonce == 0) nonce = absl::Uniform<uint64_t>(nonces_);
+    client->bind_nonce = nonce;
+    express_clients_[client->express.get()] = client;
+  }
+  // The express one first: the server links the two when the pipe's
+  // comes, and the connection carries the express one ahead of it.
+  write_express(client->express,
+                make_bind_frame(FrameKind::kBind, nonce)->to_tensorpipe()
+                    .metadata);
+  write_on_client(client, make_bind_frame(FrameKind::kBind, nonce));
+}
+
+void AgentState::on_bind_ack(const std::shared_ptr<ClientPipe>& client,
+                             const IncomingFrame& frame) {
+  const uint64_t nonce = frame.take_nonce();
+  absl::MutexLock lock(&mu_);
+  if (nonce != 0 && nonce == client->bind_nonce) {
+    client->express_ready.store(true, std::memory_order_release);
+    return;
+  }
+  // Not bound (the server could not link it): the pipe carries everything.
+  auto it = express_clients_.find(client->express.get());
+  if (it != express_clients_.end() && it->second.lock() == client) {
+    express_clients_.erase(it);
+  }
 }
 
 void AgentState::read_responses(std::shared_ptr<ClientPipe> client) {
@@ -328,12 +379,21 @@ void AgentState::on_response(const std::shared_ptr<ClientPipe>& client,
     return;
   }
   read_responses(client);
+  if (frame->header.kind == FrameKind::kBindAck) {
+    on_bind_ack(client, *frame);
+    return;
+  }
+  if (frame->header.kind == FrameKind::kBind) {
+    on_client_pipe_error(client, "a bind frame on a pipe this worker opened",
+                         absl::StatusCode::kInvalidArgument);
+    return;
+  }
   if (frame->header.kind == FrameKind::kRequest) {
     {
       absl::MutexLock lock(&mu_);
       client->serves_peer = true;
     }
-    serve_request(client->pipe, *frame);
+    serve_request(ReplyRoute{client->pipe, {}}, *frame);
     return;
   }
   deliver_response(client, *frame);
@@ -381,6 +441,12 @@ void AgentState::on_client_pipe_error(const std::shared_ptr<ClientPipe>& client,
     auto it = client_pipes_.find(client->rank);
     if (it != client_pipes_.end() && it->second == client) {
       client_pipes_.erase(it);
+    }
+    client->express_ready.store(false, std::memory_order_release);
+    auto express = express_clients_.find(client->express.get());
+    if (express != express_clients_.end() &&
+        express->second.lock() == client) {
+      express_clients_.erase(express);
     }
     if (client->adopted) {
       // The peer's pipe: it goes as a server pipe too.

@@ -208,8 +208,12 @@ void AgentState::on_request_descriptor(
   if (opened) on_pipe_from(pipe, pipe->getRemoteName());
   absl::StatusOr<std::shared_ptr<IncomingFrame>> allocated =
       internal::allocate_frame(descriptor, limits_);
-  if (allocated.ok() && (*allocated)->header.kind != FrameKind::kRequest &&
-      (*allocated)->header.kind != FrameKind::kAuth) {
+  if (allocated.ok() && (*allocated)->header.kind == FrameKind::kBindAck) {
+    allocated = absl::InvalidArgumentError("a bind answer on a server pipe");
+  } else if (allocated.ok() &&
+             (*allocated)->header.kind != FrameKind::kRequest &&
+             (*allocated)->header.kind != FrameKind::kAuth &&
+             (*allocated)->header.kind != FrameKind::kBind) {
     absl::MutexLock lock(&mu_);
     // Responses only where our requests went (on_pipe_from).
     if (!adopted_.contains(pipe.get())) {
@@ -241,7 +245,11 @@ void AgentState::on_request_descriptor(
       }
       state.read_requests(pipe);
       if (frame->header.kind == FrameKind::kRequest) {
-        state.serve_request(pipe, *frame);
+        state.serve_request(ReplyRoute{pipe, {}}, *frame);
+        return;
+      }
+      if (frame->header.kind == FrameKind::kBind) {
+        state.on_bind(pipe, *frame);
         return;
       }
       std::shared_ptr<ClientPipe> client;
@@ -256,8 +264,7 @@ void AgentState::on_request_descriptor(
   });
 }
 
-void AgentState::serve_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
-                               IncomingFrame& frame) {
+void AgentState::serve_request(const ReplyRoute& route, IncomingFrame& frame) {
   if (!frame.refused.ok()) {
     // Over this worker's limits: its bytes were read and dropped; the
     // sender learns why, and the pipe serves on.
@@ -267,12 +274,117 @@ void AgentState::serve_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
                      absl::StrCat("worker '", self_.name, "' refuses a ",
                                   message_type_name(frame.header.type), ": ",
                                   frame.refused.message())));
-    pipe->write(answer->to_tensorpipe(),
-                [answer](const ::tensorpipe::Error& /*error*/) {});
+    if (std::shared_ptr<tcp::ConnectionImpl> express = route.express.lock()) {
+      write_express(express, answer->to_tensorpipe().metadata);
+    } else if (std::shared_ptr<::tensorpipe::Pipe> pipe = route.pipe.lock()) {
+      pipe->write(answer->to_tensorpipe(),
+                  [answer](const ::tensorpipe::Error& /*error*/) {});
+    }
     return;
   }
   absl::StatusOr<Message> request = frame.take_result();
-  incoming_.arrived(pipe, *std::move(request));
+  incoming_.arrived(route, *std::move(request));
+}
+
+void AgentState::on_bind(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+                         const IncomingFrame& frame) {
+  const uint64_t nonce = frame.take_nonce();
+  bool bound = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = express_binds_.find(nonce);
+    if (it != express_binds_.end()) {
+      std::shared_ptr<tcp::ConnectionImpl> connection =
+          it->second.connection.lock();
+      // The connection's peer (as its handshake named it) opened the pipe.
+      if (connection != nullptr && server_pipes_.contains(pipe) &&
+          it->second.peer == pipe->getRemoteName()) {
+        express_links_[connection.get()] = ExpressLink{connection, pipe};
+        bound = true;
+      }
+      express_binds_.erase(it);
+    }
+  }
+  std::shared_ptr<OutgoingFrame> answer =
+      make_bind_frame(FrameKind::kBindAck, bound ? nonce : 0);
+  pipe->write(answer->to_tensorpipe(),
+              [answer](const ::tensorpipe::Error& /*error*/) {});
+}
+
+void AgentState::on_express(
+    const std::shared_ptr<tcp::ConnectionImpl>& connection,
+    absl::string_view bytes) {
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> parsed =
+      allocate_express_frame(bytes, limits_);
+  if (!parsed.ok()) {
+    fail_express(connection, std::string(parsed.status().message()));
+    return;
+  }
+  std::shared_ptr<IncomingFrame> frame = *std::move(parsed);
+  std::string refusal;
+  std::shared_ptr<ClientPipe> client;
+  ReplyRoute route;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    switch (frame->header.kind) {
+      case FrameKind::kBind: {
+        if (express_binds_.size() >= kMaxExpressBinds) {
+          // Those of connections gone (their pipes failed before binding).
+          absl::erase_if(express_binds_, [](const auto& entry) {
+            return entry.second.connection.expired();
+          });
+        }
+        if (express_binds_.size() >= kMaxExpressBinds) {
+          refusal = "more express binds than pipes";
+          break;
+        }
+        express_binds_[frame->take_nonce()] =
+            ExpressBind{connection, express_peer(*connection)};
+        return;
+      }
+      case FrameKind::kRequest: {
+        auto it = express_links_.find(connection.get());
+        if (it == express_links_.end() ||
+            it->second.connection.lock() != connection) {
+          refusal = "an express request on a connection not bound to a pipe";
+          break;
+        }
+        route = ReplyRoute{it->second.pipe, connection};
+        break;
+      }
+      case FrameKind::kResponse:
+      case FrameKind::kError: {
+        auto it = express_clients_.find(connection.get());
+        if (it != express_clients_.end()) client = it->second.lock();
+        if (client == nullptr || client->express != connection ||
+            !client->server_verified()) {
+          refusal = "an express response on a connection of no pipe of ours";
+          client = nullptr;
+          break;
+        }
+        client->heard = true;
+        break;
+      }
+      default:
+        refusal = absl::StrCat("an express frame of kind ",
+                               static_cast<int>(frame->header.kind));
+    }
+  }
+  if (!refusal.empty()) {
+    fail_express(connection, refusal);
+    return;
+  }
+  // As the pipe's callbacks do: inside a direct write, on the io thread.
+  on_callback(weak_from_this(),
+              [client = std::move(client), route = std::move(route),
+               frame = std::move(frame)](AgentState& state) {
+                if (client != nullptr) {
+                  state.deliver_response(client, *frame);
+                } else {
+                  state.serve_request(route, *frame);
+                }
+              });
 }
 
 void AgentState::drop_server_pipe(
@@ -283,6 +395,7 @@ void AgentState::drop_server_pipe(
     server_pipes_.erase(pipe);
     server_auth_.erase(pipe.get());
     opening_.erase(pipe.get());
+    unlink_express_locked(pipe);
     auto it = adopted_.find(pipe.get());
     if (it != adopted_.end()) adopted = it->second;
     absl::erase_if(accepted_from_, [&pipe](const auto& entry) {
@@ -372,6 +485,7 @@ void AgentState::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
     server_pipes_.erase(pipe);
     server_auth_.erase(pipe.get());
     opening_.erase(pipe.get());
+    unlink_express_locked(pipe);
     auto it = adopted_.find(pipe.get());
     if (it != adopted_.end()) adopted = it->second;
   }
@@ -384,29 +498,44 @@ void AgentState::refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
   if (adopted != nullptr) on_client_pipe_error(adopted, why);
 }
 
-void AgentState::send_response(std::weak_ptr<::tensorpipe::Pipe> pipe,
-                               int64_t id,
+void AgentState::unlink_express_locked(
+    const std::shared_ptr<::tensorpipe::Pipe>& pipe) {
+  absl::erase_if(express_links_, [&pipe](const auto& entry) {
+    return entry.second.pipe.lock() == pipe || entry.second.pipe.expired();
+  });
+}
+
+void AgentState::send_response(const ReplyRoute& route, int64_t id,
                                const absl::StatusOr<Message>& result) {
   std::shared_ptr<OutgoingFrame> frame =
       internal::make_response_frame(id, result);
   if (in_tp_callback()) {
-    write_response(pipe, std::move(frame));
+    write_response(route, std::move(frame));
     return;
   }
   // Refused only once shut down: then nobody waits for the answer.
-  write_directly([this, &pipe, &frame] { write_response(pipe, frame); });
+  write_directly([this, &route, &frame] { write_response(route, frame); });
 }
 
-void AgentState::write_response(
-    const std::weak_ptr<::tensorpipe::Pipe>& weak_pipe,
-    std::shared_ptr<OutgoingFrame> frame) {
-  std::shared_ptr<::tensorpipe::Pipe> pipe = weak_pipe.lock();
+void AgentState::write_response(const ReplyRoute& route,
+                                std::shared_ptr<OutgoingFrame> frame) {
+  ::tensorpipe::Message message = frame->to_tensorpipe();
+  if (frame->header.inline_data &&
+      message.metadata.size() <= kMaxExpressBytes) {
+    if (std::shared_ptr<tcp::ConnectionImpl> express = route.express.lock()) {
+      // (Lost with the connection, as the pipe's write would be: the sender
+      // learns it from the pipe's error.)
+      write_express(express, std::move(message.metadata));
+      incoming_.answered();
+      return;
+    }
+  }
+  std::shared_ptr<::tensorpipe::Pipe> pipe = route.pipe.lock();
   if (pipe == nullptr) {
     // The pipe broke; the sender has failed the request already.
     incoming_.answered();
     return;
   }
-  ::tensorpipe::Message message = frame->to_tensorpipe();
   // Out of line, the message is several writes: sent together.
   std::optional<GatheredWrites> gather;
   if (!frame->header.inline_data) gather.emplace();

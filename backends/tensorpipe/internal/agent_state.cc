@@ -258,7 +258,7 @@ absl::Status AgentState::register_transports_and_channels(
 }
 
 std::shared_ptr<::tensorpipe::transport::Context>
-AgentState::make_tcp_transport() const {
+AgentState::make_tcp_transport() {
   internal::TcpTransportOptions options;
   options.self = self_.name;
   // A dynamic group's members change: none listed lets any name through
@@ -276,6 +276,14 @@ AgentState::make_tcp_transport() const {
   options.poll = poll_;
   options.log_prefix =
       who();
+  options.express_sink =
+      [weak = weak_from_this()](
+          const std::shared_ptr<tcp::ConnectionImpl>& connection,
+          absl::string_view bytes) {
+        if (std::shared_ptr<AgentState> state = weak.lock()) {
+          state->on_express(connection, bytes);
+        }
+      };
   return internal::create_tcp_transport(std::move(options));
 }
 
@@ -405,6 +413,9 @@ void AgentState::take_resources(Resources& out) {
     out.pipes.push_back(client->pipe);
   }
   client_pipes_.clear();
+  express_clients_.clear();
+  express_binds_.clear();
+  express_links_.clear();
   adopted_.clear();
   accepted_from_.clear();
   opening_.clear();

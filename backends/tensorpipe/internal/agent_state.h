@@ -15,12 +15,14 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 #include <absl/functional/function_ref.h>
+#include <absl/random/random.h>
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
 #include <absl/synchronization/mutex.h>
 #include <tensorpipe/tensorpipe.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,6 +36,7 @@
 #include "backends/common/peer_table.h"
 #include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/settings.h"
+#include "backends/tensorpipe/internal/tcp_transport.h"
 #include "core/agent.h"
 #include "core/auth/handshake.h"
 #include "core/toolkit/serial_executor.h"
@@ -66,9 +69,15 @@ extern thread_local const void* t_direct_write_of;
 
 // Everything an agent's callbacks touch. Callbacks hold it weakly: a
 // callback that fires after the agent is gone finds nothing and returns.
+// Where a response goes: the pipe the request came on, and for a request
+// that came as an express frame (tcp_transport.h) its connection too.
+struct ReplyRoute {
+  std::weak_ptr<::tensorpipe::Pipe> pipe;
+  std::weak_ptr<tcp::ConnectionImpl> express;
+};
+
 class AgentState
-    : public common::AgentSkeleton<AgentState,
-                                   std::weak_ptr<::tensorpipe::Pipe>> {
+    : public common::AgentSkeleton<AgentState, ReplyRoute> {
  public:
   AgentState(AgentSetup setup, Settings settings)
       : AgentSkeleton(setup, kTensorPipeNames),
@@ -89,7 +98,7 @@ class AgentState
   absl::StatusOr<PeerLink> link_to(const WorkerInfo& worker) const;
 
  private:
-  friend class AgentSkeleton<AgentState, std::weak_ptr<::tensorpipe::Pipe>>;
+  friend class AgentSkeleton<AgentState, ReplyRoute>;
 
   // The pipe this worker's requests to a peer go on: one it opened, or one
   // the peer opened (`adopted`: a pipe carries both ways, so that a pair of
@@ -132,6 +141,27 @@ class AgentState
       return handshake == nullptr || handshake->verified();
     }
     std::vector<std::pair<int64_t, std::shared_ptr<OutgoingFrame>>> queued;
+    // The pipe's own tcp connection (null on another transport, and for an
+    // adopted pipe), and the nonce it was bound with (under mu_). Once the
+    // server has bound it (`express_ready`), inline frames go on it as
+    // express frames (framing.h).
+    std::shared_ptr<tcp::ConnectionImpl> express;
+    uint64_t bind_nonce = 0;
+    std::atomic<bool> express_ready{false};
+  };
+
+  // Server side: an express kBind seen on a connection, waiting for the
+  // pipe's; and a connection bound to its pipe.
+  // kBinds waiting for their pipe's at most (a peer sends one per pipe it
+  // opens, and the pipe's follows at once).
+  static constexpr size_t kMaxExpressBinds = 1024;
+  struct ExpressBind {
+    std::weak_ptr<tcp::ConnectionImpl> connection;
+    std::string peer;
+  };
+  struct ExpressLink {
+    std::weak_ptr<tcp::ConnectionImpl> connection;
+    std::weak_ptr<::tensorpipe::Pipe> pipe;
   };
 
   // What shutdown() takes out of the state, closes and joins, outside the
@@ -241,6 +271,17 @@ class AgentState
       ABSL_LOCKS_EXCLUDED(mu_);
   void write_on_client(const std::shared_ptr<ClientPipe>& client,
                        std::shared_ptr<OutgoingFrame> frame);
+  // The pipe of `client` is ready for requests: binds its connection for
+  // express frames, if it has one of ours.
+  void start_express(const std::shared_ptr<ClientPipe>& client)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void on_bind_ack(const std::shared_ptr<ClientPipe>& client,
+                   const IncomingFrame& frame) ABSL_LOCKS_EXCLUDED(mu_);
+  // An express frame (the transport's sink, in its loop): a kBind, a
+  // request on a bound connection, or a response on one of ours; anything
+  // else fails the connection.
+  void on_express(const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                  absl::string_view bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // A response (or error) to one of our requests, from either read loop.
   void deliver_response(const std::shared_ptr<ClientPipe>& client,
                         IncomingFrame& frame) ABSL_LOCKS_EXCLUDED(mu_);
@@ -287,10 +328,16 @@ class AgentState
   void drop_server_pipe(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
                         absl::string_view why = "the pipe closed")
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A request that arrived on `pipe` (either kind): to the handler, or
-  // refused when over this worker's limits.
-  void serve_request(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
-                     IncomingFrame& frame);
+  // A request that arrived on `route` (either kind of pipe, or express):
+  // to the handler, or refused when over this worker's limits.
+  void serve_request(const ReplyRoute& route, IncomingFrame& frame);
+  // Forgets the express connection bound to `pipe`, and any whose pipe is
+  // gone.
+  void unlink_express_locked(const std::shared_ptr<::tensorpipe::Pipe>& pipe)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A pipe's kBind: links the connection that sent the same nonce.
+  void on_bind(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
+               const IncomingFrame& frame) ABSL_LOCKS_EXCLUDED(mu_);
   // Handles a frame of a server pipe still authenticating; false if it
   // was refused (and dropped).
   bool on_server_auth(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
@@ -299,16 +346,18 @@ class AgentState
   void refuse(const std::shared_ptr<::tensorpipe::Pipe>& pipe,
               absl::string_view peer, absl::string_view why)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void send_response(std::weak_ptr<::tensorpipe::Pipe> pipe, int64_t id,
+  void send_response(const ReplyRoute& route, int64_t id,
                      const absl::StatusOr<Message>& result)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void write_response(const std::weak_ptr<::tensorpipe::Pipe>& pipe,
+  // As an express frame when the request came as one and `frame` is
+  // inline and small enough, else on the pipe.
+  void write_response(const ReplyRoute& route,
                       std::shared_ptr<OutgoingFrame> frame)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status register_transports_and_channels(std::vector<std::string>& urls);
   // A tether tcp transport (internal/tcp_transport.h) for this agent.
-  std::shared_ptr<::tensorpipe::transport::Context> make_tcp_transport() const;
+  std::shared_ptr<::tensorpipe::transport::Context> make_tcp_transport();
   // The url to reach a peer that published `theirs` (encode_addresses),
   // "" if it shares no transport with this worker.
   std::string url_to(const std::string& theirs) const;
@@ -361,6 +410,17 @@ class AgentState
   int64_t queued_io_writes_ ABSL_GUARDED_BY(mu_) = 0;
   // Threads inside write_directly().
   int direct_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Express frames (framing.h). Client: our pipes' connections, by
+  // connection. Server: kBinds by nonce (bounded: kMaxExpressBinds), and
+  // bound connections. Looked up by address, checked against the weak
+  // pointer (an address may be reused once a connection is gone).
+  absl::flat_hash_map<const tcp::ConnectionImpl*, std::weak_ptr<ClientPipe>>
+      express_clients_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, ExpressBind> express_binds_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const tcp::ConnectionImpl*, ExpressLink> express_links_
+      ABSL_GUARDED_BY(mu_);
+  absl::BitGen nonces_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tether::backends::tensorpipe::internal

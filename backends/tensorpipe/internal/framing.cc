@@ -64,7 +64,7 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   FrameHeader header;
   const uint8_t kind = get_le<uint8_t>(metadata, 4);
   if (kind < static_cast<uint8_t>(FrameKind::kRequest) ||
-      kind > static_cast<uint8_t>(FrameKind::kAuth)) {
+      kind > static_cast<uint8_t>(FrameKind::kBindAck)) {
     return malformed(absl::StrCat("unknown kind ", kind));
   }
   header.kind = static_cast<FrameKind>(kind);
@@ -98,6 +98,12 @@ absl::StatusOr<FrameHeader> decode_header(absl::string_view metadata) {
   if (header.kind == FrameKind::kAuth &&
       (count != 0 || !header.inline_data)) {
     return malformed("an authentication frame that is not inline and bare");
+  }
+  if ((header.kind == FrameKind::kBind ||
+       header.kind == FrameKind::kBindAck) &&
+      (count != 0 || !header.inline_data ||
+       header.payload_size != sizeof(uint64_t))) {
+    return malformed("a bind frame that is not inline with 8 bytes");
   }
   header.storage_sizes.reserve(count);
   uint64_t inline_bytes = header.payload_size;
@@ -242,6 +248,22 @@ std::shared_ptr<OutgoingFrame> make_auth_frame(const AuthFrame& auth) {
   frame->header.payload_size = frame->payload.size();
   frame->header.inline_data = true;
   return frame;
+}
+
+std::shared_ptr<OutgoingFrame> make_bind_frame(FrameKind kind,
+                                               uint64_t nonce) {
+  auto frame = std::make_shared<OutgoingFrame>();
+  frame->header.kind = kind;
+  put_le<uint64_t>(frame->payload, nonce);
+  frame->header.payload_size = frame->payload.size();
+  frame->header.inline_data = true;
+  return frame;
+}
+
+uint64_t IncomingFrame::take_nonce() const {
+  // decode_header() checked the size.
+  return payload.size() == sizeof(uint64_t) ? get_le<uint64_t>(payload, 0)
+                                            : 0;
 }
 
 absl::StatusOr<AuthFrame> IncomingFrame::take_auth() const {
@@ -450,6 +472,18 @@ absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
     ::tensorpipe::Allocation::Tensor entry;
     entry.buffer = ::tensorpipe::CpuBuffer{storage.data()};
     frame->allocation.tensors.push_back(std::move(entry));
+  }
+  return frame;
+}
+
+absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_express_frame(
+    absl::string_view bytes, const MessageLimits& limits) {
+  ::tensorpipe::Descriptor descriptor;
+  descriptor.metadata.assign(bytes.data(), bytes.size());
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> frame =
+      allocate_frame(descriptor, limits);
+  if (frame.ok() && !(*frame)->header.inline_data) {
+    return malformed("an express frame that is not inline");
   }
   return frame;
 }

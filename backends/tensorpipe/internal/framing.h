@@ -37,6 +37,18 @@
 // (the sender's name and its challenge), kProof (the answer to the peer's
 // challenge), kRefused (why the connection is refused, as text).
 //
+// Express frames (tcp_transport.h): an inline frame may also travel as one
+// express frame on the pipe's own tcp connection, skipping the pipe; its
+// bytes are the descriptor's metadata it would have had. A client binds
+// its pipe's connection to the pipe first: a kBind frame with a random
+// nonce as an express frame, then one on the pipe; the server, which has
+// seen both (the express frame first: it comes first on the connection),
+// links the connection to the pipe, so that it can answer an express
+// request too large for an express answer on the pipe, and says so with a
+// kBindAck carrying the nonce (0: not bound) on the pipe. Only then does
+// the client send express requests. Bind frames are inline, with an 8-byte
+// payload and no storages.
+//
 // Ownership: an OutgoingFrame owns everything its tensorpipe::Message points
 // into; keep it alive until the write callback. An IncomingFrame owns the
 // buffers its Allocation points into; keep it alive until the read callback.
@@ -65,6 +77,9 @@ enum class FrameKind : uint8_t {
   kResponse = 2,
   kError = 3,
   kAuth = 4,
+  // Binding a pipe's connection for express frames: payload u64 nonce.
+  kBind = 5,
+  kBindAck = 6,
 };
 
 enum class AuthStep : uint8_t {
@@ -140,6 +155,8 @@ std::shared_ptr<OutgoingFrame> make_response_frame(
     int64_t id, const absl::StatusOr<Message>& result);
 
 std::shared_ptr<OutgoingFrame> make_auth_frame(const AuthFrame& auth);
+// kind: kBind or kBindAck.
+std::shared_ptr<OutgoingFrame> make_bind_frame(FrameKind kind, uint64_t nonce);
 
 struct IncomingFrame {
   FrameHeader header;
@@ -159,6 +176,8 @@ struct IncomingFrame {
   // After the read, for a kAuth frame: its contents (INVALID_ARGUMENT if
   // malformed).
   absl::StatusOr<AuthFrame> take_auth() const;
+  // For a kBind or kBindAck frame: its nonce.
+  uint64_t take_nonce() const;
   // After a failed read: the storages a channel was receiving are never
   // reused (core/toolkit/receive_buffers.h, quarantine_receive_storage):
   // the peer's process may still write into them (cma_write_channel.h).
@@ -179,6 +198,12 @@ struct IncomingFrame {
 [[nodiscard]] absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
     const ::tensorpipe::Descriptor& descriptor,
     const MessageLimits& limits = MessageLimits());
+
+// An express frame's bytes: checked as allocate_frame() checks a
+// descriptor's, and only inline frames are; the frame holds its data.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<IncomingFrame>>
+allocate_express_frame(absl::string_view bytes,
+                       const MessageLimits& limits = MessageLimits());
 
 }  // namespace tether::backends::tensorpipe::internal
 

@@ -30,8 +30,9 @@
 //     connection, never a SIGPIPE.
 //
 // Wire format after the handshake: each write is its length (u64, host
-// order) then its bytes, as TensorPipe's uv transport frames them; peers
-// are tether workers of one build.
+// order) then its bytes, as TensorPipe's uv transport frames them, or an
+// express frame (kExpressBit, below); peers are tether workers of one
+// build.
 //
 // Addresses: listen on "ip" or "ip:port" (IPv6 in brackets; port 0 or none
 // picks a free one); the listener's address, and what connect() takes, is
@@ -45,12 +46,15 @@
 #ifndef TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_
 #define TETHER_BACKENDS_TENSORPIPE_INTERNAL_TCP_TRANSPORT_H_
 
+#include <absl/strings/string_view.h>
 #include <absl/time/time.h>
 #include <sys/socket.h>
 #include <tensorpipe/common/error.h>
 #include <tensorpipe/transport/context.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +67,54 @@
 namespace tether::backends::tensorpipe::internal {
 
 inline constexpr size_t kMaxHandshakes = 64;
+
+namespace tcp {
+class ConnectionImpl;
+}  // namespace tcp
+
+// Express frames: a frame whose length word has its top bit set is not
+// TensorPipe's. The connection hands it whole to the context's sink, in the
+// loop, between TensorPipe's frames (never inside one), and TensorPipe
+// never sees it. The agent sends its small messages so, beside the pipe the
+// connection carries, skipping the pipe's machinery (its operations, its
+// control messages, their callbacks and allocations): about a third of a
+// small call's instructions (docs/decisions.md, "Small messages skip
+// TensorPipe's pipe"). Its length is checked against
+// `max_unsized_read_bytes` as TensorPipe's control messages are; the frame
+// is only read once it is all there. The bytes are valid during the call.
+inline constexpr uint64_t kExpressBit = uint64_t{1} << 63;
+// The largest express frame.
+inline constexpr size_t kMaxExpressBytes = 128 << 10;
+using ExpressSink = std::function<void(
+    const std::shared_ptr<tcp::ConnectionImpl>& connection,
+    absl::string_view frame)>;
+
+// Queues `frame` as one express frame on `connection` (any thread; sent as
+// TensorPipe's writes are). Dropped if the connection has failed: whoever
+// waits for an answer learns it from the pipe's error.
+void write_express(const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                   std::string frame);
+// Fails `connection` (any thread), logging `why`: a peer broke the express
+// protocol.
+void fail_express(const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                  std::string why);
+// The name the peer of `connection` gave in the handshake (authenticated
+// when the group has a secret). Set once the connection is established.
+std::string express_peer(const tcp::ConnectionImpl& connection);
+
+// The first connection ::tensorpipe::Context::connect() opens on this thread
+// (the new pipe's own, which its messages travel on), when it is one of
+// this transport's. Open a scope, connect, then take() it: nullptr if the
+// pipe's connection is another transport's.
+class OpenedConnection {
+ public:
+  OpenedConnection();
+  ~OpenedConnection();
+  OpenedConnection(const OpenedConnection&) = delete;
+  OpenedConnection& operator=(const OpenedConnection&) = delete;
+
+  std::shared_ptr<tcp::ConnectionImpl> take();
+};
 
 struct TcpTransportOptions {
   // This worker's name, sent in the handshake.
@@ -88,6 +140,9 @@ struct TcpTransportOptions {
   PollPolicy poll = PollPolicy();
   // Starts every log line, e.g. "tensorpipe agent of worker 'w0'".
   std::string log_prefix = "tensorpipe tcp transport";
+  // Takes the express frames that arrive (below); null: an express frame
+  // fails its connection.
+  ExpressSink express_sink;
 };
 
 // The error of a connection refused by either end's handshake; what() is
@@ -106,10 +161,6 @@ inline constexpr char kTcpDomainDescriptor[] = "tether-tcp:1";
 
 std::shared_ptr<::tensorpipe::transport::Context> create_tcp_transport(
     TcpTransportOptions options);
-
-namespace tcp {
-class ConnectionImpl;
-}  // namespace tcp
 
 // The transport sends the writes made in one turn of its loop together,
 // once the loop has no task left (tcp_transport_context.h). A thread that

@@ -21,8 +21,46 @@ namespace tether::backends::tensorpipe::internal {
 namespace {
 
 thread_local GatheredWrites* t_gathering = nullptr;
+// OpenedConnection: whether a scope is open on this thread, and the first
+// connection opened in it.
+thread_local bool t_noting_opened = false;
+thread_local tcp::ConnectionImpl* t_opened = nullptr;
 
 }  // namespace
+
+OpenedConnection::OpenedConnection() {
+  t_noting_opened = true;
+  t_opened = nullptr;
+}
+
+OpenedConnection::~OpenedConnection() {
+  t_noting_opened = false;
+  t_opened = nullptr;
+}
+
+std::shared_ptr<tcp::ConnectionImpl> OpenedConnection::take() {
+  tcp::ConnectionImpl* opened = t_opened;
+  t_opened = nullptr;
+  // Alive: the pipe that connect() returned holds it.
+  return opened == nullptr ? nullptr : opened->shared_from_this();
+}
+
+void write_express(const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                   std::string frame) {
+  connection->in_loop([connection, frame = std::move(frame)]() mutable {
+    connection->express_from_loop(std::move(frame));
+  });
+}
+
+void fail_express(const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                  std::string why) {
+  connection->in_loop(
+      [connection, why = std::move(why)] { connection->fail_from_loop(why); });
+}
+
+std::string express_peer(const tcp::ConnectionImpl& connection) {
+  return connection.peer_name();
+}
 
 GatheredWrites::GatheredWrites() {
   if (t_gathering != nullptr) return;
@@ -48,6 +86,10 @@ void GatheredWrites::add(std::shared_ptr<tcp::ConnectionImpl> connection) {
 }
 
 namespace tcp {
+
+void note_opened(ConnectionImpl* connection) {
+  if (t_noting_opened && t_opened == nullptr) t_opened = connection;
+}
 
 void ConnectionImpl::flush_gathered() {
   context_->deferToLoop(
@@ -271,12 +313,33 @@ void ConnectionImpl::readImplFromLoop(tp::AbstractNopHolder& object,
 
 void ConnectionImpl::writeImplFromLoop(const void* ptr, size_t length,
                                        write_callback_fn fn) {
-  if (!context_->on_poller()) common::arm_fd_assist(shared_from_this());
   WriteOp op;
   op.header = length;
   op.ptr = static_cast<const char*>(ptr);
   op.fn = std::move(fn);
+  queue_write(std::move(op));
+}
+
+void ConnectionImpl::express_from_loop(std::string frame) {
+  // Before the handshake ends it waits, as TensorPipe's writes do.
+  if (error_) return;
+  WriteOp op;
+  op.header = frame.size() | kExpressBit;
+  op.owned = std::move(frame);
+  queue_write(std::move(op));
+}
+
+void ConnectionImpl::fail_from_loop(const std::string& why) {
+  if (error_) return;
+  fail(tcp_error(why), why, /*log=*/true);
+}
+
+void ConnectionImpl::queue_write(WriteOp op) {
+  if (!context_->on_poller()) common::arm_fd_assist(shared_from_this());
   writes_.push_back(std::move(op));
+  // Its own bytes, if any, now that it no longer moves.
+  WriteOp& queued = writes_.back();
+  if ((queued.header & kExpressBit) != 0) queued.ptr = queued.owned.data();
   if (GatheredWrites* gathering = GatheredWrites::current()) {
     gathering->add(shared_from_this());
     return;
@@ -308,6 +371,12 @@ void ConnectionImpl::process_reads(bool readable) {
     return fill_or_fail(most);
   };
   while (!error_ && state_ == State::kEstablished) {
+    // Between TensorPipe's frames, an express frame is the sink's.
+    if ((reads_.empty() || !reads_.front().have_length) &&
+        buffered().size() >= sizeof(uint64_t) && next_is_express()) {
+      if (take_express() == Express::kTaken) continue;
+      break;
+    }
     if (reads_.empty()) {
       if (!may_read_ahead || buffered().size() >= kReadAhead) break;
       if (!fill_once(kChunk)) break;
@@ -392,6 +461,39 @@ void ConnectionImpl::process_reads(bool readable) {
   }
 }
 
+ConnectionImpl::Express ConnectionImpl::take_express() {
+  uint64_t word = 0;
+  std::memcpy(&word, buffered().data(), sizeof(word));
+  const uint64_t length = word & ~kExpressBit;
+  const ExpressSink& sink = context_->options().express_sink;
+  if (!sink || length > kMaxExpressBytes) {
+    const std::string why =
+        !sink ? std::string("the peer sent an express frame, which this "
+                            "connection does not take")
+              : absl::StrCat("the peer announced an express frame of ",
+                             length, " bytes, over the limit of ",
+                             kMaxExpressBytes);
+    fail(tcp_error(why), why, /*log=*/true);
+    return Express::kFailed;
+  }
+  const size_t total = sizeof(word) + length;
+  while (buffered().size() < total) {
+    const Fill result = fill(std::max(kChunk, total - buffered().size()));
+    if (result == Fill::kClosed) {
+      setError(fill_error_);
+      return Express::kFailed;
+    }
+    if (result == Fill::kAgain) return Express::kWanting;
+  }
+  consume(sizeof(word));
+  // Handed over from the buffer, as a whole TensorPipe frame is: nothing
+  // fills it until the sink returns.
+  const absl::string_view frame(buffered().data(), length);
+  consume(length);
+  sink(shared_from_this(), frame);
+  return Express::kTaken;
+}
+
 void ConnectionImpl::process_writes() {
   while (!error_ && fd_ >= 0) {
     iovec iov[kMaxIov];
@@ -406,12 +508,13 @@ void ConnectionImpl::process_writes() {
         if (op.done < sizeof(op.header)) {
           iov[count++] = {reinterpret_cast<char*>(&op.header) + op.done,
                           sizeof(op.header) - op.done};
-          if (op.header > 0) {
-            iov[count++] = {const_cast<char*>(op.ptr), op.header};
+          if (op.length() > 0) {
+            iov[count++] = {const_cast<char*>(op.ptr), op.length()};
           }
         } else {
           const size_t sent = op.done - sizeof(op.header);
-          iov[count++] = {const_cast<char*>(op.ptr) + sent, op.header - sent};
+          iov[count++] = {const_cast<char*>(op.ptr) + sent,
+                          op.length() - sent};
         }
       }
     }
@@ -445,12 +548,12 @@ void ConnectionImpl::process_writes() {
     absl::InlinedVector<write_callback_fn, 8> completed;
     while (left > 0 && !writes_.empty()) {
       WriteOp& op = writes_.front();
-      const size_t total = sizeof(op.header) + op.header;
+      const size_t total = sizeof(op.header) + op.length();
       const size_t step = std::min(left, total - op.done);
       op.done += step;
       left -= step;
       if (op.done < total) break;
-      completed.push_back(std::move(op.fn));
+      if (op.fn) completed.push_back(std::move(op.fn));
       writes_.pop_front();
     }
     for (write_callback_fn& fn : completed) fn(tp::Error::kSuccess);
@@ -467,7 +570,9 @@ void ConnectionImpl::handleErrorImpl() {
     op.fn(error_, op.given ? op.ptr : nullptr, op.given ? op.length : 0);
   }
   reads_.clear();
-  for (WriteOp& op : writes_) op.fn(error_);
+  for (WriteOp& op : writes_) {
+    if (op.fn) op.fn(error_);
+  }
   writes_.clear();
   if (fd_ >= 0) {
     if (interest_ != 0) context_->unwatch(fd_);

@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -38,6 +39,10 @@
 
 namespace tether::backends::tensorpipe::internal::tcp {
 
+class ConnectionImpl;
+// For OpenedConnection (tcp_transport.h): a connection being opened here.
+void note_opened(ConnectionImpl* connection);
+
 // Reads go through a buffer in chunks of this size (one recv() takes a
 // whole inline message, up to 48 KiB of storages).
 inline constexpr size_t kChunk = 64 << 10;
@@ -46,6 +51,8 @@ inline constexpr size_t kChunk = 64 << 10;
 inline constexpr size_t kDirect = 16 << 10;
 // Bytes read ahead while TensorPipe has no read pending.
 inline constexpr size_t kReadAhead = 256 << 10;
+static_assert(kMaxExpressBytes + sizeof(uint64_t) < kReadAhead,
+              "an express frame begun in the buffer is always read on");
 // Frames of one write call gathered into one sendmsg().
 inline constexpr size_t kMaxIov = 64;
 
@@ -71,7 +78,9 @@ class ConnectionImpl final
                  std::string id, std::string addr)
       : ConnectionImplBoilerplate(token, std::move(context), std::move(id)),
         server_(false),
-        peer_(std::move(addr)) {}
+        peer_(std::move(addr)) {
+    note_opened(this);
+  }
 
   ~ConnectionImpl() override {
     if (fd_ >= 0) ::close(fd_);
@@ -98,6 +107,24 @@ class ConnectionImpl final
   bool assist_step() override;
   void end_assist() override;
 
+  // Runs `fn` in the loop (at once if this thread is in it).
+  template <typename Fn>
+  void in_loop(Fn fn) {
+    if (context_->inLoop()) {
+      fn();
+      return;
+    }
+    context_->deferToLoop(std::move(fn));
+  }
+
+  // Express frames (tcp_transport.h). Loop only: queues `frame`, sent as
+  // the writes are; dropped once failed.
+  void express_from_loop(std::string frame);
+  // Loop only: fails the connection, logging `why`.
+  void fail_from_loop(const std::string& why);
+  // Set once established; loop only until then.
+  const std::string& peer_name() const { return peer_name_; }
+
  protected:
   void initImplFromLoop() override;
   void readImplFromLoop(read_callback_fn fn) override;
@@ -123,10 +150,12 @@ class ConnectionImpl final
     size_t done = 0;
   };
   struct WriteOp {
-    uint64_t header = 0;
+    uint64_t header = 0;  // the length, with kExpressBit for an express frame
     const char* ptr = nullptr;
     size_t done = 0;  // of the header's 8 bytes and then the payload
-    write_callback_fn fn;
+    write_callback_fn fn;  // null for an express frame
+    std::string owned;     // an express frame's bytes
+    size_t length() const { return header & ~kExpressBit; }
   };
 
   // Handshake.
@@ -162,6 +191,20 @@ class ConnectionImpl final
   // pending (the socket is level-triggered: it must not spin). A call
   // because TensorPipe posted a read reads only for pending reads.
   void process_reads(bool readable);
+  // At a frame boundary, with the next frame's length word buffered and
+  // its top bit set: hands the frame to the sink once it is all buffered
+  // (reading what is missing, as far as the socket has it). kTaken: done,
+  // go on; kWanting: wait for more bytes; kFailed: the connection failed.
+  enum class Express { kTaken, kWanting, kFailed };
+  Express take_express();
+  // Whether the buffered frame's length word (all there) marks it express.
+  bool next_is_express() const {
+    uint64_t word = 0;
+    std::memcpy(&word, buffered().data(), sizeof(word));
+    return (word & kExpressBit) != 0;
+  }
+  // Queues `op` and has it sent (writeImplFromLoop's tail).
+  void queue_write(WriteOp op);
   void process_writes();
   // Reads at most `most` bytes into the buffer. kClosed: the peer closed
   // or the socket failed; why is in fill_error_ (not yet set on the
