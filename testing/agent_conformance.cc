@@ -1,6 +1,9 @@
 #include "testing/agent_conformance.h"
 
+#include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/string_view.h>
 #include <gmock/gmock.h>
 
 #include <atomic>
@@ -100,6 +103,67 @@ TEST_P(AgentConformance, StoragesAcrossEverySizeClassRoundTrip) {
       EXPECT_TRUE(storage_matches(response->storages[j], messages[i][j],
                                   static_cast<uint8_t>(10 * i + j)))
           << "message " << i << ", storage " << j;
+    }
+  }
+}
+
+// Small requests whose answers are of every size class, all in flight at
+// once, with small and large requests between them: each answer arrives
+// whole, whatever way its request went (a backend may send small messages
+// by a shorter way than large ones, and answer a small request's large
+// answer by the long one).
+TEST_P(AgentConformance, SmallRequestsGetAnswersOfEverySize) {
+  AgentGroup group(GetParam().backend(), 2);
+  ASSERT_TRUE(group.ok());
+  constexpr absl::string_view kGrow = "grow:";
+  group.start_all([kGrow](Message request) {
+    if (!absl::StartsWith(request.payload, kGrow)) return echo(request);
+    size_t nbytes = 0;
+    if (!absl::SimpleAtoi(request.payload.substr(kGrow.size()), &nbytes)) {
+      return Future<Message>::ready(
+          absl::InvalidArgumentError(request.payload));
+    }
+    Message response;
+    response.type = MessageType::kPong;
+    response.payload = request.payload;
+    response.storages.push_back(
+        make_storage(nbytes, static_cast<uint8_t>(nbytes % 251)));
+    return Future<Message>::ready(std::move(response));
+  });
+  const std::vector<size_t> answers = {
+      0, 8, (48 << 10) - 64, (48 << 10) + 1, 100 << 10, (256 << 10) + 1,
+      (2 << 20) + 5, 16};
+  std::vector<Future<Message>> calls;
+  std::vector<Future<Message>> echoes;
+  for (int round = 0; round < 3; ++round) {
+    for (size_t nbytes : answers) {
+      calls.push_back(group[0].send(group[1].self(),
+                                    ping(absl::StrCat(kGrow, nbytes)), kBound));
+      // Between them, an echo of a large request and of a small one.
+      Message large = ping("large");
+      large.storages.push_back(make_storage(300 << 10, 3));
+      echoes.push_back(group[0].send(group[1].self(), std::move(large), kBound));
+      echoes.push_back(group[0].send(group[1].self(), ping("small"), kBound));
+    }
+  }
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const size_t nbytes = answers[i % answers.size()];
+    absl::StatusOr<Message> response = calls[i].get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk()) << "answer of " << nbytes << " bytes";
+    EXPECT_EQ(response->payload, absl::StrCat(kGrow, nbytes));
+    ASSERT_EQ(response->storages.size(), 1u);
+    EXPECT_TRUE(storage_matches(response->storages[0], nbytes,
+                                static_cast<uint8_t>(nbytes % 251)))
+        << "answer of " << nbytes << " bytes";
+  }
+  for (size_t i = 0; i < echoes.size(); ++i) {
+    absl::StatusOr<Message> response = echoes[i].get(absl::Now() + kBound);
+    ASSERT_THAT(response, IsOk()) << "echo " << i;
+    if (i % 2 == 0) {
+      ASSERT_EQ(response->storages.size(), 1u);
+      EXPECT_TRUE(storage_matches(response->storages[0], 300 << 10, 3));
+    } else {
+      EXPECT_EQ(response->payload, "small/pong");
     }
   }
 }

@@ -33,7 +33,9 @@
 #include <vector>
 
 #include "backends/common/fd_assist.h"
+#include "backends/tensorpipe/internal/framing.h"
 #include "backends/tensorpipe/internal/tcp_handshake.h"
+#include "backends/tensorpipe/internal/tcp_transport.h"
 #include "backends/tensorpipe/tensorpipe_agent.h"
 #include "core/agent.h"
 #include "testing/agent_testing.h"
@@ -241,6 +243,8 @@ TEST(TensorPipeStrangers, GarbageOnEveryPortLeavesTheWorkerServing) {
 // ---------------------------------------------------- one process, by hand
 
 using backends::tensorpipe::internal::encode_handshake_frame;
+using backends::tensorpipe::internal::kExpressBit;
+using backends::tensorpipe::internal::make_request_frame;
 using backends::tensorpipe::internal::HandshakeFrame;
 using backends::tensorpipe::internal::HandshakeKind;
 using backends::tensorpipe::internal::parse_handshake_frame;
@@ -341,13 +345,17 @@ TEST(TensorPipeStrangers, NonMemberIsRefusedWithTheReason) {
 
 // Past the handshake (a member's name, no secret in this group), what
 // reaches TensorPipe is still bounded: a length over the limit, and bytes
-// that are no TensorPipe message, each close that one connection. (An error
-// on a connection before its first message fails TensorPipe's whole
-// listener, and the agent listens again on the same address: hence a group
-// per case.)
+// that are no TensorPipe message, each close that one connection; so do an
+// express frame over its limit, one that is no tether frame, and a request
+// as an express frame on a connection bound to no pipe. (An error on a
+// connection before its first message fails TensorPipe's whole listener,
+// and the agent listens again on the same address: hence a group per
+// case.)
 TEST(TensorPipeStrangers, BadFramesAfterTheHandshakeCloseThatConnection) {
-  for (const bool huge : {true, false}) {
-    SCOPED_TRACE(huge ? "huge length" : "not a TensorPipe message");
+  enum class Bad { kHuge, kGarbage, kExpressHuge, kExpressGarbage, kUnbound };
+  for (const Bad bad : {Bad::kHuge, Bad::kGarbage, Bad::kExpressHuge,
+                        Bad::kExpressGarbage, Bad::kUnbound}) {
+    SCOPED_TRACE(static_cast<int>(bad));
     AgentGroup group(tensorpipe_backend(), 2);
     ASSERT_TRUE(group.ok());
     group.start_all(echo);
@@ -363,11 +371,31 @@ TEST(TensorPipeStrangers, BadFramesAfterTheHandshakeCloseThatConnection) {
     absl::StatusOr<HandshakeFrame> verdict = read_frame(fd);
     ASSERT_THAT(verdict, IsOk());
     ASSERT_TRUE(verdict->accepted) << verdict->reason;
+    std::string body;
+    uint64_t length = 0;
+    switch (bad) {
+      case Bad::kHuge:
+        length = uint64_t{1} << 40;
+        break;
+      case Bad::kGarbage:
+        body = std::string(24, '\xee');
+        break;
+      case Bad::kExpressHuge:
+        length = kExpressBit | (uint64_t{1} << 20);
+        break;
+      case Bad::kExpressGarbage:
+        body = std::string(24, '\xee');
+        length = kExpressBit;
+        break;
+      case Bad::kUnbound:
+        body = make_request_frame(ping("unbound"))->to_tensorpipe().metadata;
+        length = kExpressBit;
+        break;
+    }
+    if ((length & ~kExpressBit) == 0) length |= body.size();
     std::string bytes(8, '\0');
-    const uint64_t length = huge ? uint64_t{1} << 40 : 24;
     std::memcpy(bytes.data(), &length, sizeof(length));
-    if (!huge) bytes += std::string(24, '\xee');
-    send_all(fd, bytes, kWorkerBound);
+    send_all(fd, bytes + body, kWorkerBound);
     EXPECT_TRUE(closed_by_worker(fd));
     ::close(fd);
     expect_serves(group);

@@ -351,11 +351,12 @@ absl::StatusOr<std::shared_ptr<IncomingFrame>> discard_frame(
   return frame;
 }
 
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
-    const ::tensorpipe::Descriptor& descriptor, const MessageLimits& limits) {
-  absl::StatusOr<FrameHeader> header = decode_header(descriptor.metadata);
+// allocate_frame() of `descriptor`'s payloads and tensors with `metadata`
+// (an express frame's bytes, with a descriptor of nothing else).
+absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate(
+    absl::string_view metadata, const ::tensorpipe::Descriptor& descriptor,
+    const MessageLimits& limits) {
+  absl::StatusOr<FrameHeader> header = decode_header(metadata);
   if (!header.ok()) return header.status();
   // First what the peer may not send at all (the connection cannot be
   // trusted after it), then what this side does not take (only the message
@@ -425,7 +426,7 @@ absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
 
   auto frame = std::make_shared<IncomingFrame>();
   if (header->inline_data) {
-    const char* data = descriptor.metadata.data() + header_size(*header);
+    const char* data = metadata.data() + header_size(*header);
     frame->payload.assign(data, header->payload_size);
     data += header->payload_size;
     frame->storages.reserve(header->storage_sizes.size());
@@ -476,12 +477,18 @@ absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
   return frame;
 }
 
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_frame(
+    const ::tensorpipe::Descriptor& descriptor, const MessageLimits& limits) {
+  return allocate(descriptor.metadata, descriptor, limits);
+}
+
 absl::StatusOr<std::shared_ptr<IncomingFrame>> allocate_express_frame(
     absl::string_view bytes, const MessageLimits& limits) {
-  ::tensorpipe::Descriptor descriptor;
-  descriptor.metadata.assign(bytes.data(), bytes.size());
+  static const ::tensorpipe::Descriptor kNothingElse;
   absl::StatusOr<std::shared_ptr<IncomingFrame>> frame =
-      allocate_frame(descriptor, limits);
+      allocate(bytes, kNothingElse, limits);
   if (frame.ok() && !(*frame)->header.inline_data) {
     return malformed("an express frame that is not inline");
   }

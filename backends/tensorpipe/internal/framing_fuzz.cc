@@ -13,7 +13,10 @@
 // INVALID_ARGUMENT or RESOURCE_EXHAUSTED (never allocating over the limits
 // below: a message over them is a refused frame, whose result is
 // RESOURCE_EXHAUSTED); a frame it accepts reads back without crashing, an
-// auth frame parses or fails with INVALID_ARGUMENT.
+// auth frame parses or fails with INVALID_ARGUMENT. A descriptor of
+// metadata alone is also read as an express frame (allocate_express_frame),
+// which must accept exactly the inline frames the descriptor's reader
+// accepts.
 #include <tensorpipe/common/cpu_buffer.h>
 
 #include <cstddef>
@@ -58,6 +61,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_storage_bytes = 1 << 20;
   auto frame = tether::backends::tensorpipe::internal::allocate_frame(
       descriptor, limits);
+  if (descriptor.payloads.empty() && descriptor.tensors.empty()) {
+    // The same bytes as an express frame: accepted exactly when they are
+    // an inline frame the descriptor's reader accepts.
+    auto express =
+        tether::backends::tensorpipe::internal::allocate_express_frame(
+            descriptor.metadata, limits);
+    TETHER_CHECK(express.ok() == (frame.ok() && (*frame)->header.inline_data),
+                 "an express frame read differently from its descriptor");
+    TETHER_CHECK(express.ok() ||
+                     express.status().code() ==
+                         absl::StatusCode::kInvalidArgument ||
+                     express.status().code() ==
+                         absl::StatusCode::kResourceExhausted,
+                 "a refused express frame is not INVALID_ARGUMENT or "
+                 "RESOURCE_EXHAUSTED");
+  }
   if (!frame.ok()) {
     TETHER_CHECK(
         frame.status().code() == absl::StatusCode::kInvalidArgument ||

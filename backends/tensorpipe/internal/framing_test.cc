@@ -479,5 +479,83 @@ TEST(Framing, PayloadFramesOverTheLimitsAreDiscarded) {
               StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
+// An inline frame's metadata, sent as an express frame, reads back as the
+// same message; a frame that is not inline does not.
+TEST(Framing, ExpressFramesAreInlineFramesMetadata) {
+  Message request;
+  request.type = MessageType::kCall;
+  request.id = 11;
+  request.payload = "express";
+  request.storages = {storage_of(8, 3), storage_of(0, 0)};
+  const std::string bytes = make_request_frame(request)->to_tensorpipe().metadata;
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> frame =
+      allocate_express_frame(bytes);
+  ASSERT_THAT(frame, IsOk());
+  absl::StatusOr<Message> received = (*frame)->take_result();
+  ASSERT_THAT(received, IsOk());
+  EXPECT_EQ(received->type, MessageType::kCall);
+  EXPECT_EQ(received->id, 11);
+  EXPECT_EQ(received->payload, "express");
+  ASSERT_EQ(received->storages.size(), 2u);
+  EXPECT_EQ(static_cast<uint8_t*>(received->storages[0].data())[7], 3);
+
+  EXPECT_THAT(allocate_express_frame(bytes.substr(0, bytes.size() - 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(allocate_express_frame(""),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  request.storages = {storage_of(kInlineLimit + 1, 1)};
+  const std::string large =
+      make_request_frame(request)->to_tensorpipe().metadata;
+  EXPECT_THAT(allocate_express_frame(large),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Out of line with nothing out of line: well formed, but not express.
+  FrameHeader bare;
+  bare.kind = FrameKind::kRequest;
+  EXPECT_THAT(allocate_express_frame(encode_header(bare)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not inline")));
+}
+
+// Over this worker's limits, an express request is refused alone (the
+// connection goes on), as an inline one on the pipe is.
+TEST(Framing, ExpressFramesOverTheLimitsAreRefused) {
+  Message request;
+  request.type = MessageType::kCall;
+  request.payload = std::string(100, 'p');
+  MessageLimits limits;
+  limits.max_payload_bytes = 10;
+  absl::StatusOr<std::shared_ptr<IncomingFrame>> frame = allocate_express_frame(
+      make_request_frame(request)->to_tensorpipe().metadata, limits);
+  ASSERT_THAT(frame, IsOk());
+  EXPECT_THAT((*frame)->refused,
+              StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+// Bind frames carry their nonce, inline and bare; any other shape is
+// malformed.
+TEST(Framing, BindFramesCarryANonce) {
+  for (FrameKind kind : {FrameKind::kBind, FrameKind::kBindAck}) {
+    const std::string bytes =
+        make_bind_frame(kind, 0x0102030405060708)->to_tensorpipe().metadata;
+    absl::StatusOr<std::shared_ptr<IncomingFrame>> frame =
+        allocate_express_frame(bytes);
+    ASSERT_THAT(frame, IsOk());
+    EXPECT_EQ((*frame)->header.kind, kind);
+    EXPECT_EQ((*frame)->take_nonce(), 0x0102030405060708u);
+  }
+  FrameHeader header;
+  header.kind = FrameKind::kBind;
+  header.inline_data = true;
+  header.payload_size = 4;
+  EXPECT_THAT(decode_header(encode_header(header) + "four"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bind frame")));
+  header.payload_size = 8;
+  header.storage_sizes = {1};
+  EXPECT_THAT(decode_header(encode_header(header) + "eight..." + "s"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bind frame")));
+}
+
 }  // namespace
 }  // namespace tether::backends::tensorpipe::internal

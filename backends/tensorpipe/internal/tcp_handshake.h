@@ -39,8 +39,9 @@ namespace tether::backends::tensorpipe::internal {
 // the pipe's payloads (framing.h, flag kPayloads, which version 2 refuses).
 // 4: frames inline only up to 32 KiB (version 3 sends larger ones, which
 // version 4 refuses as malformed). 5: up to 48 KiB (which version 4
-// refuses).
-inline constexpr uint8_t kHandshakeVersion = 5;
+// refuses). 6: express frames (tcp_transport.h), which version 5 takes for
+// frames over its limit.
+inline constexpr uint8_t kHandshakeVersion = 6;
 inline constexpr size_t kMaxHandshakeFrameBytes = 4096;
 
 enum class HandshakeKind : uint8_t { kHello = 1, kProof = 2, kVerdict = 3 };

@@ -3,6 +3,7 @@
 // them over loopback.
 #include "backends/tensorpipe/internal/tcp_transport.h"
 
+#include <absl/strings/string_view.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <linux/tcp.h>
@@ -12,7 +13,9 @@
 #include <tensorpipe/transport/context.h>
 #include <tensorpipe/transport/listener.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,12 +35,50 @@ constexpr auto kBound = std::chrono::seconds(30);
 // whose tcp_info has the data segments).
 constexpr uint8_t kEstablished = 1;
 
-std::shared_ptr<tpt::Context> transport_of(const std::string& self) {
+std::shared_ptr<tpt::Context> transport_of(const std::string& self,
+                                           ExpressSink sink = nullptr) {
   TcpTransportOptions options;
   options.self = self;
   options.members = {"client", "server"};
+  options.express_sink = std::move(sink);
   return create_tcp_transport(options);
 }
+
+// What a context's express sink received, in order.
+class ExpressInbox {
+ public:
+  ExpressSink sink() {
+    return [this](const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                  absl::string_view frame) {
+      std::lock_guard<std::mutex> lock(mu_);
+      frames_.emplace_back(frame);
+      peers_.push_back(express_peer(*connection));
+      last_ = connection;
+      cv_.notify_all();
+    };
+  }
+  // The first `count` frames, once they are all there (fewer after kBound).
+  std::vector<std::string> wait_for(size_t count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, kBound, [&] { return frames_.size() >= count; });
+    return frames_;
+  }
+  std::vector<std::string> peers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peers_;
+  }
+  std::shared_ptr<tcp::ConnectionImpl> last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> frames_;
+  std::vector<std::string> peers_;
+  std::shared_ptr<tcp::ConnectionImpl> last_;
+};
 
 // The port of a socket address, or -1.
 int port_of(const sockaddr_storage& address) {
@@ -89,8 +130,8 @@ uint32_t data_segments_out(int fd) {
 class Connected : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_context_ = transport_of("server");
-    client_context_ = transport_of("client");
+    server_context_ = transport_of("server", server_sink_);
+    client_context_ = transport_of("client", client_inbox_.sink());
     ASSERT_NE(server_context_, nullptr);
     ASSERT_NE(client_context_, nullptr);
     listener_ = server_context_->listen("127.0.0.1");
@@ -99,7 +140,12 @@ class Connected : public ::testing::Test {
                                   std::shared_ptr<tpt::Connection> connection) {
       accepted.set_value(error ? nullptr : std::move(connection));
     });
-    client_ = client_context_->connect(listener_->addr());
+    {
+      OpenedConnection opened;
+      client_ = client_context_->connect(listener_->addr());
+      client_impl_ = opened.take();
+    }
+    ASSERT_NE(client_impl_, nullptr);
     // The handshake ends before the listener hands the connection over;
     // a write makes the client run it.
     std::promise<bool> sent;
@@ -146,6 +192,10 @@ class Connected : public ::testing::Test {
     return result.wait_for(kBound) == std::future_status::ready && result.get();
   }
 
+  // Subclasses may set these before SetUp().
+  ExpressSink server_sink_;
+  ExpressInbox client_inbox_;
+  std::shared_ptr<tcp::ConnectionImpl> client_impl_;
   std::shared_ptr<tpt::Context> server_context_;
   std::shared_ptr<tpt::Context> client_context_;
   std::shared_ptr<tpt::Listener> listener_;
@@ -240,6 +290,101 @@ TEST_F(Connected, AFrameLargerThanTheSocketWaitsForRoom) {
   auto small_future = small_sent.get_future();
   ASSERT_EQ(small_future.wait_for(kBound), std::future_status::ready);
   EXPECT_TRUE(small_future.get());
+}
+
+// A server whose sink answers every express frame with one of its own.
+class ExpressEcho : public Connected {
+ protected:
+  void SetUp() override {
+    server_sink_ = [this](const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                          absl::string_view frame) {
+      server_inbox_sink_(connection, frame);
+      write_express(connection, "echo " + std::string(frame));
+    };
+    Connected::SetUp();
+  }
+
+  ExpressInbox server_inbox_;
+  ExpressSink server_inbox_sink_ = server_inbox_.sink();
+};
+
+// Express frames written between TensorPipe's frames reach the sink whole
+// and in order, with the peer's name, and TensorPipe's frames (of known
+// and unknown size) around them arrive intact; the sink's answers come
+// back the same way.
+TEST_F(ExpressEcho, ExpressFramesPassBetweenTensorPipesFrames) {
+  const std::string first = "tensorpipe's first frame";
+  const uint64_t second = 0x1122334455667788;
+  const std::string large(100 << 10, 'L');  // a frame near the limit
+  std::vector<std::string> express = {"one", std::string(1, '\0'), large,
+                                      "four"};
+  client_->write(first.data(), first.size(), [](const ::tensorpipe::Error&) {});
+  write_express(client_impl_, express[0]);
+  write_express(client_impl_, express[1]);
+  client_->write(&second, sizeof(second), [](const ::tensorpipe::Error&) {});
+  write_express(client_impl_, express[2]);
+  write_express(client_impl_, express[3]);
+
+  std::promise<std::string> got_first;
+  server_->read([&got_first](const ::tensorpipe::Error& error, const void* ptr,
+                             size_t length) {
+    got_first.set_value(error ? "error: " + error.what()
+                              : std::string(static_cast<const char*>(ptr),
+                                            length));
+  });
+  auto first_future = got_first.get_future();
+  ASSERT_EQ(first_future.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(first_future.get(), first);
+  uint64_t got_second = 0;
+  ASSERT_TRUE(read_exactly(*server_, &got_second, sizeof(got_second)));
+  EXPECT_EQ(got_second, second);
+
+  EXPECT_EQ(server_inbox_.wait_for(express.size()), express);
+  EXPECT_EQ(server_inbox_.peers(),
+            std::vector<std::string>(express.size(), "client"));
+  std::vector<std::string> echoes;
+  for (const std::string& frame : express) echoes.push_back("echo " + frame);
+  EXPECT_EQ(client_inbox_.wait_for(echoes.size()), echoes);
+  EXPECT_EQ(client_inbox_.peers(),
+            std::vector<std::string>(echoes.size(), "server"));
+}
+
+// A frame announced over kMaxExpressBytes fails the connection before
+// anything is read into the sink: TensorPipe's pending read fails, and the
+// sink never sees it.
+TEST_F(ExpressEcho, AnExpressFrameOverTheLimitFailsTheConnection) {
+  write_express(client_impl_, std::string(kMaxExpressBytes + 1, 'x'));
+  char byte = 0;
+  EXPECT_FALSE(read_exactly(*server_, &byte, 1));
+  EXPECT_TRUE(server_inbox_.wait_for(0).empty());
+}
+
+// The sink may fail the connection a frame came on: fail_express() ends it
+// (its pending reads fail), and later frames are not delivered.
+TEST_F(ExpressEcho, TheSinkMayFailItsConnection) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  server_inbox_sink_ = [calls](
+                           const std::shared_ptr<tcp::ConnectionImpl>& connection,
+                           absl::string_view) {
+    ++*calls;
+    fail_express(connection, "the test refuses it");
+  };
+  write_express(client_impl_, "refused");
+  write_express(client_impl_, "never delivered");
+  char byte = 0;
+  EXPECT_FALSE(read_exactly(*server_, &byte, 1));
+  EXPECT_FALSE(read_exactly(*client_, &byte, 1));
+  EXPECT_EQ(calls->load(), 1);
+}
+
+// A context without a sink fails a connection that sends it an express
+// frame.
+class NoServerSink : public Connected {};
+
+TEST_F(NoServerSink, AnExpressFrameFailsTheConnection) {
+  write_express(client_impl_, "nobody takes this");
+  char byte = 0;
+  EXPECT_FALSE(read_exactly(*server_, &byte, 1));
 }
 
 }  // namespace
