@@ -394,7 +394,8 @@ absl::Status run_raw(const Flags& flags, int rank, JsonObject& out) {
       *pair, static_cast<size_t>(flags.count("stream_bytes")), size_t{1} << 20);
   if (!stream.ok()) return stream.status();
   // TensorPipe's pipe alone over tether's tcp transport, as many round trips
-  // as rpc_sync gets calls: the tensorpipe backend's floor.
+  // as rpc_sync gets calls: a small call through the pipe (tether's go
+  // around it, as express frames).
   absl::StatusOr<std::vector<double>> pipe = tensorpipe_pipe_ping_pong(
       "tcp", rank, *store, static_cast<int>(flags.count("sync_calls")));
   if (!pipe.ok()) return pipe.status();

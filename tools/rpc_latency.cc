@@ -12,7 +12,8 @@
 // and with TensorPipe's own negotiation (all transports and channels); gRPC;
 // libfabric over tcp;ofi_rxm and over shm; TensorPipe's pipe alone, over
 // tether's tcp transport and over uv, with no tether agent, codec or
-// operator (tools/internal/tp_pipe.h: the tensorpipe backend's floor). With
+// operator (tools/internal/tp_pipe.h: what a small call would cost through
+// the pipe, which the tensorpipe backend's small calls go around). With
 // --no_tensors the call is a TorchScript `inc(int) -> int` instead (no
 // storage travels); with --floats=N the tensor has N floats (a mid-size
 // call: N*4 bytes each way); with --echo=BYTES every variant echoes a uint8

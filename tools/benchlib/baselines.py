@@ -94,8 +94,8 @@ def run_baselines(args, log):
                 "TensorPipe pipe alone",
                 small_p50_us=raw["tp_pipe_alone_p50_us"],
                 note="TensorPipe's pipe over tether's tcp transport, 128 B "
-                "each way, no tether RPC code: the tensorpipe backend's "
-                "floor")
+                "each way, no tether RPC code: what a small call would "
+                "cost through the pipe, which small calls go around")
         baselines["memcpy, fresh buffer"] = raw_record(
             "memcpy, fresh buffer", bw_GBps=raw["memcpy_fresh_GBps"],
             bw_bytes=BIG, note="into a buffer allocated per copy: the page "

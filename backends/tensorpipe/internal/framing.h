@@ -1,7 +1,8 @@
 // Framing of tether Messages over tensorpipe Messages (internal to the
 // tensorpipe backend).
 //
-// One tether request or response is one tensorpipe::Message:
+// One tether request or response is one tensorpipe::Message (or, when it
+// is inline, one express frame with the same bytes: below):
 //   - `metadata` is a small fixed header (below), little-endian;
 //   - the Message's payload bytes, if any, are tensorpipe payload 0 (sent
 //     from the Message's own string, no copy);
