@@ -241,8 +241,10 @@ class AgentState
       ABSL_LOCKS_EXCLUDED(mu_);
   // A request from a thread that is not ours goes straight to its pipe
   // when that pipe is ready and nothing queued on the io thread could be
-  // overtaken (a thread's requests leave in the order it sent them); false
-  // when the io thread must write it (counted in queued_io_writes_).
+  // overtaken (a thread's requests leave in the order it sent them, but
+  // that a small one, an express frame, may pass a large one still in
+  // TensorPipe's pipe); false when the io thread must write it (counted in
+  // queued_io_writes_).
   bool write_request_directly(int rank, int64_t id,
                               std::shared_ptr<OutgoingFrame>& frame)
       ABSL_LOCKS_EXCLUDED(mu_);
