@@ -145,8 +145,8 @@ class Context {
 
 // What `worker`'s distributed autograd holds now (the peer's
 // dist_autograd._get_debug_info()): its contexts (as live_contexts) and the
-// backward passes running on it, each counted until the gradients it sent
-// on are done. FAILED_PRECONDITION without the extension.
+// backward passes running on it: contexts with an engine pass here, each
+// pass counted until the gradients it sent on are done. FAILED_PRECONDITION without the extension.
 struct AutogradDebugInfo {
   int64_t contexts = 0;
   int64_t backward_passes = 0;

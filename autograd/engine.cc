@@ -58,13 +58,24 @@ Future<Returned> gather(const std::vector<Future<Returned>>& futures,
 Future<Returned> AutogradState::pass(const PassScope& scope,
                                      const edge_list& roots,
                                      const variable_list& grads) {
-  passes_->fetch_add(1);
+  const int64_t context = scope.record->id;
+  {
+    absl::MutexLock lock(&passes_->mu);
+    ++passes_->by_context[context];
+  }
   Future<Returned> done = run_pass(scope, roots, grads);
   done.on_complete(
-      [passes = passes_](const absl::StatusOr<Returned>&) {
-        passes->fetch_sub(1);
+      [passes = passes_, context](const absl::StatusOr<Returned>&) {
+        absl::MutexLock lock(&passes->mu);
+        auto it = passes->by_context.find(context);
+        if (--it->second == 0) passes->by_context.erase(it);
       });
   return done;
+}
+
+int64_t AutogradState::backward_passes() const {
+  absl::MutexLock lock(&passes_->mu);
+  return static_cast<int64_t>(passes_->by_context.size());
 }
 
 Future<Returned> AutogradState::run_pass(const PassScope& scope,

@@ -232,9 +232,11 @@ class AutogradState final : public ContextHook,
   Future<Returned> pass(const PassScope& scope, const edge_list& roots,
                         const variable_list& grads);
 
-  // Engine passes running on this worker, each counted until everything it
-  // sent on is done (the peer's num_current_backward_passes).
-  int64_t backward_passes() const { return passes_->load(); }
+  // Contexts with an engine pass running on this worker, each pass counted
+  // until everything it sent on is done (the peer's
+  // num_current_backward_passes: one per backward, however many passes it
+  // runs here, as a backward that comes back to this worker nests them).
+  int64_t backward_passes() const;
 
   Future<Returned> run_pass(const PassScope& scope, const edge_list& roots,
                             const variable_list& grads);
@@ -325,9 +327,13 @@ class AutogradState final : public ContextHook,
   absl::Mutex mu_;
   const WorkerInfo self_;
   std::atomic<int64_t> next_context_{0};
-  // Shared with the callbacks that end a pass, which may outlive this.
-  std::shared_ptr<std::atomic<int64_t>> passes_ =
-      std::make_shared<std::atomic<int64_t>>(0);
+  // Engine passes running, by context. Shared with the callbacks that end
+  // a pass, which may outlive this.
+  struct RunningPasses {
+    absl::Mutex mu;
+    absl::flat_hash_map<int64_t, int64_t> by_context ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<RunningPasses> passes_ = std::make_shared<RunningPasses>();
   std::atomic<int64_t> next_message_{0};
   absl::Mutex releases_mu_;
   int64_t releases_in_flight_ ABSL_GUARDED_BY(releases_mu_) = 0;

@@ -428,6 +428,22 @@ def test_debug_info_counts_contexts_passes_and_threads(callee):
                                | set(rpc._rref_context_get_debug_info()))
 
 
+def test_a_backward_that_comes_back_counts_once(callee):
+    # caller -> callee -> caller -> callee: the backward comes back here, so
+    # _RecordPasses' backward runs in a second engine pass of this context
+    # while the root's pass waits on it. The peer counts backwards (its
+    # contexts with a pass running), not engine passes: 1, not 2.
+    _RecordPasses.seen = []
+    with dist_autograd.context() as context_id:
+        x = leaf(2.0)
+        y = rpc.rpc_sync(callee, torch.mul, args=(x, x))
+        z = rpc.rpc_sync(callee, torch.mul, args=(_RecordPasses.apply(y), x))
+        dist_autograd.backward(context_id, [z.sum()])
+        assert dist_autograd.get_gradients(context_id)[x].item() == 12.0
+    assert _RecordPasses.seen == [1]
+    assert dist_autograd._get_debug_info()["num_current_backward_passes"] == "0"
+
+
 @pytest.mark.parametrize("backend", workers.BACKENDS)
 def test_ddp_all_reduces_into_the_distributed_autograd_context(backend):
     results = workers.run_group(

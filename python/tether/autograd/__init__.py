@@ -108,8 +108,8 @@ def _current_context():
 def _get_debug_info():
     """The peer's dist_autograd._get_debug_info(): num_autograd_contexts
     (the contexts this worker holds, its own and those it took part in) and
-    num_current_backward_passes (the backward passes running on it), as
-    text."""
+    num_current_backward_passes (the contexts with a backward pass running
+    on it), as text."""
     return _C.autograd_debug_info()
 
 
