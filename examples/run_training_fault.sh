@@ -16,7 +16,10 @@
 #                         rejoins; a lost parameter server restarts the world
 #
 # The fault comes once trainer1 has logged a random step in [25, 60]
-# (FAULT_AT in the environment picks it). Checkpoints every 10 steps.
+# (FAULT_AT in the environment picks it), or earlier (past its first
+# checkpoint) once trainer2 is half done: trainer1 also saves the parameter
+# server's checkpoints and may run far behind, and trainer2 must still have
+# steps to run after the fault. Checkpoints every 10 steps.
 # Prints the outcome and a line the table of docs/reliability.md is made of:
 #
 #   RESULT backend fault recovery exit=S resumed_s=T lost=N other_rate_down=R
@@ -68,10 +71,19 @@ start=$(now)
 timeout 300 "${launcher[@]}" -- "$train" "${flags[@]}" >>"$tmp/out" 2>&1 &
 job=$!
 deadline=$((SECONDS + 120))
-until grep -q "^trainer1 $fault_at " "$tmp/loss.log"; do
+fault_due() {
+  awk -v at="$fault_at" -v every="$every" -v half="$((steps / 2))" '
+    NF == 4 && $2 + 0 > last[$1] + 0 { last[$1] = $2 }
+    END { exit !(last["trainer1"] >= at ||
+                 (last["trainer1"] > every && last["trainer2"] >= half)) }
+  ' "$tmp/loss.log"
+}
+until fault_due; do
   [ "$SECONDS" -lt "$deadline" ] || { show "$tmp/out"; fail "trainer1 never logged step $fault_at"; }
   sleep 0.02
 done
+fault_step="$(awk '$1 == "trainer1" && $2 + 0 > m { m = $2 + 0 } END { print m + 0 }' "$tmp/loss.log")"
+what="$backend, $fault, recovery $recovery, after trainer1's step $fault_step (FAULT_AT=$fault_at)"
 pid="$(sed -n "s/.*$victim: rank $victim_rank of 3, local rank $victim_rank, pid \([0-9]*\).*/\1/p" "$tmp/out" | head -1)"
 [ -n "$pid" ] || { show "$tmp/out"; fail "$victim did not say its pid"; }
 case "$fault" in
