@@ -147,7 +147,11 @@ TEST(LibfabricBackend, ShmRemovesRegionsOfDeadProcesses) {
       absl::StrCat("/dev/shm/tether-lf-", ns, "-", dead, "-1:0:0");
   const std::string alive =
       absl::StrCat("/dev/shm/tether-lf-", ns, "-", ::getpid(), "-1:0:0");
-  const std::string foreign = absl::StrCat("/dev/shm/", dead, ":0:0");
+  // Named after this process too: two runs of this test at once (bazel's
+  // --runs_per_test) find the same dead pid, and each removes its own
+  // foreign file at the end.
+  const std::string foreign =
+      absl::StrCat("/dev/shm/", dead, ":", ::getpid(), ":0");
   for (const std::string& path : {stale, alive, foreign}) {
     std::FILE* file = std::fopen(path.c_str(), "w");
     ASSERT_NE(file, nullptr) << path;
